@@ -1,0 +1,48 @@
+"""``python -m ps``: run the scheduler or server role named by DMLC_ROLE.
+
+Exit status 0 at a clean job end; 1 with a one-line reason on stderr otherwise.
+"""
+from __future__ import annotations
+
+import sys
+
+
+def main(environ=None) -> int:
+    from . import _logging
+    from .config import Config
+    from .errors import PSError
+
+    try:
+        cfg = Config.from_env(environ)
+    except PSError as exc:
+        print(f"ps: {exc}", file=sys.stderr)
+        return 2
+    _logging.setup(cfg.verbose, f"[{cfg.role}] ")
+    try:
+        if cfg.is_scheduler:
+            from .scheduler import Scheduler
+            sched = Scheduler(cfg)
+            sched.start()
+            code = sched.run()
+            if code:
+                print(f"ps scheduler: {sched.error}", file=sys.stderr)
+            return code
+        if cfg.is_server:
+            from .server import KVServer
+            server = KVServer(cfg)
+            code = server.run()
+            if code:
+                print(f"ps server: {server.error}", file=sys.stderr)
+            return code
+    except PSError as exc:
+        print(f"ps {cfg.role}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"ps {cfg.role}: interrupted", file=sys.stderr)
+        return 130
+    print("ps: DMLC_ROLE=worker: run your training script instead of `python -m ps`", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

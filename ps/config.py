@@ -1,0 +1,203 @@
+"""Every environment variable ps reads, parsed once into a frozen :class:`Config`.
+
+Nothing else in ps reads ``os.environ``: roles, tests and the launcher build a
+``Config`` (``Config.from_env(mapping)``) and pass it down explicitly, so one test
+process can host a whole cluster with different settings per node.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from .errors import ConfigError
+
+ROLES = ("scheduler", "server", "worker")
+
+
+def _int(name: str, raw: str, lo: int | None = 0, hi: int | None = None) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+    if lo is not None and value < lo:
+        raise ConfigError(f"{name} must be >= {lo}, got {raw!r}")
+    if hi is not None and value > hi:
+        raise ConfigError(f"{name} must be <= {hi}, got {raw!r}")
+    return value
+
+
+def _float(name: str, raw: str, lo: float = 0.0) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+    if value != value or value < lo:
+        raise ConfigError(f"{name} must be a number >= {lo}, got {raw!r}")
+    return value
+
+
+def _bool(name: str, raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{name} must be 0 or 1, got {raw!r}")
+
+
+def _role(name: str, raw: str) -> str:
+    if raw not in ROLES:
+        raise ConfigError(f"{name} must be one of {', '.join(ROLES)}, got {raw!r}")
+    return raw
+
+
+def _port_range(name: str, raw: str) -> tuple[int, int] | None:
+    if not raw.strip():
+        return None
+    lo, sep, hi = raw.partition("-")
+    if not sep:
+        raise ConfigError(f"{name} must look like 'LOW-HIGH' (e.g. 9000-9100), got {raw!r}")
+    a, b = _int(name, lo, 1, 65535), _int(name, hi, 1, 65535)
+    if a > b:
+        raise ConfigError(f"{name}: LOW must not exceed HIGH, got {raw!r}")
+    return (a, b)
+
+
+def _str(name: str, raw: str) -> str | None:
+    return raw.strip() or None
+
+
+@dataclass(frozen=True)
+class Var:
+    """One environment variable: where it lands in Config and how it is parsed."""
+
+    name: str
+    field: str
+    parse: Callable[[str, str], Any]
+    default: Any
+    doc: str
+    required: bool = False
+
+
+VARIABLES: tuple[Var, ...] = (
+    Var("DMLC_ROLE", "role", _role, "worker", "scheduler, server or worker"),
+    Var("DMLC_PS_ROOT_URI", "root_uri", _str, None, "scheduler IP or host name (resolved to an IP)", True),
+    Var("DMLC_PS_ROOT_PORT", "root_port", lambda n, r: _int(n, r, 0, 65535), None,
+        "scheduler port (0 only for a scheduler started by the launcher: pick a free one)", True),
+    Var("DMLC_NUM_SERVER", "num_servers", lambda n, r: _int(n, r, 1), None, "number of servers", True),
+    Var("DMLC_NUM_WORKER", "num_workers", lambda n, r: _int(n, r, 1), None, "number of workers", True),
+    Var("DMLC_INTERFACE", "interface", _str, None,
+        "network interface whose IPv4 address this node announces"),
+    Var("DMLC_NODE_HOST", "node_host", _str, None,
+        "announce (and bind) this address instead; wins over DMLC_INTERFACE"),
+    Var("DMLC_LOCAL", "local", _bool, False, "1: every node on one host, use ipc:// sockets"),
+    Var("DMLC_RANK", "rank_hint", lambda n, r: _int(n, r, 0) if r.strip() else None, None,
+        "ask for this rank within the node's role (the launcher sets it); otherwise ranks follow "
+        "host (descending) then port (ascending), as ps-lite"),
+    Var("PORT", "port", lambda n, r: _int(n, r, 0, 65535), 0, "this node's own port; 0 = any free port"),
+    Var("DMLC_PORT", "port", lambda n, r: _int(n, r, 0, 65535), 0, "same as PORT (PORT wins)"),
+    Var("PS_PORT_RANGE", "port_range", _port_range, None,
+        "LOW-HIGH: pick this node's port from that range (firewalls)"),
+    Var("PS_VERBOSE", "verbose", lambda n, r: _int(n, r, 0, 2), 0,
+        "1: lifecycle at INFO, 2: every message at DEBUG"),
+    Var("PS_RESEND", "resend", _bool, False,
+        "1: acknowledge every message, resend unacknowledged ones, drop duplicates"),
+    Var("PS_RESEND_TIMEOUT", "resend_timeout", lambda n, r: _int(n, r, 1), 1000,
+        "milliseconds before an unacknowledged message is first resent"),
+    Var("PS_DROP_MSG", "drop_msg", lambda n, r: _float(n, r), 0.0,
+        "percent of received messages dropped at random once the cluster formed (testing)"),
+    Var("PS_HEARTBEAT_INTERVAL", "heartbeat_interval", _float, 1.0,
+        "seconds between heartbeats to the scheduler; 0 = off"),
+    Var("PS_HEARTBEAT_TIMEOUT", "heartbeat_timeout", _float, 30.0,
+        "seconds of silence after which a node is declared dead; 0 = never"),
+    Var("PS_CONNECT_TIMEOUT", "connect_timeout", _float, 120.0,
+        "seconds the cluster may take to form"),
+    Var("PS_REQUEST_TIMEOUT", "request_timeout", _float, 0.0,
+        "seconds one push/pull/barrier may take; 0 = no bound (a dead peer is reported anyway)"),
+    Var("PS_SECRET_FILE", "secret_file", _str, None,
+        "file holding a shared secret: authenticate and encrypt all traffic (CURVE)"),
+    Var("PS_ALLOW_PICKLE", "allow_pickle", _bool, False,
+        "1: a server accepts a pickled MXNet optimizer (trusted clusters only)"),
+    Var("MXNET_KVSTORE_BIGARRAY_BOUND", "bigarray_bound", lambda n, r: _int(n, r, 1), 1_000_000,
+        "arrays with at least this many elements are split across all servers"),
+    Var("MXNET_KVSTORE_REDUCTION_NTHREADS", "reduction_nthreads", lambda n, r: _int(n, r, 1), 4,
+        "threads a server may use to merge and update large arrays"),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Typed view of the environment. Build with :meth:`from_env`."""
+
+    role: str = "worker"
+    root_uri: str | None = None
+    root_port: int | None = None
+    num_servers: int | None = None
+    num_workers: int | None = None
+    interface: str | None = None
+    node_host: str | None = None
+    local: bool = False
+    rank_hint: int | None = None
+    port: int = 0
+    port_range: tuple[int, int] | None = None
+    verbose: int = 0
+    resend: bool = False
+    resend_timeout: int = 1000
+    drop_msg: float = 0.0
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 30.0
+    connect_timeout: float = 120.0
+    request_timeout: float = 0.0
+    secret_file: str | None = None
+    allow_pickle: bool = False
+    bigarray_bound: int = 1_000_000
+    reduction_nthreads: int = 4
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
+        """Parse ``environ`` (default ``os.environ``); keyword overrides win.
+
+        Raises ConfigError naming the variable for a missing required or malformed value.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for var in VARIABLES:
+            raw = env.get(var.name)
+            if raw is None or var.field in values:  # an earlier name (PORT over DMLC_PORT) wins
+                continue
+            values[var.field] = var.parse(var.name, raw)
+        values.update(overrides)
+        for var in VARIABLES:
+            if var.required and values.get(var.field) is None:
+                raise ConfigError(f"{var.name} is not set: every ps process needs it ({var.doc})")
+        cfg = cls(**values)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if self.drop_msg > 100:
+            raise ConfigError(f"PS_DROP_MSG must be a percentage 0-100, got {self.drop_msg}")
+        if self.heartbeat_interval and self.heartbeat_timeout and \
+                self.heartbeat_timeout < 2 * self.heartbeat_interval:
+            raise ConfigError(
+                f"PS_HEARTBEAT_TIMEOUT ({self.heartbeat_timeout}) must be at least twice "
+                f"PS_HEARTBEAT_INTERVAL ({self.heartbeat_interval})")
+        if self.root_port == 0 and self.role != "scheduler":
+            raise ConfigError("DMLC_PS_ROOT_PORT must name the scheduler's port, got '0'")
+
+    def replace(self, **changes: Any) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def is_worker(self) -> bool:
+        return self.role == "worker"
+
+    @property
+    def is_server(self) -> bool:
+        return self.role == "server"
+
+    @property
+    def is_scheduler(self) -> bool:
+        return self.role == "scheduler"

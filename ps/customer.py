@@ -1,0 +1,129 @@
+"""Tracks a worker's outstanding requests and fills pulled values in as replies arrive.
+
+Replies are handled on the van's I/O thread (one copy from the received frame into
+the caller's array); the caller's thread only waits on an Event.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from ._timing import Deadline
+from .errors import PeerLostError, PSError, PSTimeoutError, RemoteError
+from .message import Message, Op, node_name
+
+
+class Request:
+    __slots__ = ("ts", "remaining", "out", "starts", "error", "event", "what", "pending")
+
+    def __init__(self, ts: int, remaining: int, out: np.ndarray | None, starts: dict[int, int], what: str):
+        self.ts = ts
+        self.remaining = remaining          # elements still to receive (pulls) or acks (pushes)
+        self.out = out                      # flat view the pulled values go into
+        self.starts = starts                # server id -> offset of its slice in ``out``
+        self.error: PSError | None = None
+        self.event = threading.Event()
+        self.what = what
+        self.pending = set(starts)          # servers that have not finished answering
+
+    def wait(self, deadline: Deadline, failure: Callable[[], PSError | None]) -> None:
+        while not self.event.wait(deadline.remaining(0.5)):
+            exc = failure()
+            if exc is not None:
+                raise exc
+            if deadline.expired:
+                who = ", ".join(node_name(i) for i in sorted(self.pending)) or "-"
+                raise PSTimeoutError(f"{self.what}: no complete reply from {who} within "
+                                     f"{deadline.seconds:g}s (PS_REQUEST_TIMEOUT)")
+        if self.error is not None:
+            raise self.error
+
+
+class Customer:
+    def __init__(self) -> None:
+        self._requests: dict[int, Request] = {}
+        self._ts = itertools.count(1)
+        self._lock = threading.Lock()
+        self.failure: PSError | None = None
+
+    def new_request(self, remaining: int, out: np.ndarray | None, starts: dict[int, int],
+                    what: str) -> Request:
+        req = Request(next(self._ts), remaining, out, starts, what)
+        with self._lock:
+            if self.failure is not None:
+                raise self.failure
+            self._requests[req.ts] = req
+        return req
+
+    def pending(self) -> list[Request]:
+        with self._lock:
+            return list(self._requests.values())
+
+    def on_reply(self, msg: Message) -> None:
+        arrays = iter(msg.frames)
+        requests = self._requests
+        for ts, op, key, off, n, total, code, error in msg.body:
+            data = next(arrays) if (op & Op.PULL and error is None) else None
+            req = requests.get(ts)
+            if req is None:
+                continue                      # late reply to a request that already failed
+            if error is not None:
+                kind, text = error
+                exc_type = PeerLostError if kind == "PeerLostError" else None
+                req.error = exc_type(text) if exc_type else RemoteError(text, kind, node_name(msg.sender))
+                self._finish(req)
+                continue
+            if data is not None:
+                start = req.starts[msg.sender] + off
+                req.out[start:start + n] = data
+                req.remaining -= n
+                if off + n == total:
+                    req.pending.discard(msg.sender)
+            else:
+                req.remaining -= 1
+                req.pending.discard(msg.sender)
+            if req.remaining <= 0:
+                self._finish(req)
+
+    def _finish(self, req: Request) -> None:
+        with self._lock:
+            self._requests.pop(req.ts, None)
+        req.event.set()
+
+    def fail_all(self, exc: PSError) -> None:
+        with self._lock:
+            self.failure = exc
+            requests, self._requests = list(self._requests.values()), {}
+        for req in requests:
+            req.error = exc
+            req.event.set()
+
+
+class Handle:
+    """The future of a non-blocking call: ``wait()`` returns its result or raises."""
+
+    def __init__(self, requests: list[Request], finalize: Callable[[], Any],
+                 default_timeout: float, failure: Callable[[], PSError | None]):
+        self._requests = requests
+        self._finalize = finalize
+        self._timeout = default_timeout
+        self._failure = failure
+        self._result: Any = None
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        return self._done or all(r.event.is_set() for r in self._requests)
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until every reply arrived (``timeout`` s, default PS_REQUEST_TIMEOUT)."""
+        if not self._done:
+            deadline = Deadline(self._timeout if timeout is None else timeout)
+            for req in self._requests:
+                req.wait(deadline, self._failure)
+            self._result = self._finalize()
+            self._done = True
+        return self._result

@@ -1,0 +1,55 @@
+"""Exceptions raised by ps.
+
+The tree (catch ``PSError`` to catch them all)::
+
+    PSError
+    ├── ConfigError          a DMLC_*/PS_* variable is missing or malformed
+    ├── TransportError
+    │   ├── ClosedError      this node already closed its store / van
+    │   └── PeerLostError    another node died or left (names the node)
+    ├── PSTimeoutError       a bounded wait ran out (also a TimeoutError)
+    ├── ProtocolError        a malformed message (logged and dropped by nodes)
+    └── RemoteError          a server rejected a request (bad key, shape, dtype...)
+"""
+from __future__ import annotations
+
+
+class PSError(Exception):
+    """Base class of every error ps raises on purpose."""
+
+
+class ConfigError(PSError, ValueError):
+    """A configuration value (usually an environment variable) is missing or invalid."""
+
+
+class TransportError(PSError):
+    """Sending or receiving failed."""
+
+
+class ClosedError(TransportError):
+    """The store or node was closed by this process."""
+
+
+class PeerLostError(TransportError):
+    """Another node of the job died, or left before the call could complete."""
+
+    def __init__(self, message: str, node: str | None = None):
+        super().__init__(message)
+        self.node = node
+
+
+class PSTimeoutError(PSError, TimeoutError):
+    """A bounded wait ran out; the message says what was waited for."""
+
+
+class ProtocolError(PSError):
+    """A message could not be decoded or violates the protocol."""
+
+
+class RemoteError(PSError):
+    """A server refused a request; the cluster keeps serving everyone else."""
+
+    def __init__(self, message: str, kind: str = "RemoteError", node: str | None = None):
+        super().__init__(message)
+        self.kind = kind
+        self.node = node

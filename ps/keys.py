@@ -1,0 +1,71 @@
+"""Where a key's values live: MXNet's placement rule, and chunking for transport. Pure.
+
+An array with fewer than ``MXNET_KVSTORE_BIGARRAY_BOUND`` elements lives whole on server
+``(key * 9973) % num_servers``; a larger one is cut into ``num_servers`` contiguous slices
+with round-half-away boundaries, slice i on server i (MXNet ``EncodeDefaultKey``).
+MXNet computes the hash in 32-bit ``int`` and overflows for keys >= 215330; ps uses
+exact integers there, so those keys may land on another server than MXNet's.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+MAX_KEY = (1 << 62) - 1
+CHUNK_BYTES = 1 << 20   # large slices travel in messages of about this size
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Elements ``[start, start + size)`` of a key's flattened array, held by server ``server``."""
+
+    server: int
+    start: int
+    size: int
+
+
+def str_key(name: str) -> int:
+    """Strings map to ints by hash, so every worker agrees whatever its init order."""
+    digest = hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
+
+
+def to_int_key(key: int | str) -> int:
+    if isinstance(key, str):
+        return str_key(key)
+    if isinstance(key, bool) or not isinstance(key, int):
+        try:
+            import numpy as np
+            if isinstance(key, np.integer):
+                return to_int_key(int(key))
+        except ImportError:  # pragma: no cover
+            pass
+        raise TypeError(f"keys must be int or str, got {type(key).__name__} {key!r}")
+    if not 0 <= key <= MAX_KEY:
+        raise ValueError(f"int keys must be in [0, 2**62), got {key}")
+    return key
+
+
+def _round_half_away(x: float) -> int:
+    r = math.floor(x)
+    return r + 1 if x - r >= 0.5 else r
+
+
+@lru_cache(maxsize=65536)
+def plan(key: int, size: int, num_servers: int, bound: int) -> tuple[Slice, ...]:
+    """The slices of a ``size``-element array under ``key``; empty slices are left out."""
+    if size < bound or num_servers == 1:
+        return (Slice((key * 9973) % num_servers, 0, size),)
+    edges = [_round_half_away(size / num_servers * i) for i in range(num_servers + 1)]
+    return tuple(Slice(i, edges[i], edges[i + 1] - edges[i])
+                 for i in range(num_servers) if edges[i + 1] > edges[i])
+
+
+def chunks(size: int, itemsize: int, chunk_bytes: int = CHUNK_BYTES) -> list[tuple[int, int]]:
+    """``(offset, length)`` pieces of at most ``chunk_bytes`` covering ``size`` elements."""
+    step = max(1, chunk_bytes // max(1, itemsize))
+    if size <= step:
+        return [(0, size)]
+    return [(off, min(step, size - off)) for off in range(0, size, step)]

@@ -1,0 +1,325 @@
+"""``ps.KVStore``: the worker API, numpy in and out, MXNet's semantics.
+
+    kv = ps.KVStore('dist_sync')            # joins the cluster named by the DMLC_* variables
+    kv.init(3, np.zeros((1000, 1000), np.float32))
+    kv.push(3, grad)                         # returns at once; don't change grad until waited
+    w = kv.pull(3)                           # waits for this worker's earlier pushes to key 3
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import weakref
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import keys as keys_mod
+from .config import Config
+from .customer import Customer, Handle, Request
+from .errors import ClosedError, ConfigError, PSError, PSTimeoutError
+from .keys import Slice
+from .message import Command, Op, dtype_code
+from .postoffice import Postoffice
+from .van import Van
+from .worker import KVWorker
+
+logger = logging.getLogger(__name__)
+
+TYPES = ("dist_sync", "dist_async", "dist_sync_device", "dist_device_sync", "dist_async_device", "dist")
+CLOSE_WAIT = 60.0   # seconds close() waits for outstanding requests when PS_REQUEST_TIMEOUT is 0
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """What every worker records at init: enough to check and route later calls."""
+
+    name: Any
+    key: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    code: int
+    slices: tuple[Slice, ...]
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+class KVStore:
+    """A worker's connection to the parameter servers.
+
+    Raises ConfigError for a bad environment, PSTimeoutError if the cluster does not
+    form within PS_CONNECT_TIMEOUT, PeerLostError when another node dies.
+    """
+
+    def __init__(self, type: str = "dist_sync", config: Config | None = None, van: Van | None = None):
+        if type not in TYPES:
+            raise ValueError(f"unknown kvstore type {type!r}; use one of {', '.join(TYPES)}")
+        cfg = config or Config.from_env()
+        if not cfg.is_worker:
+            raise ConfigError(f"DMLC_ROLE={cfg.role!r}: a KVStore runs on workers; start servers "
+                              "and the scheduler with `python -m ps`")
+        self._type = type
+        self._sync = "async" not in type
+        self._po = Postoffice(cfg, van)
+        self._customer = Customer()
+        self._worker = KVWorker(self._po, self._customer)
+        self._po.on(Command.DATA, self._customer.on_reply)
+        self._po.add_failure_listener(self._customer.fail_all)
+        self._keys: dict[Any, KeyInfo] = {}
+        self._key_kind: type | None = None
+        self._has_optimizer = False
+        self._closed = False
+        try:
+            self._po.start({"sync": self._sync})
+        except BaseException:
+            self._po.close(linger=0)
+            raise
+        ref = weakref.ref(self)
+        self._atexit = lambda: ref() is not None and ref().close()
+        atexit.register(self._atexit)
+
+    # -- properties ----------------------------------------------------------------------
+    @property
+    def type(self) -> str:
+        return self._type
+
+    @property
+    def rank(self) -> int:
+        return self._po.rank
+
+    @property
+    def num_workers(self) -> int:
+        return self._po.num_workers
+
+    @property
+    def num_servers(self) -> int:
+        return self._po.num_servers
+
+    @property
+    def _timeout(self) -> float:
+        return self._po.config.request_timeout
+
+    def __enter__(self) -> "KVStore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ps.KVStore {self._type} rank {self.rank}/{self.num_workers}, {self.num_servers} servers>"
+
+    # -- keys ----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this KVStore is closed")
+        if self._po.failure is not None:
+            raise self._po.failure
+
+    def _info(self, key: Any) -> KeyInfo:
+        info = self._keys.get(key)
+        if info is None:
+            raise KeyError(f"key {key!r} is not initialized; call kv.init({key!r}, value) first")
+        return info
+
+    def _new_info(self, key: Any, value: np.ndarray) -> KeyInfo:
+        kind = str if isinstance(key, str) else int
+        if self._key_kind is not None and kind is not self._key_kind:
+            raise TypeError(f"key {key!r}: one store cannot mix int and str keys")
+        if key in self._keys:
+            raise ValueError(f"key {key!r} is already initialized; a key can be initialized only once")
+        int_key = keys_mod.to_int_key(key)
+        self._key_kind = kind
+        info = KeyInfo(key, int_key, tuple(value.shape), value.dtype, dtype_code(value.dtype),
+                       keys_mod.plan(int_key, value.size, self.num_servers, self._po.config.bigarray_bound))
+        return info
+
+    def _value(self, info: KeyInfo, value: Any, what: str) -> np.ndarray:
+        """One contiguous array for ``info``; a list (one per device) is summed first."""
+        if isinstance(value, (list, tuple)):
+            if not value:
+                raise ValueError(f"{what} key {info.name!r}: empty list of values")
+            arrays = [self._value(info, v, what) for v in value]
+            return arrays[0] if len(arrays) == 1 else functools.reduce(np.add, arrays)
+        arr = np.asarray(value)
+        if arr.shape != info.shape:
+            raise ValueError(f"{what} key {info.name!r}: shape {arr.shape} does not match the "
+                             f"initialized shape {info.shape}")
+        if arr.dtype != info.dtype:
+            raise TypeError(f"{what} key {info.name!r}: dtype {arr.dtype} does not match the "
+                            f"initialized dtype {info.dtype}")
+        return np.ascontiguousarray(arr)
+
+    # -- operations ----------------------------------------------------------------------
+    def init(self, key: Any, value: Any) -> None:
+        """Collective: every worker calls it with the same keys; rank 0's value is stored.
+
+        Raises ValueError for a key initialized twice, RemoteError if a server refuses.
+        """
+        self._check_open()
+        pairs = self._pairs(key, value)
+        infos = []
+        for k, v in pairs:
+            arr = np.asarray(v[0] if isinstance(v, (list, tuple)) else v)
+            infos.append((self._new_info(k, arr), arr))
+        requests = []
+        for info, arr in infos:
+            self._keys[info.name] = info
+            if self.rank == 0:
+                flat = np.ascontiguousarray(arr).reshape(-1)
+                requests.append(self._request(Op.INIT, info, flat, None, f"init of key {info.name!r}"))
+        self._worker.flush()
+        error = None
+        try:
+            self._finish(requests, lambda: None, block=True)
+        except PSError as exc:   # still join the barrier, or the other workers would hang
+            error = exc
+        self._po.barrier("workers", what="every worker to finish init")
+        if error is not None:
+            raise error
+
+    def push(self, key: Any, value: Any, priority: int = 0, block: bool = False) -> Handle | None:
+        """Send a gradient (summed over a list); returns a Handle (``block=True`` waits).
+
+        The array must not change until the push is waited on (it is sent zero-copy).
+        """
+        self._check_open()
+        handles = []
+        for k, v in self._pairs(key, value):
+            info = self._info(k)
+            flat = self._value(info, v, "push to").reshape(-1)
+            handles.append(self._request(Op.PUSH, info, flat, None, f"push to key {k!r}"))
+        self._worker.flush()
+        return self._finish(handles, lambda: None, block)
+
+    def pull(self, key: Any, out: Any = None, priority: int = 0, block: bool = True,
+             ignore_sparse: bool = True) -> Any:
+        """Fetch the current value (after this worker's earlier pushes to the key)."""
+        self._check_open()
+        return self._pull_like(Op.PULL, key, None, out, block)
+
+    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0, block: bool = True) -> Any:
+        """Push and pull in one round trip; returns the updated value (or a Handle)."""
+        self._check_open()
+        return self._pull_like(Op.PUSH | Op.PULL, key, value, out, block)
+
+    def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> Any:
+        """init (rank 0's value wins) then pull into ``out``."""
+        self.init(key, value)
+        return self.pull(key, out=out)
+
+    def _pull_like(self, op: int, key: Any, value: Any, out: Any, block: bool) -> Any:
+        names = key if isinstance(key, (list, tuple)) else [key]
+        values = value if isinstance(key, (list, tuple)) else [value]
+        outs = out if isinstance(key, (list, tuple)) and out is not None else [out] * len(names)
+        if len(values) != len(names) or len(outs) != len(names):
+            raise ValueError(f"{len(names)} keys but {len(values)} values / {len(outs)} outputs")
+        handles, finals = [], []
+        for k, v, o in zip(names, values, outs):
+            info = self._info(k)
+            flat = None if v is None else self._value(info, v, "pushpull to").reshape(-1)
+            recv, final = self._receiver(info, o)
+            what = f"{'pushpull' if op & Op.PUSH else 'pull'} of key {k!r}"
+            handles.append(self._request(op, info, flat, recv.reshape(-1), what))
+            finals.append(final)
+        self._worker.flush()
+        if isinstance(key, (list, tuple)):
+            return self._finish(handles, lambda: [f() for f in finals], block)
+        return self._finish(handles, finals[0], block)
+
+    def _receiver(self, info: KeyInfo, out: Any) -> tuple[np.ndarray, Any]:
+        """An array replies can be written into, and what to return once they are."""
+        if out is None:
+            arr = np.empty(info.shape, info.dtype)
+            return arr, lambda: arr
+        targets = list(out) if isinstance(out, (list, tuple)) else [out]
+        for t in targets:
+            if not isinstance(t, np.ndarray) or t.shape != info.shape:
+                raise ValueError(f"out for key {info.name!r} must be a numpy array of shape {info.shape}, "
+                                 f"got {getattr(t, 'shape', type(t).__name__)}")
+        first = targets[0]
+        direct = first.dtype == info.dtype and first.flags.c_contiguous and first.flags.writeable
+        recv = first if direct else np.empty(info.shape, info.dtype)
+
+        def final() -> Any:
+            for t in targets:
+                if t is not recv:
+                    np.copyto(t, recv, casting="unsafe")
+            return out
+        return recv, final
+
+    def _request(self, op: int, info: KeyInfo, value: np.ndarray | None, out: np.ndarray | None,
+                 what: str) -> Request:
+        return self._worker.request(op, info.key, info.slices, info.code, value, out, what)
+
+    def _finish(self, requests: list[Request], finalize: Any, block: bool) -> Any:
+        handle = Handle(requests, finalize, self._timeout, lambda: self._po.failure)
+        return handle.wait() if block else handle
+
+    @staticmethod
+    def _pairs(key: Any, value: Any) -> list[tuple[Any, Any]]:
+        if isinstance(key, (list, tuple)):
+            if not isinstance(value, (list, tuple)) or len(value) != len(key):
+                raise ValueError(f"{len(key)} keys need a list of {len(key)} values")
+            return list(zip(key, value))
+        return [(key, value)]
+
+    # -- cluster-wide --------------------------------------------------------------------
+    def set_optimizer(self, optimizer: Any) -> None:
+        """Collective: run ``optimizer`` (a ``ps.optim`` optimizer or its spec) on the servers.
+
+        Sent once, by rank 0; every worker then waits at a barrier so none pushes early.
+        """
+        self._check_open()
+        spec = optimizer.to_spec() if hasattr(optimizer, "to_spec") else dict(optimizer)
+        spec = _int_keyed(spec)
+        if self.rank == 0:
+            self._worker.command("set_optimizer", {"spec": spec})
+        self._po.barrier("workers", what="every worker to set the optimizer")
+        self._has_optimizer = True
+
+    def _server_command(self, cmd: str, payload: dict[str, Any] | None = None) -> dict[int, Any]:
+        self._check_open()
+        return self._worker.command(cmd, payload)
+
+    def barrier(self, timeout: float | None = None) -> None:
+        """Block until every worker reaches its barrier."""
+        self._check_open()
+        self.wait_all(timeout)
+        self._po.barrier("workers", timeout=timeout)
+
+    def wait_all(self, timeout: float | None = None) -> None:
+        """Wait for every outstanding push/pull of this worker."""
+        from ._timing import Deadline
+        deadline = Deadline(self._timeout if timeout is None else timeout)
+        for req in self._customer.pending():
+            req.wait(deadline, lambda: self._po.failure)
+
+    def close(self) -> None:
+        """Finish outstanding requests, tell the scheduler, disconnect. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._atexit)
+        try:
+            if self._po.failure is None:
+                self.wait_all(self._timeout or CLOSE_WAIT)
+        except PSTimeoutError as exc:
+            logger.warning("closing with requests still outstanding: %s", exc)
+        except PSError:
+            pass
+        finally:
+            self._po.announce_close()
+            self._po.close(linger=1.0)
+
+
+def _int_keyed(spec: dict[str, Any]) -> dict[str, Any]:
+    """Per-key multipliers travel under the servers' int keys (str keys are hashed)."""
+    params = dict(spec.get("params", {}))
+    for name in ("lr_mult", "wd_mult"):
+        if params.get(name):
+            params[name] = {keys_mod.to_int_key(k): v for k, v in params[name].items()}
+    return {**spec, "params": params}

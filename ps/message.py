@@ -1,0 +1,189 @@
+"""What travels between nodes: a msgpack meta frame followed by raw array frames.
+
+Frame 0 is ``msgpack([VERSION, cmd, sender, recver, request, seq, body])``. For
+``Command.DATA`` the body is a list of *entries*, one per key chunk::
+
+    [ts, op, key, offset, length, total, dtype, error]
+
+``op`` is a bit set of ``Op``; ``offset``/``length``/``total`` count elements of the
+server's slice; ``error`` is None or ``[kind, text]``. Each entry that carries values
+(push/init requests, pull replies without error) owns the next array frame, sent
+zero-copy and read back with ``np.frombuffer``. Nothing here unpickles: a frame that
+is not what the meta says is a :class:`ProtocolError`, logged and dropped by the van.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any, Callable, Sequence
+
+import msgpack
+import numpy as np
+
+from .errors import ProtocolError
+
+VERSION = 1
+MAX_META_BYTES = 64 << 20      # a meta frame larger than this is refused before decoding
+MAX_ENTRIES = 1 << 20
+
+
+class Role(enum.IntEnum):
+    SERVER = 0
+    WORKER = 1
+    SCHEDULER = 2
+
+
+class Command(enum.IntEnum):
+    DATA = 0          # key/value entries (worker <-> server)
+    ADD_NODE = 1      # node -> scheduler: register; scheduler -> node: acknowledged
+    NODE_TABLE = 2    # scheduler -> node: ids, ranks and addresses of everyone
+    BARRIER = 3       # request -> scheduler; release <- scheduler
+    HEARTBEAT = 4
+    TERMINATE = 5     # scheduler -> server: the job is over (acknowledged)
+    ACK = 6           # transport-level acknowledgement (PS_RESEND)
+    CLOSE = 7         # worker -> scheduler: this worker is done (acknowledged)
+    WORKER_CLOSED = 8  # scheduler -> servers: a worker closed its store
+    NODE_FAILED = 9   # scheduler -> everyone: a node died
+    ABORT = 10        # scheduler -> node: the job cannot go on (formation timeout, bad config)
+    SERVER_CMD = 11   # worker <-> server: optimizer, learning rate, states... (request/reply)
+
+
+class Op(enum.IntFlag):
+    PUSH = 1
+    PULL = 2
+    INIT = 4
+
+
+DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (
+    "<f4", "<f8", "<f2", "<i4", "<i8", "|u1", "|i1"))
+DTYPE_CODE = {dt: i for i, dt in enumerate(DTYPES)}
+
+
+def dtype_code(dtype: np.dtype) -> int:
+    try:
+        return DTYPE_CODE[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(f"dtype {np.dtype(dtype)} is not supported; use one of "
+                        f"{', '.join(str(d) for d in DTYPES)}") from None
+
+
+def node_name(node_id: int) -> str:
+    """ps-lite's short form: H for the scheduler, S[8] for servers, W[9] for workers."""
+    if node_id == 1:
+        return "H"
+    if node_id >= 8:
+        return f"{'W' if node_id % 2 else 'S'}[{node_id}]"
+    return f"?[{node_id}]"
+
+
+def server_id(rank: int) -> int:
+    return 8 + 2 * rank
+
+
+def worker_id(rank: int) -> int:
+    return 9 + 2 * rank
+
+
+def id_to_rank(node_id: int) -> int:
+    return max((node_id - 8) // 2, 0)
+
+
+class Message:
+    """One message. ``route`` is the ZeroMQ identity a ROUTER received it from (or
+    should send it to); ``frames`` hold the arrays of DATA entries in entry order."""
+
+    __slots__ = ("cmd", "sender", "recver", "request", "seq", "body", "frames", "route", "on_sent")
+
+    def __init__(self, cmd: Command, sender: int = 0, recver: int = 0, body: Any = None,
+                 frames: Sequence[Any] = (), request: bool = True, route: bytes | None = None,
+                 seq: int = 0):
+        self.cmd = cmd
+        self.sender = sender
+        self.recver = recver
+        self.request = request
+        self.seq = seq
+        self.body = body
+        self.frames = list(frames)
+        self.route = route
+        self.on_sent: Callable[[Any], None] | None = None   # gets the zmq MessageTracker
+
+    def __repr__(self) -> str:
+        kind = "req" if self.request else "reply"
+        extra = ""
+        if self.cmd == Command.DATA and self.body:
+            nbytes = sum(memoryview(f).nbytes for f in self.frames)
+            extra = f" entries={len(self.body)} ts={self.body[0][0]} bytes={nbytes}"
+        return (f"{node_name(self.sender)} => {node_name(self.recver)} "
+                f"{Command(self.cmd).name} {kind}{extra}")
+
+
+def entry_has_data(request: bool, op: int, error: Any) -> bool:
+    if request:
+        return bool(op & (Op.PUSH | Op.INIT))
+    return bool(op & Op.PULL) and error is None
+
+
+def encode(msg: Message) -> list[Any]:
+    meta = msgpack.packb([VERSION, int(msg.cmd), msg.sender, msg.recver, msg.request,
+                          msg.seq, msg.body], use_bin_type=True)
+    return [meta, *msg.frames]
+
+
+def _buffer(frame: Any) -> memoryview:
+    buf = getattr(frame, "buffer", None)    # zmq.Frame
+    return buf if buf is not None else memoryview(frame)
+
+
+def decode(frames: Sequence[Any], route: bytes | None = None) -> Message:
+    """Parse received frames; raise ProtocolError for anything malformed."""
+    if not frames:
+        raise ProtocolError("empty message")
+    head = _buffer(frames[0])
+    if head.nbytes > MAX_META_BYTES:
+        raise ProtocolError(f"meta frame of {head.nbytes} bytes exceeds {MAX_META_BYTES}")
+    try:
+        meta = msgpack.unpackb(head, raw=False, strict_map_key=False, max_bin_len=MAX_META_BYTES, max_str_len=MAX_META_BYTES,
+                               max_array_len=MAX_ENTRIES, max_map_len=MAX_ENTRIES)
+        version, cmd, sender, recver, request, seq, body = meta
+        cmd = Command(cmd)
+    except ProtocolError:
+        raise
+    except Exception as exc:
+        raise ProtocolError(f"undecodable meta: {exc}") from None
+    if version != VERSION:
+        raise ProtocolError(f"protocol version {version!r}, expected {VERSION}")
+    if not (isinstance(sender, int) and isinstance(recver, int) and isinstance(seq, int)):
+        raise ProtocolError("sender, recver and seq must be integers")
+    msg = Message(cmd, sender, recver, body, request=bool(request), route=route, seq=seq)
+    if cmd == Command.DATA:
+        msg.frames = _data_arrays(body, frames[1:], bool(request))
+    elif len(frames) > 1:
+        raise ProtocolError(f"{cmd.name} carries {len(frames) - 1} unexpected data frames")
+    return msg
+
+
+def _data_arrays(entries: Any, frames: Sequence[Any], request: bool) -> list[np.ndarray]:
+    if not isinstance(entries, list):
+        raise ProtocolError("DATA body must be a list of entries")
+    arrays: list[np.ndarray] = []
+    it = iter(frames)
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 8):
+            raise ProtocolError(f"malformed entry {entry!r:.100}")
+        ts, op, key, off, n, total, code, error = entry
+        if not all(isinstance(v, int) for v in (ts, op, key, off, n, total, code)) or \
+                not (0 <= off and 0 <= n and off + n <= total) or not 0 <= code < len(DTYPES):
+            raise ProtocolError(f"malformed entry {entry!r:.100}")
+        if not entry_has_data(request, op, error):
+            continue
+        frame = next(it, None)
+        if frame is None:
+            raise ProtocolError(f"entry for key {key} has no data frame")
+        dtype = DTYPES[code]
+        buf = _buffer(frame)
+        if buf.nbytes != n * dtype.itemsize:
+            raise ProtocolError(f"key {key}: frame has {buf.nbytes} bytes, entry says "
+                                f"{n} x {dtype} = {n * dtype.itemsize}")
+        arrays.append(np.frombuffer(buf, dtype=dtype))
+    if next(it, None) is not None:
+        raise ProtocolError("more data frames than entries")
+    return arrays

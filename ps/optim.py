@@ -1,0 +1,600 @@
+"""Server-side optimizers in numpy, with MXNet 1.9.1's update rules.
+
+Optimizers travel as a msgpack-able *spec* (``{"name": ..., "params": {...}}``),
+never as code: a server only ever builds optimizers from this registry.
+
+Interface used by the server (``ps/store.py``)::
+
+    updater = Updater(from_spec(spec))
+    updater(key, grad, weight)     # flat 1-D numpy arrays; updates ``weight`` in place
+
+Each update reproduces the arithmetic of the MXNet C++ kernel that MXNet's own
+``get_updater`` would run (hyper-parameters rounded to float32 as the op parser does,
+then the same operations in the same order), so fp32 results agree with MXNet to the
+last bit or so; see ``docs/optimizers.md`` for the measured differences.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable
+
+import msgpack
+import numpy as np
+
+from .lr_scheduler import LRScheduler, scheduler_from_spec
+
+logger = logging.getLogger(__name__)
+
+REGISTRY: dict[str, type["Optimizer"]] = {}
+
+_STATE_FORMAT = "ps.optim.states/1"
+
+
+def register(cls: type["Optimizer"]) -> type["Optimizer"]:
+    REGISTRY[cls.__name__.lower()] = cls
+    return cls
+
+
+def _f32(dt: type, x: float) -> Any:
+    """A hyper-parameter as an MXNet op sees it: parsed as float32, then cast to the array dtype."""
+    return dt(np.float32(x))
+
+
+def _clip(x: np.ndarray, lo: Any, hi: Any) -> np.ndarray:
+    """mshadow's clip: ``hi`` wins when the bounds cross, NaN passes through."""
+    return np.where(x > hi, hi, np.where(x < lo, lo, x)).astype(x.dtype, copy=False)
+
+
+def _sign(x: np.ndarray) -> np.ndarray:
+    """``(x > 0) - (x < 0)`` as MXNet computes it (NaN gives 0, unlike ``np.sign``)."""
+    return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+
+
+def _key(k: Any) -> int:
+    if isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+        return int(k)
+    if isinstance(k, str) and k.lstrip("-").isdigit():
+        return int(k)  # int keys that a strict msgpack map turned into str
+    raise ValueError(f"per-key multipliers need int keys (the worker maps str keys to ints), got {k!r}")
+
+
+class Optimizer:
+    """Hyper-parameters and per-key bookkeeping shared by every optimizer (MXNet ``Optimizer``).
+
+    ``learning_rate=None`` means MXNet's default: the scheduler's lr, or 0.01 without one.
+    A given ``learning_rate`` overrides the scheduler's ``base_lr``, as MXNet does.
+    """
+
+    def __init__(self, learning_rate: float | None = None, wd: float = 0.0, rescale_grad: float = 1.0,
+                 clip_gradient: float | None = None, lr_mult: dict | None = None,
+                 wd_mult: dict | None = None, multi_precision: bool = False, begin_num_update: int = 0,
+                 lr_scheduler: dict | LRScheduler | None = None, num_update: int | None = None):
+        self.lr_scheduler = scheduler_from_spec(lr_scheduler)
+        if self.lr_scheduler is None and learning_rate is None:
+            learning_rate = 0.01
+        self.lr = None if learning_rate is None else float(learning_rate)
+        if self.lr_scheduler is not None and self.lr is not None and self.lr_scheduler.base_lr != self.lr:
+            logger.info("learning rate from lr_scheduler has been overwritten by learning_rate")
+            self.lr_scheduler.base_lr = self.lr
+        self.wd = float(wd)
+        self.rescale_grad = float(rescale_grad)
+        self.clip_gradient = None if clip_gradient is None else float(clip_gradient)
+        self.lr_mult = {_key(k): float(v) for k, v in (lr_mult or {}).items()}
+        self.wd_mult = {_key(k): float(v) for k, v in (wd_mult or {}).items()}
+        self.multi_precision = bool(multi_precision)
+        self.begin_num_update = int(begin_num_update)
+        self.num_update = self.begin_num_update if num_update is None else int(num_update)
+        self._index_update_count: dict[int, int] = {}
+
+    @property
+    def learning_rate(self) -> float:
+        if self.lr_scheduler is not None:
+            return self.lr_scheduler(self.num_update)
+        return self.lr
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Set the lr, as MXNet: with a scheduler this raises (a ``UserWarning`` *exception*).
+
+        Raises
+        ------
+        UserWarning
+            The optimizer has an lr scheduler, which owns the learning rate.
+
+        Example::
+
+            opt.set_learning_rate(0.05)
+        """
+        if self.lr_scheduler is not None:
+            raise UserWarning("LRScheduler of the optimizer has already been defined. Note that "
+                              "set_learning_rate can mutate the value of the learning rate of the "
+                              "optimizer only when the LRScheduler of the optimizer is undefined.")
+        self.lr = float(lr)
+
+    def _params(self) -> dict[str, Any]:
+        sched = self.lr_scheduler
+        return dict(learning_rate=None if sched is not None else self.lr, wd=self.wd,
+                    rescale_grad=self.rescale_grad, clip_gradient=self.clip_gradient,
+                    lr_mult=dict(self.lr_mult), wd_mult=dict(self.wd_mult),
+                    multi_precision=self.multi_precision, begin_num_update=self.begin_num_update,
+                    num_update=self.num_update,
+                    lr_scheduler=None if sched is None else sched.to_spec())
+
+    def to_spec(self) -> dict[str, Any]:
+        """A msgpack-able description from which :func:`from_spec` rebuilds this optimizer.
+
+        ``lr_mult``/``wd_mult`` have int keys: unpack with ``strict_map_key=False``.
+        """
+        return {"name": type(self).__name__.lower(), "params": self._params()}
+
+    # -- per-key bookkeeping, as MXNet's Optimizer --------------------------------------
+    def _update_count(self, key: int) -> None:
+        count = self._index_update_count.get(key, self.begin_num_update) + 1
+        self._index_update_count[key] = count
+        self.num_update = max(count, self.num_update)
+
+    def _get_lr(self, key: int) -> float:
+        lr = self.lr_scheduler(self.num_update) if self.lr_scheduler is not None else self.lr
+        return lr * self.lr_mult.get(key, 1.0)
+
+    def _get_wd(self, key: int) -> float:
+        return self.wd * self.wd_mult.get(key, 1.0)
+
+    def _kernel_clip(self) -> float | None:
+        """Clip bound for C++-kernel optimizers: MXNet passes it only if truthy, the kernel needs >= 0."""
+        c = self.clip_gradient
+        return c if c and c >= 0 else None
+
+    # -- states and updates ---------------------------------------------------------------
+    def create_state(self, key: int, weight: np.ndarray) -> Any:
+        return None
+
+    def create_state_multi_precision(self, key: int, weight: np.ndarray) -> Any:
+        """An fp16 weight under ``multi_precision`` gets ``(fp32 master copy, state of the master)``."""
+        if self.multi_precision and weight.dtype == np.float16:
+            master = weight.astype(np.float32)
+            return (master, self.create_state(key, master))
+        return self.create_state(key, weight)
+
+    def update(self, key: int, weight: np.ndarray, grad: np.ndarray, state: Any) -> None:
+        self._update_count(key)
+        self._step(key, weight, grad, state, self._get_lr(key), self._get_wd(key))
+
+    def update_multi_precision(self, key: int, weight: np.ndarray, grad: np.ndarray, state: Any) -> None:
+        """Update the fp32 master with an fp32 copy of the gradient, then round it into the weight."""
+        if self.multi_precision and weight.dtype == np.float16:
+            master, inner = state
+            self.update(key, master, grad.astype(np.float32), inner)
+            np.copyto(weight, master, casting="same_kind")
+        else:
+            self.update(key, weight, grad, state)
+
+    def _step(self, key: int, w: np.ndarray, g: np.ndarray, state: Any, lr: float, wd: float) -> None:
+        raise NotImplementedError
+
+
+@register
+class SGD(Optimizer):
+    """SGD with optional momentum: MXNet's ``multi_sgd[_mom]_update`` kernel, which its updater runs."""
+
+    def __init__(self, momentum: float = 0.0, lazy_update: bool = True, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.momentum = float(momentum)
+        self.lazy_update = bool(lazy_update)  # only matters for row-sparse grads; kept for the spec
+
+    def _params(self) -> dict[str, Any]:
+        return {**super()._params(), "momentum": self.momentum, "lazy_update": self.lazy_update}
+
+    def create_state(self, key: int, weight: np.ndarray) -> Any:
+        return np.zeros_like(weight) if self.momentum != 0.0 else None
+
+    def _step(self, key, w, g, mom, lr, wd):
+        dt = w.dtype.type
+        lr_, c = _f32(dt, lr), self._kernel_clip()
+        if c is not None:
+            step = lr_ * _clip(_f32(dt, self.rescale_grad) * g, _f32(dt, -c), _f32(dt, c))
+        else:
+            step = (lr_ * _f32(dt, self.rescale_grad)) * g
+        m = _f32(dt, self.momentum if self.momentum > 0 else 0.0)
+        prev = mom if mom is not None else dt(0)
+        new = m * prev - (lr_ * _f32(dt, wd)) * w - step
+        if mom is not None:
+            mom[...] = new
+        w += new
+
+
+@register
+class NAG(Optimizer):
+    """Nesterov momentum (``nag_mom_update``; ``sgd_update`` without momentum).
+
+    MXNet runs the kernel in place, so the momentum update reads the *new* weight;
+    ps does the same.
+    """
+
+    def __init__(self, momentum: float = 0.0, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.momentum = float(momentum)
+
+    def _params(self) -> dict[str, Any]:
+        return {**super()._params(), "momentum": self.momentum}
+
+    def create_state(self, key: int, weight: np.ndarray) -> Any:
+        return np.zeros_like(weight) if self.momentum != 0.0 else None
+
+    def _step(self, key, w, g, mom, lr, wd):
+        dt = w.dtype.type
+        lr_, wd_, rs, c = _f32(dt, lr), _f32(dt, wd), _f32(dt, self.rescale_grad), self._kernel_clip()
+        if mom is None:
+            if c is not None:
+                w[...] = (dt(1) - lr_ * wd_) * w - lr_ * _clip(rs * g, _f32(dt, -c), _f32(dt, c))
+            else:
+                w[...] = (dt(1) - lr_ * wd_) * w - (lr_ * rs) * g
+            return
+        m = _f32(dt, self.momentum if self.momentum > 0 else 0.0)
+        gr = _clip(rs * g, _f32(dt, -c), _f32(dt, c)) if c is not None else rs * g
+        mom *= m
+        w[...] = (w - mom) + (m + dt(1)) * (mom - lr_ * (gr + wd_ * w))
+        mom[...] = mom - lr_ * (gr + wd_ * w)
+
+
+@register
+class Adam(Optimizer):
+    """Adam (``adam_update``), bias correction folded into the lr as MXNet does."""
+
+    def __init__(self, learning_rate: float | None = 0.001, beta1: float = 0.9, beta2: float = 0.999,
+                 epsilon: float = 1e-8, lazy_update: bool = True, **kwargs: Any):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+        self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
+        self.lazy_update = bool(lazy_update)
+
+    def _params(self) -> dict[str, Any]:
+        return {**super()._params(), "beta1": self.beta1, "beta2": self.beta2,
+                "epsilon": self.epsilon, "lazy_update": self.lazy_update}
+
+    def create_state(self, key: int, weight: np.ndarray) -> Any:
+        return (np.zeros_like(weight), np.zeros_like(weight))
+
+    def _step(self, key, w, g, state, lr, wd):
+        mean, var = state
+        t = self._index_update_count[key]
+        lr *= math.sqrt(1.0 - self.beta2 ** t) / (1.0 - self.beta1 ** t)
+        dt = w.dtype.type
+        b1, b2, c = _f32(dt, self.beta1), _f32(dt, self.beta2), self._kernel_clip()
+        gr = g * _f32(dt, self.rescale_grad) + w * _f32(dt, wd)
+        if c is not None:
+            gr = _clip(gr, _f32(dt, -c), _f32(dt, c))
+        mean[...] = b1 * mean + (dt(1) - b1) * gr
+        var[...] = b2 * var + (dt(1) - b2) * gr * gr
+        w[...] = w - _f32(dt, lr) * mean / (np.sqrt(var) + _f32(dt, self.epsilon))
+
+
+@register
+class AdaGrad(Optimizer):
+    """AdaGrad; MXNet writes it with NDArray ops, whose scalars are cast straight to the dtype."""
+
+    def __init__(self, eps: float = 1e-7, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.float_stable_eps = float(eps)
+
+    def _params(self) -> dict[str, Any]:
+        return {**super()._params(), "eps": self.float_stable_eps}
+
+    def create_state(self, key: int, weight: np.ndarray) -> Any:
+        return np.zeros_like(weight)
+
+    def _step(self, key, w, g, history, lr, wd):
+        dt = w.dtype.type
+        g = g * dt(self.rescale_grad)
+        if self.clip_gradient is not None:
+            g = _clip(g, dt(-self.clip_gradient), dt(self.clip_gradient))
+        history += g * g
+        div = g / np.sqrt(history + dt(self.float_stable_eps))
+        w += (div + w * dt(wd)) * dt(-lr)
+
+
+@register
+class RMSProp(Optimizer):
+    """RMSProp: Tieleman & Hinton (``rmsprop_update``) or Graves' centered (``rmspropalex_update``)."""
+
+    def __init__(self, learning_rate: float | None = 0.001, gamma1: float = 0.9, gamma2: float = 0.9,
+                 epsilon: float = 1e-8, centered: bool = False, clip_weights: float | None = None,
+                 **kwargs: Any):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+        self.gamma1, self.gamma2, self.epsilon = float(gamma1), float(gamma2), float(epsilon)
+        self.centered = bool(centered)
+        self.clip_weights = None if clip_weights is None else float(clip_weights)
+
+    def _params(self) -> dict[str, Any]:
+        return {**super()._params(), "gamma1": self.gamma1, "gamma2": self.gamma2,
+                "epsilon": self.epsilon, "centered": self.centered, "clip_weights": self.clip_weights}
+
+    def create_state(self, key: int, weight: np.ndarray) -> Any:
+        return tuple(np.zeros_like(weight) for _ in range(3 if self.centered else 1))
+
+    def _step(self, key, w, g, state, lr, wd):
+        dt = w.dtype.type
+        g1, lr_, eps, c = _f32(dt, self.gamma1), _f32(dt, lr), _f32(dt, self.epsilon), self._kernel_clip()
+        gr = _f32(dt, self.rescale_grad) * g + _f32(dt, wd) * w
+        if c is not None:
+            gr = _clip(gr, _f32(dt, -c), _f32(dt, c))
+        if self.centered:
+            n, mean_g, delta = state
+            n[...] = (dt(1) - g1) * gr * gr + g1 * n
+            mean_g[...] = (dt(1) - g1) * gr + g1 * mean_g
+            delta[...] = _f32(dt, self.gamma2) * delta - lr_ * gr / np.sqrt(n - mean_g * mean_g + eps)
+            new = w + delta
+        else:
+            (n,) = state
+            n[...] = (dt(1) - g1) * (gr * gr) + g1 * n
+            new = w - lr_ * (gr / np.sqrt(n + eps))
+        cw = self.clip_weights
+        if cw and cw >= 0:
+            new = _clip(new, _f32(dt, -cw), _f32(dt, cw))
+        w[...] = new
+
+
+@register
+class AdaDelta(Optimizer):
+    """AdaDelta (NDArray ops in MXNet; no learning rate involved)."""
+
+    def __init__(self, rho: float = 0.90, epsilon: float = 1e-5, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.rho, self.epsilon = float(rho), float(epsilon)
+
+    def _params(self) -> dict[str, Any]:
+        return {**super()._params(), "rho": self.rho, "epsilon": self.epsilon}
+
+    def create_state(self, key: int, weight: np.ndarray) -> Any:
+        return (np.zeros_like(weight), np.zeros_like(weight))
+
+    def _step(self, key, w, g, state, lr, wd):
+        acc_g, acc_delta = state
+        dt = w.dtype.type
+        rho, one_rho, eps = dt(self.rho), dt(1.0 - self.rho), dt(self.epsilon)
+        g = g * dt(self.rescale_grad)
+        if self.clip_gradient is not None:
+            g = _clip(g, dt(-self.clip_gradient), dt(self.clip_gradient))
+        acc_g *= rho
+        acc_g += one_rho * g * g
+        delta = np.sqrt(acc_delta + eps) / np.sqrt(acc_g + eps) * g
+        acc_delta *= rho
+        acc_delta += one_rho * delta * delta
+        w -= delta + w * dt(wd)
+
+
+@register
+class Signum(Optimizer):
+    """Signum (``signum_update``) or, without momentum, signSGD (``signsgd_update``)."""
+
+    def __init__(self, learning_rate: float | None = 0.01, momentum: float = 0.9, wd_lh: float = 0.0,
+                 **kwargs: Any):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+        self.momentum, self.wd_lh = float(momentum), float(wd_lh)
+
+    def _params(self) -> dict[str, Any]:
+        return {**super()._params(), "momentum": self.momentum, "wd_lh": self.wd_lh}
+
+    def create_state(self, key: int, weight: np.ndarray) -> Any:
+        return np.zeros_like(weight) if self.momentum != 0.0 else None
+
+    def _step(self, key, w, g, mom, lr, wd):
+        dt = w.dtype.type
+        lr_, wd_ = _f32(dt, lr), _f32(dt, wd)
+        if mom is None:  # signSGD ignores rescale_grad and clip_gradient (they cannot flip a sign)
+            w[...] = (dt(1) - lr_ * wd_) * w - lr_ * _sign(g)
+            return
+        m = _f32(dt, self.momentum if self.momentum > 0 else 0.0)
+        one_m, rs, c = dt(1) - m, _f32(dt, self.rescale_grad), self._kernel_clip()
+        if c is not None:
+            step = one_m * _clip(rs * g, _f32(dt, -c), _f32(dt, c))
+        else:
+            step = one_m * rs * g
+        mom[...] = m * mom - one_m * wd_ * w - step
+        w[...] = (dt(1) - lr_ * _f32(dt, self.wd_lh)) * w + lr_ * _sign(mom)
+
+
+@register
+class Ftrl(Optimizer):
+    """FTRL-proximal (``ftrl_update``); state is ``(z, n)`` as in MXNet."""
+
+    def __init__(self, lamda1: float = 0.01, learning_rate: float | None = 0.1, beta: float = 1,
+                 **kwargs: Any):
+        # MXNet's Ftrl sets lr after the base class, so it never overrides a scheduler's base_lr.
+        super().__init__(**kwargs)
+        if learning_rate is not None:
+            self.lr = float(learning_rate)
+        self.lamda1, self.beta = float(lamda1), float(beta)
+
+    def _params(self) -> dict[str, Any]:
+        return {**super()._params(), "lamda1": self.lamda1, "beta": self.beta}
+
+    def create_state(self, key: int, weight: np.ndarray) -> Any:
+        return (np.zeros_like(weight), np.zeros_like(weight))
+
+    def _step(self, key, w, g, state, lr, wd):
+        z, n = state
+        dt = w.dtype.type
+        lr_, l1, c = _f32(dt, lr), _f32(dt, self.lamda1), self._kernel_clip()
+        gr = g * _f32(dt, self.rescale_grad)
+        if c is not None:
+            gr = _clip(gr, _f32(dt, -c), _f32(dt, c))
+        z += gr - (np.sqrt(n + gr * gr) - np.sqrt(n)) * w / lr_
+        n += gr * gr
+        w[...] = ((_sign(z) * l1 - z) / ((_f32(dt, self.beta) + np.sqrt(n)) / lr_ + _f32(dt, wd))
+                  * (np.abs(z) > l1).astype(dt))
+
+
+@register
+class LAMB(Optimizer):
+    """LAMB as MXNet's updater runs it (``multi_lamb_update``: bias correction in the weight's dtype).
+
+    The trust ratio uses the norms of the array the server holds, i.e. its slice of a
+    parameter that was split across servers -- exactly what an MXNet server does.
+    """
+
+    def __init__(self, learning_rate: float | None = 0.001, beta1: float = 0.9, beta2: float = 0.999,
+                 epsilon: float = 1e-6, lower_bound: float | None = None,
+                 upper_bound: float | None = None, bias_correction: bool = True, **kwargs: Any):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+        self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
+        self.lower_bound = None if lower_bound is None else float(lower_bound)
+        self.upper_bound = None if upper_bound is None else float(upper_bound)
+        self.bias_correction = bool(bias_correction)
+
+    def _params(self) -> dict[str, Any]:
+        return {**super()._params(), "beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon,
+                "lower_bound": self.lower_bound, "upper_bound": self.upper_bound,
+                "bias_correction": self.bias_correction}
+
+    def create_state(self, key: int, weight: np.ndarray) -> Any:
+        return (np.zeros_like(weight), np.zeros_like(weight))
+
+    def _step(self, key, w, g, state, lr, wd):
+        mean, var = state
+        dt = w.dtype.type
+        b1, b2, c = _f32(dt, self.beta1), _f32(dt, self.beta2), self._kernel_clip()
+        gr = g * _f32(dt, self.rescale_grad)
+        if c is not None:
+            gr = _clip(gr, _f32(dt, -c), _f32(dt, c))
+        mean[...] = b1 * mean + (dt(1) - b1) * gr
+        var[...] = b2 * var + (dt(1) - b2) * gr * gr
+        m, v = mean, var
+        if self.bias_correction:
+            t = dt(self._index_update_count[key])
+            m, v = mean / (dt(1) - np.power(b1, t)), var / (dt(1) - np.power(b2, t))
+        upd = m / (np.sqrt(v) + _f32(dt, self.epsilon)) + _f32(dt, wd) * w
+        w -= dt(_f32(dt, lr) * self._trust_ratio(w, upd)) * upd
+
+    def _trust_ratio(self, w: np.ndarray, upd: np.ndarray) -> np.float32:
+        r1 = np.sqrt(np.float32(np.sum(np.square(w, dtype=np.float64))))
+        r2 = np.sqrt(np.float32(np.sum(np.square(upd, dtype=np.float64))))
+        if self.lower_bound and self.lower_bound >= 0:
+            r1 = max(r1, np.float32(self.lower_bound))
+        if self.upper_bound and self.upper_bound >= 0:
+            r1 = min(r1, np.float32(self.upper_bound))
+        return np.float32(1) if r1 == 0 or r2 == 0 else r1 / r2
+
+
+def from_spec(spec: dict[str, Any]) -> Optimizer:
+    """Build an optimizer from its spec.
+
+    Raises
+    ------
+    ValueError
+        The spec is malformed, names an optimizer ps does not know, or has bad parameters.
+
+    Example::
+
+        opt = from_spec({"name": "sgd", "params": {"learning_rate": 0.1, "momentum": 0.9}})
+    """
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ValueError(f"an optimizer spec must be a dict with a 'name', got {spec!r:.200}")
+    cls = REGISTRY.get(spec["name"].lower())
+    if cls is None:
+        raise ValueError(f"unknown optimizer {spec['name']!r}; ps knows: {', '.join(sorted(REGISTRY))}")
+    try:
+        return cls(**spec.get("params", {}))
+    except TypeError as e:
+        raise ValueError(f"bad parameters for optimizer {spec['name']!r}: {e}") from None
+
+
+# -- state save/load without pickle --------------------------------------------------------
+def _pack(state: Any) -> Any:
+    if state is None:
+        return None
+    if isinstance(state, np.ndarray):
+        return {"dtype": state.dtype.str, "shape": list(state.shape), "data": state.tobytes()}
+    return [_pack(s) for s in state]
+
+
+def _unpack(obj: Any) -> Any:
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return np.frombuffer(obj["data"], dtype=np.dtype(obj["dtype"])).reshape(obj["shape"]).copy()
+    return tuple(_unpack(s) for s in obj)
+
+
+def _arrays(state: Any) -> list[np.ndarray]:
+    if state is None:
+        return []
+    if isinstance(state, np.ndarray):
+        return [state]
+    return [a for s in state for a in _arrays(s)]
+
+
+class Updater:
+    """Applies one optimizer to many keys, keeping a state per key (MXNet ``get_updater``)."""
+
+    def __init__(self, optimizer: Optimizer):
+        self.optimizer = optimizer
+        self.states: dict[int, Any] = {}
+        self._loaded: set[int] = set()  # keys whose state came from set_states, checked on first use
+
+    def __call__(self, key: int, grad: np.ndarray, weight: np.ndarray) -> None:
+        if key not in self.states:
+            self.states[key] = self.optimizer.create_state_multi_precision(key, weight)
+        elif key in self._loaded:
+            self._check_loaded(key, weight)
+        self.optimizer.update_multi_precision(key, weight, grad, self.states[key])
+
+    def _check_loaded(self, key: int, weight: np.ndarray) -> None:
+        for a in _arrays(self.states[key]):
+            if a.size != weight.size:
+                raise ValueError(f"loaded optimizer state for key {key} has {a.size} elements but the "
+                                 f"weight has {weight.size}: states must come from the same job layout")
+        self._loaded.discard(key)
+
+    def get_states(self) -> bytes:
+        """Serialize per-key states, update counts, num_update and the lr schedule (msgpack, no pickle).
+
+        Example::
+
+            blob = updater.get_states(); other.set_states(blob)
+        """
+        opt = self.optimizer
+        return msgpack.packb({
+            "format": _STATE_FORMAT,
+            "optimizer": opt.to_spec(),
+            "update_counts": [[k, v] for k, v in opt._index_update_count.items()],
+            "states": [[k, _pack(s)] for k, s in self.states.items()],
+        }, use_bin_type=True)
+
+    def set_states(self, data: bytes) -> None:
+        """Restore what :meth:`get_states` saved, so training continues exactly.
+
+        The blob must come from the same job layout (same keys, servers and key slicing):
+        states are per server slice and are checked against the weight size on first use.
+        Hyper-parameters stay those of the current optimizer; the learning rate, its
+        scheduler state, ``num_update`` and the per-key update counts are restored.
+
+        Raises
+        ------
+        ValueError
+            The blob is not an optimizer state, or was saved by another optimizer type.
+
+        Example::
+
+            updater.set_states(open("opt.states", "rb").read())
+        """
+        try:
+            saved = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        except Exception as e:  # msgpack raises several unrelated types on garbage
+            raise ValueError(f"not an optimizer state blob: {e}") from None
+        if not isinstance(saved, dict) or saved.get("format") != _STATE_FORMAT:
+            raise ValueError("not an optimizer state blob saved by ps.optim.Updater.get_states")
+        name, params = saved["optimizer"]["name"], saved["optimizer"]["params"]
+        opt = self.optimizer
+        if name != type(opt).__name__.lower():
+            raise ValueError(f"optimizer states were saved by {name!r}, cannot load into "
+                             f"{type(opt).__name__.lower()!r}")
+        opt.num_update = int(params["num_update"])
+        opt._index_update_count = {int(k): int(v) for k, v in saved["update_counts"]}
+        opt.lr_scheduler = scheduler_from_spec(params["lr_scheduler"])
+        if params["learning_rate"] is not None:
+            opt.lr = float(params["learning_rate"])
+        self.states = {int(k): _unpack(s) for k, s in saved["states"]}
+        self._loaded = set(self.states)
+
+
+UpdateFn = Callable[[int, np.ndarray, np.ndarray], None]

@@ -1,0 +1,249 @@
+"""A worker's or server's view of the cluster: registration, node table, barriers,
+heartbeats and failures. Data messages are handed to the role's handler untouched.
+
+Start order does not matter: the registration is queued by the DEALER socket until the
+scheduler is up, and the wait is bounded by ``PS_CONNECT_TIMEOUT``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+from . import _netutil
+from ._timing import Deadline
+from .config import Config
+from .errors import ClosedError, PeerLostError, PSError, PSTimeoutError
+from .message import Command, Message, Role, id_to_rank, node_name
+from .van import Van, create_van
+
+logger = logging.getLogger(__name__)
+
+SCHEDULER = 1
+Handler = Callable[[Message], None]
+
+
+class Postoffice:
+    def __init__(self, config: Config, van: Van | None = None, clock: Callable[[], float] = time.monotonic):
+        if config.is_scheduler:
+            raise ValueError("the scheduler role uses ps.scheduler.Scheduler, not a Postoffice")
+        self.config = config
+        self.role = Role.SERVER if config.is_server else Role.WORKER
+        self.van = van or create_van("zmq", ipc=config.local, verbose=config.verbose, drop=self._dropper())
+        self.clock = clock
+        self.node_id = 0
+        self.rank = -1
+        self.sync = True
+        self.server_ids: list[int] = []
+        self.worker_ids: list[int] = []
+        self.nodes: dict[int, dict[str, Any]] = {}
+        self.failure: PSError | None = None
+        self.handlers: dict[Command, Handler] = {}
+        self._cond = threading.Condition()
+        self._table: dict[str, Any] | None = None
+        self._registered: str | None = None
+        self._barriers: dict[str, tuple[threading.Event, list]] = {}
+        self._close_acked = threading.Event()
+        self._failure_listeners: list[Callable[[PSError], None]] = []
+        self._last_scheduler_contact = clock()
+        self._hb_stop = threading.Event()
+        self._hb_thread: threading.Thread | None = None
+        self._formed = False
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return node_name(self.node_id) if self.node_id else f"{self.role.name.lower()}(unregistered)"
+
+    @property
+    def num_workers(self) -> int:
+        return self.config.num_workers
+
+    @property
+    def num_servers(self) -> int:
+        return self.config.num_servers
+
+    def _dropper(self) -> Callable[[Message], bool] | None:
+        pct = self.config.drop_msg
+        if not pct:
+            return None
+        rng = random.Random()
+        return lambda msg: self._formed and msg.cmd == Command.DATA and rng.random() * 100 < pct
+
+    # -- joining -------------------------------------------------------------------------
+    def start(self, info: dict[str, Any] | None = None) -> None:
+        """Register with the scheduler, wait for the node table, then barrier with everyone."""
+        cfg = self.config
+        deadline = Deadline(cfg.connect_timeout, self.clock)
+        sched_ip = _netutil.resolve(cfg.root_uri)
+        host = _netutil.announce_host(cfg, sched_ip)
+        address = self.van.start(self._on_message, host, cfg.port, cfg.port_range,
+                                 name=f"{self.role.name.lower()}@{host}")
+        port = int(address.rsplit(":", 1)[1]) if address.startswith(("tcp", "inproc")) else os.getpid()
+        sched_addr = self.van.endpoint(sched_ip, cfg.root_port)
+        self.van.connect(SCHEDULER, sched_addr)
+        body = {"role": int(self.role), "host": host, "port": port, "addr": address,
+                "rank_hint": cfg.rank_hint, "pid": os.getpid(), "hostname": socket.gethostname(),
+                **(info or {})}
+        self.van.send(Message(Command.ADD_NODE, 0, SCHEDULER, body))
+        if cfg.verbose:
+            logger.info("%s bound %s, registering with the scheduler at %s",
+                        self.role.name.lower(), address, sched_addr)
+        started = self.clock()
+        table = self._wait_table(deadline, sched_addr)
+        self._adopt(table)
+        self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
+                                           name=f"ps-heartbeat[{self}]")
+        self._hb_thread.start()
+        self.barrier("all", deadline=deadline, what="every node to finish joining")
+        self._formed = True
+        if cfg.verbose:
+            logger.info("%s (rank %d) joined: %d servers, %d workers, formed in %.2fs",
+                        self, self.rank, len(self.server_ids), len(self.worker_ids),
+                        self.clock() - started)
+
+    def _wait_table(self, deadline: Deadline, sched_addr: str) -> dict[str, Any]:
+        with self._cond:
+            while self._table is None:
+                if self.failure is not None:
+                    raise self.failure
+                if deadline.expired:
+                    if self._registered:
+                        raise PSTimeoutError(
+                            f"the cluster did not form within {deadline.seconds:g}s (PS_CONNECT_TIMEOUT): "
+                            f"{self._registered}")
+                    raise PSTimeoutError(
+                        f"no answer from the scheduler at {sched_addr} within {deadline.seconds:g}s "
+                        "(PS_CONNECT_TIMEOUT): is it running and reachable? "
+                        "Check DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT")
+                self._cond.wait(deadline.remaining(0.2))
+            return self._table
+
+    def _adopt(self, table: dict[str, Any]) -> None:
+        self.node_id = table["you"]
+        self.rank = id_to_rank(self.node_id)
+        self.sync = table.get("sync", True)
+        for node_id, role, rank, host, port, addr in table["nodes"]:
+            self.nodes[node_id] = dict(role=Role(role), rank=rank, host=host, port=port, addr=addr)
+        self.server_ids = sorted(i for i, n in self.nodes.items() if n["role"] == Role.SERVER)
+        self.worker_ids = sorted(i for i, n in self.nodes.items() if n["role"] == Role.WORKER)
+        if self.role == Role.WORKER:
+            for sid in self.server_ids:
+                self.van.connect(sid, self.nodes[sid]["addr"])
+
+    # -- messages from the van's I/O thread ---------------------------------------------
+    def _on_message(self, msg: Message) -> None:
+        cmd = msg.cmd
+        if msg.sender == SCHEDULER:
+            self._last_scheduler_contact = self.clock()
+        if cmd in self.handlers and cmd not in (Command.NODE_FAILED, Command.ABORT):
+            self.handlers[cmd](msg)
+        elif cmd == Command.NODE_TABLE:
+            with self._cond:
+                self._table = msg.body
+                self._cond.notify_all()
+        elif cmd == Command.ADD_NODE:
+            with self._cond:
+                self._registered = msg.body.get("have")
+        elif cmd == Command.BARRIER and not msg.request:
+            entry = self._barriers.get(msg.body["group"])
+            if entry is not None:
+                entry[1].append(msg.body.get("error"))
+                entry[0].set()
+        elif cmd == Command.CLOSE and not msg.request:
+            self._close_acked.set()
+        elif cmd == Command.NODE_FAILED:
+            self.fail(PeerLostError(msg.body["reason"], msg.body.get("node")))
+        elif cmd == Command.ABORT:
+            self.fail(PSError(msg.body["reason"]))
+        elif cmd != Command.HEARTBEAT:
+            logger.debug("%s: ignoring %r", self, msg)
+
+    def on(self, cmd: Command, handler: Handler) -> None:
+        """Route messages of ``cmd`` (DATA, SERVER_CMD, ...) to the role's handler."""
+        self.handlers[cmd] = handler
+
+    def send(self, msg: Message) -> None:
+        if self.failure is not None:
+            raise self.failure
+        if self._closed:
+            raise ClosedError(f"{self} is closed")
+        msg.sender = self.node_id
+        self.van.send(msg)
+
+    # -- failures ------------------------------------------------------------------------
+    def add_failure_listener(self, listener: Callable[[PSError], None]) -> None:
+        self._failure_listeners.append(listener)
+
+    def fail(self, exc: PSError) -> None:
+        """Record the first fatal error and wake everything that waits on the cluster."""
+        with self._cond:
+            if self.failure is not None:
+                return
+            self.failure = exc
+            self._cond.notify_all()
+        logger.error("%s: %s", self, exc)
+        for event, result in self._barriers.values():
+            result.append(str(exc))
+            event.set()
+        for listener in self._failure_listeners:
+            try:
+                listener(exc)
+            except Exception:  # noqa: BLE001
+                logger.exception("failure listener raised")
+
+    # -- barrier -------------------------------------------------------------------------
+    def barrier(self, group: str = "workers", timeout: float | None = None,
+                deadline: Deadline | None = None, what: str | None = None) -> None:
+        """Block until every member of ``group`` ("all", "workers", "servers") arrives."""
+        deadline = deadline or Deadline(timeout if timeout is not None else self.config.request_timeout)
+        event, result = threading.Event(), []
+        self._barriers[group] = (event, result)
+        try:
+            self.send(Message(Command.BARRIER, recver=SCHEDULER, body={"group": group}))
+            while not event.wait(deadline.remaining(0.5)):
+                if self.failure is not None:
+                    raise self.failure
+                deadline.check(what or f"a barrier of all {group} (group '{group}')")
+        finally:
+            self._barriers.pop(group, None)
+        if self.failure is not None:
+            raise self.failure
+        if result and result[0]:
+            raise PeerLostError(result[0])
+
+    # -- heartbeats ----------------------------------------------------------------------
+    def _heartbeat_loop(self) -> None:
+        interval, timeout = self.config.heartbeat_interval, self.config.heartbeat_timeout
+        if not interval:
+            return
+        while not self._hb_stop.wait(interval):
+            try:
+                self.van.send(Message(Command.HEARTBEAT, self.node_id, SCHEDULER))
+            except PSError:
+                return
+            silent = self.clock() - self._last_scheduler_contact
+            if timeout and silent > timeout:
+                self.fail(PeerLostError(f"the scheduler has not answered for {silent:.1f}s "
+                                        f"(PS_HEARTBEAT_TIMEOUT={timeout:g}); it is presumed dead", "H"))
+                return
+
+    # -- leaving -------------------------------------------------------------------------
+    def announce_close(self, timeout: float = 10.0) -> None:
+        """Worker: tell the scheduler this worker is done, so the job can end."""
+        if self.failure is None and not self._closed:
+            self.van.send(Message(Command.CLOSE, self.node_id, SCHEDULER, {"rank": self.rank}))
+            if not self._close_acked.wait(timeout):
+                logger.warning("%s: the scheduler did not acknowledge CLOSE within %.0fs", self, timeout)
+
+    def close(self, linger: float = 0.5) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._hb_stop.set()
+        self.van.stop(linger=linger)
+        if self._hb_thread is not None and self._hb_thread is not threading.current_thread():
+            self._hb_thread.join(5)

@@ -1,0 +1,302 @@
+"""The scheduler role: forms the cluster, runs barriers, watches heartbeats, ends the job.
+
+It answers every node over the connection the node opened (ROUTER identity), so a
+node's own announced address only has to be right for the data path.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from . import _netutil
+from .config import Config
+from .errors import PSError
+from .message import Command, Message, Role, node_name, server_id, worker_id
+from .van import Van, create_van
+
+logger = logging.getLogger(__name__)
+
+SCHEDULER = 1
+GROUPS = {"all": (Role.SERVER, Role.WORKER), "workers": (Role.WORKER,), "servers": (Role.SERVER,)}
+TERMINATE_GRACE = 10.0   # seconds servers get to acknowledge the end of the job
+
+
+class Scheduler:
+    """``port = s.start(); code = s.run()``; ``close()`` from any thread stops it."""
+
+    def __init__(self, config: Config, van: Van | None = None, clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self.van = van or create_van("zmq", verbose=config.verbose)
+        self.clock = clock
+        self.error: str | None = None
+        self.code: int | None = None
+        self.port = 0
+        self._lock = threading.RLock()
+        self._done = threading.Event()
+        self._pending: list[dict[str, Any]] = []     # registrations before formation
+        self._nodes: dict[int, dict[str, Any]] = {}   # id -> node after formation
+        self._barriers: dict[str, set[int]] = {}
+        self._closed_workers: set[int] = set()
+        self._terminated: set[int] = set()
+        self._terminate_sent_at: float | None = None
+        self._sync: bool | None = None
+        self._started_at = clock()
+        self._formed_at: float | None = None
+
+    def __enter__(self) -> "Scheduler":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> int:
+        cfg = self.config
+        host = _netutil.resolve(cfg.root_uri)
+        address = self.van.start(self._on_message, host, cfg.root_port or 0, name="scheduler")
+        self.port = int(address.rsplit(":", 1)[1])
+        self._started_at = self.clock()
+        logger.info("scheduler listening on %s, expecting %d servers and %d workers",
+                    address, cfg.num_servers, cfg.num_workers)
+        return self.port
+
+    def run(self, timeout: float | None = None) -> int:
+        """Serve until the job ends; 0 when every worker closed, 1 on any failure."""
+        end = None if timeout is None else self.clock() + timeout
+        while not self._done.wait(0.2):
+            self._tick()
+            if end is not None and self.clock() > end:
+                self._finish(1, f"the scheduler's run(timeout={timeout}) expired")
+        self.van.stop(linger=1.0)
+        return self.code if self.code is not None else 1
+
+    def close(self) -> None:
+        self._finish(1, "the scheduler was stopped")
+        self.van.stop(linger=0.5)
+
+    def _finish(self, code: int, error: str | None = None) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            self.code, self.error = code, error
+            self._done.set()
+        if error and code:
+            logger.error("scheduler: %s", error)
+        else:
+            logger.info("scheduler: job finished")
+
+    # -- periodic checks -----------------------------------------------------------------
+    def _tick(self) -> None:
+        cfg, now = self.config, self.clock()
+        with self._lock:
+            if self._formed_at is None:
+                if now - self._started_at > cfg.connect_timeout:
+                    self._abort(f"the cluster did not form within {cfg.connect_timeout:g}s "
+                                f"(PS_CONNECT_TIMEOUT): {self._have()}")
+                return
+            if self._terminate_sent_at is not None and now - self._terminate_sent_at > TERMINATE_GRACE:
+                missing = [node_name(i) for i in self._server_ids() if i not in self._terminated]
+                logger.warning("servers %s did not acknowledge the end of the job", ", ".join(missing))
+                self._finish(0)
+                return
+            timeout = cfg.heartbeat_timeout if cfg.heartbeat_interval else 0
+            if not timeout:
+                return
+            for node_id, node in self._nodes.items():
+                if node_id in self._closed_workers or node_id in self._terminated:
+                    continue
+                silent = now - node["last_seen"]
+                if silent > timeout:
+                    self._node_failed(node_id, f"{self._describe(node_id)} sent no heartbeat for "
+                                      f"{silent:.1f}s (PS_HEARTBEAT_TIMEOUT={timeout:g}); presumed dead")
+                    return
+
+    def _have(self) -> str:
+        nodes = self._pending if self._formed_at is None else list(self._nodes.values())
+        w = sum(1 for n in nodes if n["role"] == Role.WORKER)
+        s = sum(1 for n in nodes if n["role"] == Role.SERVER)
+        return f"have {w}/{self.config.num_workers} workers, {s}/{self.config.num_servers} servers"
+
+    def _describe(self, node_id: int) -> str:
+        node = self._nodes[node_id]
+        return f"{node['role'].name.lower()} {node['rank']} ({node_name(node_id)} at {node['host']}:{node['port']})"
+
+    # -- messages ------------------------------------------------------------------------
+    def _on_message(self, msg: Message) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            node = self._nodes.get(msg.sender)
+            if node is not None:
+                node["last_seen"] = self.clock()
+                node["route"] = msg.route
+            handler = self._HANDLERS.get(msg.cmd)
+            if handler is None:
+                logger.warning("scheduler: unexpected %r", msg)
+                return
+            handler(self, msg)
+
+    def _reply(self, route: bytes | None, cmd: Command, body: Any = None, recver: int = 0) -> None:
+        self.van.send(Message(cmd, SCHEDULER, recver, body, request=False, route=route))
+
+    def _send_to(self, node_id: int, cmd: Command, body: Any = None, request: bool = False) -> None:
+        node = self._nodes[node_id]
+        self.van.send(Message(cmd, SCHEDULER, node_id, body, request=request, route=node["route"]))
+
+    def _on_add_node(self, msg: Message) -> None:
+        info = dict(msg.body)
+        info["route"] = msg.route
+        try:
+            info["role"] = Role(info["role"])
+            if info["role"] == Role.SCHEDULER:
+                raise ValueError("a second scheduler")
+        except (KeyError, ValueError) as exc:
+            self._reply(msg.route, Command.ABORT, {"reason": f"bad registration: {exc}"})
+            return
+        if self._formed_at is not None:
+            self._reply(msg.route, Command.ABORT, {
+                "reason": f"the cluster is already complete ({self._have()}); a {info['role'].name.lower()} "
+                          f"at {info.get('host')}:{info.get('port')} tried to join late"})
+            return
+        self._pending = [n for n in self._pending if n["addr"] != info["addr"]]  # re-registration
+        expected = self.config.num_servers if info["role"] == Role.SERVER else self.config.num_workers
+        if sum(1 for n in self._pending if n["role"] == info["role"]) >= expected:
+            self._reply(msg.route, Command.ABORT, {
+                "reason": f"too many {info['role'].name.lower()}s: the job expects {expected} "
+                          f"(DMLC_NUM_{'SERVER' if info['role'] == Role.SERVER else 'WORKER'})"})
+            return
+        self._pending.append(info)
+        self._reply(msg.route, Command.ADD_NODE, {"have": self._have()})
+        if self.config.verbose:
+            logger.info("scheduler: %s registered from %s (%s)", info["role"].name.lower(),
+                        info["addr"], self._have())
+        if len(self._pending) == self.config.num_servers + self.config.num_workers:
+            self._form()
+
+    def _form(self) -> None:
+        syncs = {n.get("sync", True) for n in self._pending if n["role"] == Role.WORKER}
+        if len(syncs) > 1:
+            self._abort("workers disagree on the kvstore type: some asked for dist_sync, others for "
+                        "dist_async; every worker must create the same type")
+            return
+        self._sync = syncs.pop() if syncs else True
+        now = self.clock()
+        for role, to_id in ((Role.SERVER, server_id), (Role.WORKER, worker_id)):
+            members = [n for n in self._pending if n["role"] == role]
+            for rank, info in enumerate(assign_ranks(members)):
+                info.update(rank=rank, last_seen=now)
+                self._nodes[to_id(rank)] = info
+        table = [[i, int(n["role"]), n["rank"], n["host"], n["port"], n["addr"]]
+                 for i, n in sorted(self._nodes.items())]
+        for node_id in self._nodes:
+            self._send_to(node_id, Command.NODE_TABLE, {"you": node_id, "nodes": table, "sync": self._sync})
+        self._pending = []
+        self._formed_at = now
+        logger.info("scheduler: cluster formed in %.2fs: %d servers, %d workers (%s)",
+                    now - self._started_at, self.config.num_servers, self.config.num_workers,
+                    "dist_sync" if self._sync else "dist_async")
+
+    def _on_barrier(self, msg: Message) -> None:
+        group = msg.body.get("group") if isinstance(msg.body, dict) else None
+        if group not in GROUPS or msg.sender not in self._nodes:
+            self._reply(msg.route, Command.BARRIER, {"group": group, "error": f"bad barrier request {msg.body!r}"})
+            return
+        arrived = self._barriers.setdefault(group, set())
+        arrived.add(msg.sender)
+        self._check_barrier(group)
+
+    def _check_barrier(self, group: str) -> None:
+        arrived = self._barriers.get(group)
+        if not arrived:
+            return
+        members = self._members(group)
+        gone = [i for i in members if i in self._closed_workers and i not in arrived]
+        if gone:
+            error = (f"barrier '{group}' can never complete: "
+                     f"{', '.join(self._describe(i) for i in gone)} already closed its store")
+        elif arrived >= set(members):
+            error = None
+        else:
+            return
+        for node_id in arrived:
+            self._send_to(node_id, Command.BARRIER, {"group": group, "error": error})
+        del self._barriers[group]
+
+    def _members(self, group: str) -> list[int]:
+        return [i for i, n in self._nodes.items() if n["role"] in GROUPS[group]]
+
+    def _server_ids(self) -> list[int]:
+        return self._members("servers")
+
+    def _on_heartbeat(self, msg: Message) -> None:
+        if msg.sender in self._nodes:
+            self._reply(msg.route, Command.HEARTBEAT, recver=msg.sender)
+
+    def _on_close(self, msg: Message) -> None:
+        if msg.sender not in self._nodes or self._nodes[msg.sender]["role"] != Role.WORKER:
+            return
+        self._closed_workers.add(msg.sender)
+        self._reply(msg.route, Command.CLOSE, recver=msg.sender)
+        rank = self._nodes[msg.sender]["rank"]
+        for sid in self._server_ids():
+            self._send_to(sid, Command.WORKER_CLOSED, {"rank": rank, "id": msg.sender})
+        for group in list(self._barriers):
+            self._check_barrier(group)
+        if len(self._closed_workers) == self.config.num_workers:
+            logger.info("scheduler: every worker closed; stopping the servers")
+            self._terminate_sent_at = self.clock()
+            for sid in self._server_ids():
+                self._send_to(sid, Command.TERMINATE, request=True)
+
+    def _on_terminate(self, msg: Message) -> None:
+        if msg.request or msg.sender not in self._nodes:
+            return
+        self._terminated.add(msg.sender)
+        if set(self._server_ids()) <= self._terminated:
+            self._finish(0)
+
+    # -- failures ------------------------------------------------------------------------
+    def _node_failed(self, node_id: int, reason: str) -> None:
+        body = {"node": node_name(node_id), "reason": reason}
+        for other in self._nodes:
+            if other != node_id and other not in self._closed_workers:
+                self._send_to(other, Command.NODE_FAILED, body)
+        self._finish(1, reason)
+
+    def _abort(self, reason: str) -> None:
+        for info in [*self._pending, *self._nodes.values()]:
+            self._reply(info["route"], Command.ABORT, {"reason": reason})
+        self._finish(1, reason)
+
+    _HANDLERS = {
+        Command.ADD_NODE: _on_add_node,
+        Command.BARRIER: _on_barrier,
+        Command.HEARTBEAT: _on_heartbeat,
+        Command.CLOSE: _on_close,
+        Command.TERMINATE: _on_terminate,
+    }
+
+
+def assign_ranks(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Order nodes of one role by rank: valid, unique ``rank_hint``s first, the rest as
+    ps-lite (host descending, then port ascending) so reruns give the same ranks."""
+    n = len(nodes)
+    hinted: dict[int, dict[str, Any]] = {}
+    rest = []
+    for node in nodes:
+        hint = node.get("rank_hint")
+        if isinstance(hint, int) and 0 <= hint < n and hint not in hinted:
+            hinted[hint] = node
+        else:
+            if hint is not None:
+                logger.warning("ignoring rank hint %r of %s (out of range or taken)", hint, node.get("addr"))
+            rest.append(node)
+    rest.sort(key=lambda d: d["port"])
+    rest.sort(key=lambda d: d["host"], reverse=True)
+    free = iter(r for r in range(n) if r not in hinted)
+    order = dict(hinted)
+    for node in rest:
+        order[next(free)] = node
+    return [order[r] for r in range(n)]

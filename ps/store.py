@@ -1,0 +1,284 @@
+"""A server's key/value state and its sync/async rules. Pure: no sockets, no threads.
+
+Every call takes one request entry and returns the replies it makes due, so the
+server only has to send what the store returns. Rules (design §5, MXNet's where sane):
+
+* ``init``: the first init of a key sets it; a second one is an error.
+* ``dist_sync``: pushes are summed per *round*; a round holds one push per distinct
+  worker (a second push from the same worker opens the next round). When every worker
+  has pushed, the optimizer runs (or the sum *replaces* the value, as MXNet assigns) and
+  every push and pushpull of the round is answered. A pull waits only if its worker has a
+  push in an open round; otherwise it is answered at once.
+* ``dist_async``: each push goes through the optimizer at once.
+* A bad request gets an error reply; nothing else changes.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from .keys import CHUNK_BYTES, chunks
+from .message import DTYPES, Op, id_to_rank, node_name
+
+logger = logging.getLogger(__name__)
+
+UpdateFn = Callable[[int, np.ndarray, np.ndarray], None]
+
+
+class Reply(NamedTuple):
+    dest: int                  # worker node id
+    entry: list                # [ts, op, key, offset, length, total, dtype, error]
+    data: np.ndarray | None
+
+
+class Round:
+    __slots__ = ("merged", "members", "received", "complete", "waiters", "pulls", "writes")
+
+    def __init__(self) -> None:
+        self.merged: np.ndarray | None = None
+        self.members: dict[int, int] = {}       # worker -> ts of its push in this round
+        self.received: dict[int, int] = {}      # worker -> elements received so far
+        self.complete: set[int] = set()
+        self.waiters: list[tuple[int, int, int]] = []   # (worker, ts, op) answered at close
+        self.pulls: list[tuple[int, int, int]] = []     # deferred pulls
+        self.writes: dict[int, int] = {}        # chunk offset -> pushes merged into it
+
+
+class KeyState:
+    __slots__ = ("key", "value", "code", "total", "init_src", "init_got", "rounds", "spare",
+                 "partial", "merge_dtype")
+
+    def __init__(self, key: int, code: int, total: int, init_src: tuple[int, int]):
+        self.key = key
+        self.code = code
+        self.total = total
+        self.value = np.empty(total, DTYPES[code])
+        self.init_src = init_src
+        self.init_got = 0
+        self.rounds: list[Round] = []
+        self.spare: np.ndarray | None = None    # a free buffer for the next round's sum
+        self.partial: dict[tuple[int, int], list] = {}  # async: (worker, ts) -> [buffer, got]
+        self.merge_dtype = DTYPES[code]
+
+    @property
+    def ready(self) -> bool:
+        return self.init_got == self.total
+
+
+class StoreError(Exception):
+    def __init__(self, kind: str, text: str):
+        super().__init__(text)
+        self.kind = kind
+
+
+class Store:
+    def __init__(self, num_workers: int, sync: bool = True, name: str = "server",
+                 busy: Callable[[np.ndarray], bool] = lambda a: False, chunk_bytes: int = CHUNK_BYTES):
+        self.num_workers = num_workers
+        self.sync = sync
+        self.name = name
+        self.busy = busy
+        self.chunk_bytes = chunk_bytes
+        self.keys: dict[int, KeyState] = {}
+        self.updater: UpdateFn | None = None
+        self.multi_precision = False
+        self.closed_workers: set[int] = set()
+
+    # -- entry point ---------------------------------------------------------------------
+    def handle(self, sender: int, entry: list, data: np.ndarray | None) -> list[Reply]:
+        ts, op, key = entry[0], entry[1], entry[2]
+        try:
+            if op & Op.INIT:
+                return self.init(sender, entry, data)
+            if op & Op.PUSH:
+                return self.push(sender, entry, data)
+            if op & Op.PULL:
+                return self.pull(sender, entry)
+            raise StoreError("ProtocolError", f"entry for key {key} has no operation (op={op})")
+        except StoreError as exc:
+            return [self._error(sender, entry, exc.kind, str(exc))]
+
+    def _error(self, dest: int, entry: list, kind: str, text: str) -> Reply:
+        ts, op, key, _, _, total, code, _ = entry
+        return Reply(dest, [ts, op, key, 0, 0, total, code, [kind, f"{self.name}: {text}"]], None)
+
+    def _ready_key(self, entry: list) -> KeyState:
+        ts, op, key, off, n, total, code, _ = entry
+        ks = self.keys.get(key)
+        if ks is None or not ks.ready:
+            raise StoreError("KeyError", f"key {key} is not initialized; call kv.init({key}, value) "
+                                         "on every worker first")
+        if code != ks.code:
+            raise StoreError("TypeError", f"key {key}: dtype {DTYPES[code]} does not match the "
+                                          f"initialized dtype {DTYPES[ks.code]}")
+        if total != ks.total:
+            raise StoreError("ValueError", f"key {key}: {total} elements sent but this server holds "
+                                           f"{ks.total} (shape differs from the initialized value)")
+        return ks
+
+    # -- init ----------------------------------------------------------------------------
+    def init(self, sender: int, entry: list, data: np.ndarray) -> list[Reply]:
+        ts, op, key, off, n, total, code, _ = entry
+        ks = self.keys.get(key)
+        if ks is None:
+            ks = self.keys[key] = KeyState(key, code, total, (sender, ts))
+            if self.multi_precision and DTYPES[code] == np.float16:
+                ks.merge_dtype = np.dtype(np.float32)
+        elif ks.init_src != (sender, ts):
+            raise StoreError("ValueError", f"key {key} is already initialized; a key can be "
+                                           "initialized only once")
+        elif code != ks.code or total != ks.total:
+            raise StoreError("ValueError", f"key {key}: init chunks disagree on dtype or size")
+        ks.value[off:off + n] = data
+        ks.init_got += n
+        if ks.ready:
+            return [Reply(sender, [ts, op, key, 0, 0, total, code, None], None)]
+        return []
+
+    # -- push ----------------------------------------------------------------------------
+    def push(self, sender: int, entry: list, data: np.ndarray) -> list[Reply]:
+        ks = self._ready_key(entry)
+        if sender in self.closed_workers:
+            raise StoreError("PeerLostError", f"{self._who(sender)} already closed its store")
+        if not self.sync:
+            return self._push_async(sender, entry, data, ks)
+        ts, op, key, off, n = entry[:5]
+        rnd = self._round_for(ks, sender, ts)
+        self._merge(ks, rnd, off, n, data)
+        got = rnd.received.get(sender, 0) + n
+        rnd.received[sender] = got
+        if got < ks.total:
+            return []
+        rnd.complete.add(sender)
+        rnd.waiters.append((sender, ts, op))
+        return self._close_rounds(ks)
+
+    def _round_for(self, ks: KeyState, sender: int, ts: int) -> Round:
+        for rnd in ks.rounds:
+            if rnd.members.get(sender) == ts:
+                return rnd
+        for rnd in ks.rounds:
+            if sender not in rnd.members:
+                rnd.members[sender] = ts
+                return rnd
+        rnd = Round()
+        rnd.members[sender] = ts
+        ks.rounds.append(rnd)
+        return rnd
+
+    def _merge(self, ks: KeyState, rnd: Round, off: int, n: int, data: np.ndarray) -> None:
+        if rnd.merged is None:
+            spare, ks.spare = ks.spare, None
+            if spare is None or self.busy(spare) or spare.dtype != ks.merge_dtype:
+                spare = np.empty(ks.total, ks.merge_dtype)
+            rnd.merged = spare
+        dst = rnd.merged[off:off + n]
+        if rnd.writes.get(off, 0):
+            np.add(dst, data, out=dst, casting="unsafe")
+        else:
+            np.copyto(dst, data, casting="unsafe")
+        rnd.writes[off] = rnd.writes.get(off, 0) + 1
+
+    def _close_rounds(self, ks: KeyState) -> list[Reply]:
+        replies: list[Reply] = []
+        while ks.rounds and len(ks.rounds[0].complete) >= self.num_workers:
+            rnd = ks.rounds.pop(0)
+            self._apply_round(ks, rnd)
+            for worker, ts, op in rnd.waiters:
+                replies += self._answer(ks, worker, ts, op)
+            for worker, ts, op in rnd.pulls:
+                replies += self._answer(ks, worker, ts, op)
+        return replies + self._fail_doomed(ks)
+
+    def _apply_round(self, ks: KeyState, rnd: Round) -> None:
+        merged = rnd.merged
+        if self.updater is not None:
+            self._writable(ks)
+            self.updater(ks.key, merged, ks.value)
+            ks.spare = merged
+        elif merged.dtype == ks.value.dtype:
+            old, ks.value = ks.value, merged   # MXNet assigns the round's sum
+            ks.spare = None if self.busy(old) else old
+        else:
+            self._writable(ks)
+            np.copyto(ks.value, merged, casting="unsafe")
+            ks.spare = merged
+
+    def _writable(self, ks: KeyState) -> None:
+        """Copy-on-write: never change a value while a zero-copy reply still reads it."""
+        if self.busy(ks.value):
+            ks.value = ks.value.copy()
+
+    def _push_async(self, sender: int, entry: list, data: np.ndarray, ks: KeyState) -> list[Reply]:
+        ts, op, key, off, n, total = entry[:6]
+        if self.updater is None:
+            raise StoreError("RuntimeError", "dist_async needs an optimizer on the servers: call "
+                                             "kv.set_optimizer(...) before the first push")
+        if n != total:
+            part = ks.partial.setdefault((sender, ts), [np.empty(total, ks.value.dtype), 0])
+            part[0][off:off + n] = data
+            part[1] += n
+            if part[1] < total:
+                return []
+            data = ks.partial.pop((sender, ts))[0]
+        self._writable(ks)
+        self.updater(key, data, ks.value)
+        return self._answer(ks, sender, ts, op)
+
+    # -- pull ----------------------------------------------------------------------------
+    def pull(self, sender: int, entry: list) -> list[Reply]:
+        ts, op = entry[0], entry[1]
+        ks = self._ready_key(entry)
+        for rnd in reversed(ks.rounds):
+            if sender in rnd.members:      # wait for this worker's own push to be applied
+                rnd.pulls.append((sender, ts, op))
+                return []
+        return self._answer(ks, sender, ts, op)
+
+    def _answer(self, ks: KeyState, dest: int, ts: int, op: int) -> list[Reply]:
+        if not op & Op.PULL:
+            return [Reply(dest, [ts, op, ks.key, 0, 0, ks.total, ks.code, None], None)]
+        value = ks.value
+        return [Reply(dest, [ts, op, ks.key, off, n, ks.total, ks.code, None], value[off:off + n])
+                for off, n in chunks(ks.total, value.itemsize, self.chunk_bytes)]
+
+    # -- workers leaving -----------------------------------------------------------------
+    def worker_closed(self, worker: int) -> list[Reply]:
+        """A worker closed its store: rounds still missing its push can never complete."""
+        self.closed_workers.add(worker)
+        replies: list[Reply] = []
+        for ks in self.keys.values():
+            replies += self._fail_doomed(ks)
+        return replies
+
+    def _fail_doomed(self, ks: KeyState) -> list[Reply]:
+        replies: list[Reply] = []
+        keep = []
+        for rnd in ks.rounds:
+            gone = sorted(w for w in self.closed_workers if w not in rnd.members)
+            if not gone:
+                keep.append(rnd)
+                continue
+            text = (f"the sync round of key {ks.key} can never complete: "
+                    f"{', '.join(self._who(w) for w in gone)} closed its store without pushing "
+                    "(do all workers run the same number of steps?)")
+            for worker, ts, op in rnd.waiters + rnd.pulls + [(w, t, Op.PUSH) for w, t in rnd.members.items()
+                                                             if w not in rnd.complete]:
+                replies.append(self._error(worker, [ts, op, ks.key, 0, 0, ks.total, ks.code, None],
+                                           "PeerLostError", text))
+        ks.rounds = keep
+        return replies
+
+    @staticmethod
+    def _who(worker: int) -> str:
+        return f"worker {id_to_rank(worker)} ({node_name(worker)})"
+
+    # -- server commands -----------------------------------------------------------------
+    def set_updater(self, updater: UpdateFn | None, multi_precision: bool = False) -> None:
+        self.updater = updater
+        self.multi_precision = multi_precision
+
+    def stats(self) -> dict[str, Any]:
+        return {"keys": len(self.keys), "bytes": sum(ks.value.nbytes for ks in self.keys.values())}

@@ -1,0 +1,17 @@
+"""Transports: ``zmq`` (ZeroMQ over tcp:// or ipc://) and ``inproc`` (queues, one process)."""
+from __future__ import annotations
+
+from .base import Van
+
+
+def create_van(kind: str = "zmq", **kwargs) -> Van:
+    if kind == "zmq":
+        from .zmq_van import ZmqVan
+        return ZmqVan(**kwargs)
+    if kind == "inproc":
+        from .inproc_van import InprocVan
+        return InprocVan(**kwargs)
+    raise ValueError(f"unknown van kind {kind!r}; use 'zmq' or 'inproc'")
+
+
+__all__ = ["Van", "create_van"]

@@ -1,0 +1,55 @@
+"""The transport interface: move Messages between nodes, know nothing of membership."""
+from __future__ import annotations
+
+import abc
+import logging
+from typing import Callable
+
+from ..message import Message
+
+logger = logging.getLogger(__name__)
+
+OnMessage = Callable[[Message], None]
+
+
+class Van(abc.ABC):
+    """A node's transport: one receiving endpoint plus a connection per peer.
+
+    ``on_message`` runs on the van's single I/O thread; handlers there must not block.
+    ``send`` may be called from any thread; messages to one peer keep their order.
+    A message with ``route`` set goes back over the connection it came from (the
+    sender need not be listening itself); otherwise it goes to ``recver``'s address,
+    which must have been ``connect``-ed.
+    """
+
+    address: str = ""
+
+    @abc.abstractmethod
+    def start(self, on_message: OnMessage, host: str, port: int = 0,
+              port_range: tuple[int, int] | None = None, name: str = "") -> str:
+        """Bind the receiving endpoint and start the I/O thread; return the bound address."""
+
+    def endpoint(self, host: str, port: int) -> str:
+        """The address a peer listening on host:port has for this kind of van."""
+        return f"tcp://{host}:{port}"
+
+    @abc.abstractmethod
+    def connect(self, node_id: int, address: str) -> None:
+        """Open (asynchronously) a connection to ``node_id`` listening at ``address``."""
+
+    @abc.abstractmethod
+    def send(self, msg: Message) -> None:
+        """Queue ``msg``; never blocks on the network."""
+
+    @abc.abstractmethod
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the I/O thread (after the messages already queued)."""
+
+    @abc.abstractmethod
+    def stop(self, linger: float = 0.0, timeout: float = 5.0) -> None:
+        """Stop the I/O thread and close sockets; ``linger`` seconds to flush queued sends."""
+
+    @property
+    @abc.abstractmethod
+    def in_io_thread(self) -> bool:
+        """True when called from the van's own I/O thread."""

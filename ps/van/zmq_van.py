@@ -1,0 +1,255 @@
+"""ZeroMQ transport: one ROUTER bound per node, one DEALER per peer, one I/O thread.
+
+libzmq sockets are not thread-safe, so only the I/O thread touches them; other
+threads hand over messages through a deque and wake the loop with a pipe byte.
+Array frames go out with ``copy=False`` (pyzmq still copies frames under 64 KiB,
+which is cheaper than pinning them) and come back as ``zmq.Frame`` buffers.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import tempfile
+import threading
+import uuid
+from typing import Any, Callable
+
+import zmq
+
+from ..errors import ProtocolError, TransportError
+from ..message import Message, decode, encode, node_name
+from .base import OnMessage, Van
+
+logger = logging.getLogger(__name__)
+
+MAX_MSG_SIZE = 1 << 30     # ZMQ_MAXMSGSIZE: largest single frame a node accepts
+RECV_BATCH = 256           # messages taken from one socket before polling again
+
+
+class ZmqVan(Van):
+    def __init__(self, ipc: bool = False, verbose: int = 0,
+                 drop: Callable[[Message], bool] | None = None):
+        self._ipc = ipc
+        self._verbose = verbose
+        self._drop = drop
+        self._ctx: zmq.Context | None = None
+        self._router: zmq.Socket | None = None
+        self._dealers: dict[int, zmq.Socket] = {}
+        self._identity = b"ps-" + uuid.uuid4().hex[:16].encode()
+        self._queue: collections.deque = collections.deque()
+        self._wake_pending = False
+        self._wake_r, self._wake_w = -1, -1
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._linger = 0.0
+        self._on_message: OnMessage | None = None
+        self._poller = zmq.Poller()
+        self._ipc_path: str | None = None
+
+    # -- setup ---------------------------------------------------------------------------
+    def start(self, on_message: OnMessage, host: str, port: int = 0,
+              port_range: tuple[int, int] | None = None, name: str = "") -> str:
+        self._on_message = on_message
+        self._ctx = zmq.Context(io_threads=1)
+        router = self._ctx.socket(zmq.ROUTER)
+        self._tune(router)
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        router.setsockopt(zmq.MAXMSGSIZE, MAX_MSG_SIZE)
+        try:
+            self.address = self._bind(router, host, port, port_range)
+        except zmq.ZMQError as exc:
+            router.close(linger=0)
+            self._ctx.term()
+            where = f"{host}:{port}" if port else (f"{host} ports {port_range[0]}-{port_range[1]}"
+                                                  if port_range else f"{host} (any port)")
+            raise TransportError(f"cannot bind {where}: {exc.strerror} (errno {exc.errno}); "
+                                 "is the port taken or the address not on this host?") from None
+        self._router = router
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._poller.register(router, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
+        self._thread = threading.Thread(target=self._loop, name=f"ps-van[{name or self.address}]",
+                                        daemon=True)
+        self._thread.start()
+        return self.address
+
+    @staticmethod
+    def _tune(sock: zmq.Socket) -> None:
+        sock.setsockopt(zmq.SNDHWM, 0)   # never drop or block: flow control is the protocol's job
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.LINGER, 0)
+
+    def _bind(self, router: zmq.Socket, host: str, port: int,
+              port_range: tuple[int, int] | None) -> str:
+        if self._ipc:
+            self._ipc_path = os.path.join(tempfile.gettempdir(), f"ps-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            router.bind(f"ipc://{self._ipc_path}")
+        elif port:
+            router.bind(f"tcp://{host}:{port}")
+        elif port_range:
+            router.bind_to_random_port(f"tcp://{host}", port_range[0], port_range[1] + 1, max_tries=200)
+        else:
+            router.bind(f"tcp://{host}:*")
+        return router.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def connect(self, node_id: int, address: str) -> None:
+        self.call_soon(lambda: self._connect_now(node_id, address))
+
+    def _connect_now(self, node_id: int, address: str) -> None:
+        old = self._dealers.pop(node_id, None)
+        if old is not None:
+            self._poller.unregister(old)
+            old.close(linger=0)
+        dealer = self._ctx.socket(zmq.DEALER)
+        self._tune(dealer)
+        dealer.setsockopt(zmq.IDENTITY, self._identity)
+        dealer.setsockopt(zmq.MAXMSGSIZE, MAX_MSG_SIZE)
+        dealer.connect(address)
+        self._dealers[node_id] = dealer
+        self._poller.register(dealer, zmq.POLLIN)
+        if self._verbose:
+            logger.info("%s: connecting to %s at %s", self.address, node_name(node_id), address)
+
+    @property
+    def identity(self) -> bytes:
+        return self._identity
+
+    @property
+    def in_io_thread(self) -> bool:
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    # -- sending -------------------------------------------------------------------------
+    def send(self, msg: Message) -> None:
+        if self.in_io_thread:
+            self._send_now(msg)
+        else:
+            self._enqueue(msg)
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        if self.in_io_thread:
+            fn()
+        else:
+            self._enqueue(fn)
+
+    def _enqueue(self, item: Any) -> None:
+        if self._thread is None or self._stopping:
+            raise TransportError("the van is not running")
+        self._queue.append(item)
+        if not self._wake_pending:
+            self._wake_pending = True
+            try:
+                os.write(self._wake_w, b"\0")
+            except OSError:
+                pass
+
+    def _send_now(self, msg: Message) -> None:
+        frames = encode(msg)
+        if msg.route is not None:
+            sock, frames = self._router, [msg.route, *frames]
+        else:
+            sock = self._dealers.get(msg.recver)
+            if sock is None:
+                logger.error("dropping %r: no connection to %s", msg, node_name(msg.recver))
+                return
+        try:
+            tracker = sock.send_multipart(frames, copy=False, track=msg.on_sent is not None)
+        except zmq.ZMQError as exc:
+            logger.warning("dropping %r: %s", msg, exc.strerror)
+            return
+        if msg.on_sent is not None:
+            msg.on_sent(tracker)
+        if self._verbose >= 2:
+            logger.debug("sent %r", msg)
+
+    # -- the I/O loop --------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while not self._stopping:
+                for sock, _ in self._poller.poll(100):
+                    if sock == self._wake_r:
+                        self._drain_wake()
+                    else:
+                        self._receive(sock)
+                self._drain_queue()
+            if self._linger > 0:
+                self._drain_queue()
+        except Exception:  # noqa: BLE001 - the loop must report, never die silently
+            logger.exception("ps van I/O thread crashed")
+        finally:
+            self._close_sockets()
+
+    def _drain_wake(self) -> None:
+        self._wake_pending = False
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _drain_queue(self) -> None:
+        queue = self._queue
+        while queue:
+            item = queue.popleft()
+            try:
+                if isinstance(item, Message):
+                    self._send_now(item)
+                else:
+                    item()
+            except Exception:  # noqa: BLE001
+                logger.exception("error while sending from the I/O thread")
+
+    def _receive(self, sock: zmq.Socket) -> None:
+        is_router = sock is self._router
+        for _ in range(RECV_BATCH):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            route = frames[0].bytes if is_router else None
+            try:
+                msg = decode(frames[1:] if is_router else frames, route)
+            except ProtocolError as exc:
+                logger.warning("%s: dropped a malformed message: %s", self.address, exc)
+                continue
+            if self._drop is not None and self._drop(msg):
+                continue
+            if self._verbose >= 2:
+                logger.debug("received %r", msg)
+            try:
+                self._on_message(msg)
+            except Exception:  # noqa: BLE001 - one bad message must not kill the node
+                logger.exception("error handling %r", msg)
+
+    # -- shutdown ------------------------------------------------------------------------
+    def stop(self, linger: float = 0.0, timeout: float = 5.0) -> None:
+        if self._thread is None or self._stopping:
+            return
+        self._linger = linger
+        self._stopping = True
+        try:
+            os.write(self._wake_w, b"\0")
+        except OSError:
+            pass
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout + linger)
+            if self._thread.is_alive():
+                logger.warning("van I/O thread did not stop within %.1fs", timeout + linger)
+                return
+            for fd in (self._wake_r, self._wake_w):   # closed only once no thread can write
+                os.close(fd)
+
+    def _close_sockets(self) -> None:
+        linger_ms = int(self._linger * 1000)
+        for sock in [self._router, *self._dealers.values()]:
+            if sock is not None:
+                sock.close(linger=linger_ms)
+        self._dealers.clear()
+        if self._ctx is not None:
+            self._ctx.term()
+        if self._ipc_path:
+            try:
+                os.unlink(self._ipc_path)
+            except OSError:
+                pass

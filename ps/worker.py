@@ -1,0 +1,103 @@
+"""KVWorker: turns one key operation into per-server messages and tracks the replies.
+
+Each operation gets a timestamp; its value is cut by the key's slices (``keys.plan``)
+and each slice into ~1 MiB chunks; entries for one server are packed into messages of
+about ``CHUNK_BYTES`` so that large tensors stream while many small keys share messages.
+Entries are buffered until :meth:`flush`, which every public call ends with.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+import numpy as np
+
+from ._timing import Deadline
+from .customer import Customer, Request
+from .errors import RemoteError
+from .keys import CHUNK_BYTES, Slice, chunks
+from .message import Command, Message, Op, node_name, server_id
+from .postoffice import Postoffice
+
+
+class KVWorker:
+    def __init__(self, po: Postoffice, customer: Customer):
+        self.po = po
+        self.customer = customer
+        self._outbox: dict[int, tuple[list, list, list]] = {}   # server id -> (entries, frames, [bytes])
+        self._lock = threading.Lock()
+        self._cmd_ids = itertools.count(1)
+        self._cmd_waiters: dict[int, tuple[threading.Event, dict[int, Any]]] = {}
+        po.on(Command.SERVER_CMD, self._on_command_reply)
+
+    def request(self, op: int, key: int, slices: tuple[Slice, ...], code: int, value: np.ndarray | None,
+                out: np.ndarray | None, what: str) -> Request:
+        """Queue one operation on a key (flat ``value``/``out``); returns its Request."""
+        pulls = bool(op & Op.PULL)
+        remaining = sum(s.size for s in slices) if pulls else len(slices)
+        req = self.customer.new_request(remaining, out, {server_id(s.server): s.start for s in slices}, what)
+        ts = req.ts
+        with self._lock:
+            for s in slices:
+                sid = server_id(s.server)
+                if value is None:
+                    self._emit(sid, [ts, op, key, 0, s.size, s.size, code, None], None)
+                    continue
+                piece = value[s.start:s.start + s.size]
+                for off, n in chunks(s.size, piece.itemsize):
+                    self._emit(sid, [ts, op, key, off, n, s.size, code, None], piece[off:off + n])
+        return req
+
+    def _emit(self, sid: int, entry: list, data: np.ndarray | None) -> None:
+        box = self._outbox.get(sid)
+        if box is None:
+            box = self._outbox[sid] = ([], [], [0])
+        box[0].append(entry)
+        if data is not None:
+            box[1].append(data)
+            box[2][0] += data.nbytes
+            if box[2][0] >= CHUNK_BYTES:
+                self._send(sid, self._outbox.pop(sid))
+
+    def flush(self) -> None:
+        with self._lock:
+            boxes, self._outbox = self._outbox, {}
+            for sid, box in boxes.items():
+                self._send(sid, box)
+
+    def _send(self, sid: int, box: tuple[list, list, list]) -> None:
+        self.po.send(Message(Command.DATA, recver=sid, body=box[0], frames=box[1]))
+
+    # -- server commands (optimizer, learning rate, states) --------------------------------
+    def command(self, cmd: str, payload: dict[str, Any] | None = None, servers: list[int] | None = None,
+                timeout: float | None = None) -> dict[int, Any]:
+        """Send ``cmd`` to servers and wait for every answer; {server id: result}."""
+        servers = self.po.server_ids if servers is None else servers
+        cid = next(self._cmd_ids)
+        event, results = threading.Event(), {}
+        self._cmd_waiters[cid] = (event, results)
+        try:
+            for sid in servers:
+                self.po.send(Message(Command.SERVER_CMD, recver=sid, body={"id": cid, "cmd": cmd, **(payload or {})}))
+            deadline = Deadline(timeout or self.po.config.request_timeout or None)
+            while len(results) < len(servers):
+                event.wait(deadline.remaining(0.5))
+                event.clear()
+                if self.po.failure is not None:
+                    raise self.po.failure
+                deadline.check(f"servers to answer {cmd!r} ({len(results)}/{len(servers)} answered)")
+        finally:
+            self._cmd_waiters.pop(cid, None)
+        for sid, reply in results.items():
+            if reply.get("error"):
+                kind, text = reply["error"]
+                raise RemoteError(text, kind, node_name(sid))
+        return {sid: reply.get("result") for sid, reply in results.items()}
+
+    def _on_command_reply(self, msg: Message) -> None:
+        body = msg.body if isinstance(msg.body, dict) else {}
+        waiter = self._cmd_waiters.get(body.get("id"))
+        if waiter is not None:
+            waiter[1][msg.sender] = body
+            waiter[0].set()

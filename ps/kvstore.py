@@ -62,6 +62,9 @@ class KVStore:
         if not cfg.is_worker:
             raise ConfigError(f"DMLC_ROLE={cfg.role!r}: a KVStore runs on workers; start servers "
                               "and the scheduler with `python -m ps`")
+        if cfg.verbose:
+            from . import _logging
+            _logging.setup(cfg.verbose, "[worker] ")
         self._type = type
         self._sync = "async" not in type
         self._po = Postoffice(cfg, van)

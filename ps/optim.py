@@ -449,7 +449,21 @@ class LAMB(Optimizer):
     def create_state(self, key: int, weight: np.ndarray) -> Any:
         return (np.zeros_like(weight), np.zeros_like(weight))
 
+    def update_multi_precision(self, key, weight, grad, state):
+        # MXNet's multi_mp_lamb_update takes the weight norm from the fp16 weight, not the master.
+        if self.multi_precision and weight.dtype == np.float16:
+            master, inner = state
+            self._update_count(key)
+            self._lamb(key, master, grad.astype(np.float32), inner, self._get_lr(key), self._get_wd(key),
+                       weight)
+            np.copyto(weight, master, casting="same_kind")
+        else:
+            self.update(key, weight, grad, state)
+
     def _step(self, key, w, g, state, lr, wd):
+        self._lamb(key, w, g, state, lr, wd, w)
+
+    def _lamb(self, key, w, g, state, lr, wd, norm_of):
         mean, var = state
         dt = w.dtype.type
         b1, b2, c = _f32(dt, self.beta1), _f32(dt, self.beta2), self._kernel_clip()
@@ -462,17 +476,25 @@ class LAMB(Optimizer):
         if self.bias_correction:
             t = dt(self._index_update_count[key])
             m, v = mean / (dt(1) - np.power(b1, t)), var / (dt(1) - np.power(b2, t))
-        upd = m / (np.sqrt(v) + _f32(dt, self.epsilon)) + _f32(dt, wd) * w
-        w -= dt(_f32(dt, lr) * self._trust_ratio(w, upd)) * upd
+        # The kernel's unqualified sqrt() is the C double one, so this line runs in double.
+        upd = (m / (np.sqrt(v.astype(np.float64)) + np.float64(_f32(dt, self.epsilon)))
+               + (_f32(dt, wd) * w)).astype(dt)
+        w -= dt(_f32(dt, lr) * self._trust_ratio(norm_of, upd)) * upd
 
     def _trust_ratio(self, w: np.ndarray, upd: np.ndarray) -> np.float32:
-        r1 = np.sqrt(np.float32(np.sum(np.square(w, dtype=np.float64))))
-        r2 = np.sqrt(np.float32(np.sum(np.square(upd, dtype=np.float64))))
+        r1, r2 = np.sqrt(_sum_sq(w)), np.sqrt(_sum_sq(upd))
         if self.lower_bound and self.lower_bound >= 0:
             r1 = max(r1, np.float32(self.lower_bound))
         if self.upper_bound and self.upper_bound >= 0:
             r1 = min(r1, np.float32(self.upper_bound))
         return np.float32(1) if r1 == 0 or r2 == 0 else r1 / r2
+
+
+def _sum_sq(x: np.ndarray) -> np.float32:
+    """MXNet's CPU ``multi_sum_sq``: squares in the array dtype, summed one by one in float32."""
+    if x.size == 0:
+        return np.float32(0)
+    return np.cumsum((x * x).astype(np.float32, copy=False), dtype=np.float32)[-1]
 
 
 def from_spec(spec: dict[str, Any]) -> Optimizer:

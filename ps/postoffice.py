@@ -24,6 +24,7 @@ from .van import Van, create_van
 logger = logging.getLogger(__name__)
 
 SCHEDULER = 1
+FORMATION_GRACE = 3.0   # extra seconds a registered node waits for the scheduler's verdict
 Handler = Callable[[Message], None]
 
 
@@ -106,11 +107,13 @@ class Postoffice:
                         self.clock() - started)
 
     def _wait_table(self, deadline: Deadline, sched_addr: str) -> dict[str, Any]:
+        grace = Deadline((deadline.seconds or 0) + FORMATION_GRACE, self.clock)
         with self._cond:
             while self._table is None:
                 if self.failure is not None:
                     raise self.failure
-                if deadline.expired:
+                # once registered, give the scheduler's own (up-to-date) verdict time to arrive
+                if deadline.expired and (not self._registered or grace.expired):
                     if self._registered:
                         raise PSTimeoutError(
                             f"the cluster did not form within {deadline.seconds:g}s (PS_CONNECT_TIMEOUT): "
@@ -119,7 +122,7 @@ class Postoffice:
                         f"no answer from the scheduler at {sched_addr} within {deadline.seconds:g}s "
                         "(PS_CONNECT_TIMEOUT): is it running and reachable? "
                         "Check DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT")
-                self._cond.wait(deadline.remaining(0.2))
+                self._cond.wait(0.2)
             return self._table
 
     def _adopt(self, table: dict[str, Any]) -> None:

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Install ps into ./.venv and run a 2-server, 2-worker dist_sync job on this machine,
+# every process started by hand with the DMLC_* variables, as on a real cluster.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
+.venv/bin/python -m pip install -q -e . 2>&1 | grep -v -i warning || true
+PY=.venv/bin/python
+export DMLC_PS_ROOT_URI=127.0.0.1 DMLC_NUM_SERVER=2 DMLC_NUM_WORKER=2
+export DMLC_PS_ROOT_PORT=$($PY -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
+export PS_VERBOSE=${PS_VERBOSE:-1}
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null' EXIT
+DMLC_ROLE=scheduler $PY -m ps & pids+=($!)
+DMLC_ROLE=server $PY -m ps & pids+=($!)
+DMLC_ROLE=server $PY -m ps & pids+=($!)
+DMLC_ROLE=worker $PY examples/numpy_sync.py & pids+=($!)
+DMLC_ROLE=worker $PY examples/numpy_sync.py & pids+=($!)
+status=0
+for p in "${pids[@]}"; do wait "$p" || status=$?; done
+trap - EXIT
+echo "demo finished with exit status $status"
+exit $status

@@ -1,0 +1,97 @@
+"""Shared fixtures: free ports, subprocess tracking (killed by pid), cluster helpers."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cluster_env(port: int, servers: int = 2, workers: int = 2, **extra: str) -> dict[str, str]:
+    """Environment for one process of a loopback job (PYTHONPATH points at this checkout)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MXNET_KVSTORE"))}
+    env.update(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(port), DMLC_NUM_SERVER=str(servers),
+               DMLC_NUM_WORKER=str(workers), PYTHONPATH=str(ROOT), PS_CONNECT_TIMEOUT="30",
+               PS_HEARTBEAT_INTERVAL="0.5", PS_HEARTBEAT_TIMEOUT="10")
+    env.update(extra)
+    return env
+
+
+class Procs:
+    """Starts processes in their own process groups and kills whatever is left, by pid."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, args: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=str(ROOT), start_new_session=True, **kw)
+        self.procs.append(proc)
+        return proc
+
+    def role(self, role: str, env: dict[str, str], script: str | None = None, *args: str) -> subprocess.Popen:
+        env = {**env, "DMLC_ROLE": role}
+        cmd = [PYTHON, "-m", "ps"] if script is None else [PYTHON, script, *args]
+        return self.start(cmd, env)
+
+    def finish(self, proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str]:
+        """Wait for ``proc``; return (exit code, stdout, stderr)."""
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill(proc)
+            out, err = proc.communicate()
+            pytest.fail(f"process {proc.args} did not exit within {timeout}s\nstdout:{out}\nstderr:{err}")
+        return proc.returncode, out, err
+
+    @staticmethod
+    def kill(proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(5)
+
+    def cleanup(self) -> None:
+        for proc in self.procs:
+            self.kill(proc)
+            for stream in (proc.stdout, proc.stderr):
+                if stream:
+                    stream.close()
+
+
+@pytest.fixture
+def procs():
+    p = Procs()
+    yield p
+    p.cleanup()
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
+
+
+def wait_for(pred, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = pred()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

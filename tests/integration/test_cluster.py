@@ -1,0 +1,156 @@
+"""Whole clusters in one process, over the in-process van and over ZeroMQ on 127.0.0.1."""
+import numpy as np
+import pytest
+
+import ps
+from ps.testing import local_cluster
+
+VANS = ["inproc", "zmq"]
+
+
+@pytest.fixture(params=VANS)
+def van(request):
+    return request.param
+
+
+def rounds_job(kv, rounds=4):
+    """Spec §5.3: key 3 = ones(2,3); each round worker r pushes ones*(r+1), then pulls."""
+    kv.init(3, np.ones((2, 3), np.float32))
+    seen = []
+    for _ in range(rounds):
+        kv.push(3, np.ones((2, 3), np.float32) * (kv.rank + 1))
+        out = kv.pull(3)
+        assert np.all(out == out.flat[0])
+        seen.append(round(float(out.flat[0]), 6))
+    return seen
+
+
+def test_sync_no_optimizer_assigns_round_sum(van):
+    with local_cluster(2, 2, van=van) as c:
+        assert c.run(rounds_job) == [[3.0] * 4] * 2
+
+
+def test_sync_sgd_matches_mxnet(van):
+    def job(kv):
+        kv.set_optimizer(ps.optim.SGD(learning_rate=0.1))
+        return rounds_job(kv)
+    with local_cluster(2, 2, van=van) as c:
+        assert c.run(job) == [[0.7, 0.4, 0.1, -0.2]] * 2
+
+
+def test_sharded_key_is_split_and_reassembled_exactly(van):
+    rng = np.random.default_rng(0)
+    init = rng.standard_normal(3_000_001).astype(np.float32)
+    grads = [rng.standard_normal(init.size).astype(np.float32) for _ in range(2)]
+
+    def job(kv):
+        kv.init(7, init)
+        first = kv.pull(7)
+        out = np.empty_like(init)
+        kv.pushpull(7, grads[kv.rank], out=out)
+        return first, out
+    # bound 1000 -> the 3M-element key is cut over both servers and travels in 1 MiB chunks
+    with local_cluster(2, 2, van=van, bigarray_bound=1000) as c:
+        (f0, o0), (f1, o1) = c.run(job)
+    np.testing.assert_array_equal(f0, init)
+    np.testing.assert_array_equal(f1, init)
+    np.testing.assert_array_equal(o0, grads[0] + grads[1])
+    np.testing.assert_array_equal(o1, o0)
+
+
+def test_async_sgd_applies_every_push(van):
+    def job(kv):
+        kv.init(3, np.ones(4, np.float32))
+        kv.set_optimizer(ps.optim.SGD(learning_rate=0.1))
+        for _ in range(3):
+            for turn in range(kv.num_workers):    # take turns so the order is known
+                if turn == kv.rank:
+                    kv.push(3, np.full(4, kv.rank + 1, np.float32), block=True)
+                kv.barrier()
+        return kv.pull(3)
+    with local_cluster(1, 2, van=van, type="dist_async") as c:
+        for out in c.run(job):
+            np.testing.assert_allclose(out, np.full(4, 1 - 3 * 0.3), rtol=1e-6)
+
+
+def test_async_without_optimizer_is_a_clear_error_and_cluster_keeps_serving(van):
+    def job(kv):
+        kv.init(3, np.ones(4, np.float32))
+        with pytest.raises(ps.RemoteError, match="set_optimizer"):
+            kv.push(3, np.ones(4, np.float32), block=True)
+        kv.set_optimizer(ps.optim.SGD(learning_rate=1.0))
+        kv.barrier()
+        return kv.pull(3)
+    with local_cluster(1, 2, van=van, type="dist_async") as c:
+        assert all(np.all(out == 1.0) for out in c.run(job))
+
+
+def test_str_keys_float16_and_lists(van):
+    def job(kv):
+        kv.init(["fc1_weight", "fc1_bias"], [np.zeros((3, 4), np.float16), np.zeros(4, np.float64)])
+        grads = [np.full((3, 4), 0.5, np.float16), np.full((3, 4), 0.25, np.float16)]   # two "devices"
+        outs = [np.empty((3, 4), np.float16), np.empty((3, 4), np.float16)]
+        kv.pushpull("fc1_weight", grads, out=outs)
+        bias = kv.pushpull("fc1_bias", np.full(4, kv.rank, np.float64))
+        return outs, bias
+    with local_cluster(2, 2, van=van) as c:
+        for outs, bias in c.run(job):
+            for o in outs:
+                assert o.dtype == np.float16 and np.all(o == 1.5)
+            np.testing.assert_array_equal(bias, np.full(4, 1.0))
+
+
+def test_nonblocking_calls_pipeline(van):
+    keys = list(range(50))
+
+    def job(kv):
+        kv.init(keys, [np.full(16, k, np.float32) for k in keys])
+        handles = [kv.pushpull(k, np.full(16, kv.rank + 1, np.float32), block=False) for k in keys]
+        assert all(isinstance(h, ps.Handle) for h in handles)
+        kv.wait_all()
+        return [h.wait() for h in handles]
+    with local_cluster(2, 2, van=van) as c:
+        for outs in c.run(job):
+            assert all(np.all(o == 3.0) for o in outs)
+
+
+def test_bad_inputs_raise_clearly_and_data_survives(van):
+    def job(kv):
+        kv.init(3, np.ones((2, 3), np.float32))
+        with pytest.raises(ValueError, match=r"key 3: shape \(3, 2\)"):
+            kv.push(3, np.ones((3, 2), np.float32))
+        with pytest.raises(TypeError, match="dtype float64"):
+            kv.push(3, np.ones((2, 3)))
+        with pytest.raises(KeyError, match="key 42 is not initialized"):
+            kv.pull(42)
+        with pytest.raises(ValueError, match="already initialized"):
+            kv.init(3, np.ones((2, 3), np.float32))
+        with pytest.raises(TypeError, match="mix int and str"):
+            kv.init("w", np.ones(2, np.float32))
+        return kv.pull(3)
+    with local_cluster(2, 2, van=van) as c:
+        assert all(np.all(out == 1.0) for out in c.run(job))
+
+
+def test_worker_with_fewer_steps_is_named_instead_of_hanging(van):
+    def job(kv):
+        kv.init(3, np.ones(4, np.float32))
+        steps = 2 if kv.rank == 1 else 3
+        for step in range(steps):
+            try:
+                kv.pushpull(3, np.ones(4, np.float32))
+            except ps.PeerLostError as exc:
+                return f"step {step}: {exc}"
+        if kv.rank == 1:
+            kv.close()
+        return "done"
+    with local_cluster(1, 2, van=van, timeout=20) as c:
+        first, second = c.run(job)
+    assert second == "done"
+    assert first.startswith("step 2:") and "worker 1" in first and "closed its store" in first
+
+
+def test_barrier_and_properties(van):
+    with local_cluster(3, 2, van=van) as c:
+        props = c.run(lambda kv: (kv.rank, kv.num_workers, kv.num_servers, kv.type, kv.barrier()))
+    assert props == [(0, 2, 3, "dist_sync", None), (1, 2, 3, "dist_sync", None)]

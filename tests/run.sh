@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The test command: installs what the suite needs on a fresh Debian machine (Debian
+# packages when run as root, Python packages into ./.venv), then runs pytest.
+# Extra arguments go to pytest, e.g. `bash tests/run.sh tests/unit -x`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  wanted=()
+  if [ -f tests/infra/apt-packages.txt ]; then
+    while read -r pkg; do
+      pkg=${pkg%%#*}; pkg=${pkg// /}
+      [ -n "$pkg" ] && ! dpkg -s "$pkg" >/dev/null 2>&1 && wanted+=("$pkg")
+    done < tests/infra/apt-packages.txt
+  fi
+  if [ ${#wanted[@]} -gt 0 ]; then
+    echo "tests/run.sh: apt-get install ${wanted[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${wanted[@]}" >/dev/null
+  fi
+  if [ -x tests/infra/sge_install.sh ] && ! [ -x /usr/sbin/sge_qmaster ]; then
+    bash tests/infra/sge_install.sh >/dev/null
+  fi
+fi
+
+PY=${PYTHON:-python3}
+if ! [ -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v -i "warning" || true
+.venv/bin/python -m pip install -q -e '.[test,mxnet,bench]' 2>&1 | grep -v -i "warning" || true
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,23 @@
+"""docs/env.md documents exactly the variables ps/config.py reads."""
+import re
+from pathlib import Path
+
+from ps.config import VARIABLES
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "env.md"
+
+
+def test_env_doc_lists_exactly_the_config_variables():
+    rows = re.findall(r"^\|\s*`([A-Z_]+)`\s*\|", DOC.read_text(), flags=re.M)
+    assert sorted(rows) == sorted(v.name for v in VARIABLES)
+
+
+def test_env_doc_defaults_match():
+    text = DOC.read_text()
+    for var in VARIABLES:
+        row = re.search(rf"^\|\s*`{var.name}`\s*\|([^|]*)\|", text, flags=re.M)
+        assert row, var.name
+        default = row.group(1).strip().strip("`")
+        expected = "—" if var.default is None else str(int(var.default)) if isinstance(var.default, bool) \
+            else f"{var.default:g}" if isinstance(var.default, float) else str(var.default)
+        assert default == expected, f"{var.name}: doc says {default!r}, code says {expected!r}"

@@ -1,0 +1,54 @@
+import pytest
+
+from ps.keys import MAX_KEY, Slice, chunks, plan, str_key, to_int_key
+
+
+def test_spec_worked_examples():
+    # S=3, N=7, bound=7: sharded into 2, 3, 2 elements (ps-lite round-half-away)
+    assert plan(0, 7, 3, 7) == (Slice(0, 0, 2), Slice(1, 2, 3), Slice(2, 5, 2))
+    # key 3 with N=6 below the bound: server (3*9973) % 3 = 0
+    assert plan(3, 6, 3, 7) == (Slice(0, 0, 6),)
+
+
+def test_single_server_hash_below_bound():
+    for key in range(50):
+        for servers in (1, 2, 3, 5):
+            (s,) = plan(key, 10, servers, 1000)
+            assert s.server == (key * 9973) % servers and (s.start, s.size) == (0, 10)
+
+
+def test_bound_is_inclusive():
+    assert len(plan(1, 1000, 2, 1000)) == 2    # N == bound shards
+    assert len(plan(1, 999, 2, 1000)) == 1
+
+
+def test_slices_cover_exactly_and_round_half_away():
+    for n in (1, 2, 5, 10, 1001, 2_000_003):
+        for servers in (2, 3, 4, 7):
+            sl = plan(0, n, servers, 1)
+            assert sum(s.size for s in sl) == n
+            assert all(a.start + a.size == b.start for a, b in zip(sl, sl[1:]))
+    # N=5, S=2: edges round(2.5)=3 -> 3, 2 (half away from zero, not banker's rounding)
+    assert [s.size for s in plan(0, 5, 2, 1)] == [3, 2]
+    # N=1, S=2: round(0.5)=1 -> server 1's slice is empty and left out
+    assert plan(0, 1, 2, 1) == (Slice(0, 0, 1),)
+
+
+def test_chunks():
+    assert chunks(10, 4, 16) == [(0, 4), (4, 4), (8, 2)]
+    assert chunks(3, 4, 1 << 20) == [(0, 3)]
+    assert chunks(0, 4) == [(0, 0)]
+
+
+def test_str_keys_are_stable_and_distinct():
+    names = [f"layer{i}_weight" for i in range(2000)]
+    ints = [str_key(n) for n in names]
+    assert len(set(ints)) == len(ints)
+    assert all(0 <= k <= MAX_KEY for k in ints)
+    assert str_key("fc1_weight") == str_key("fc1_weight") == to_int_key("fc1_weight")
+
+
+@pytest.mark.parametrize("bad", [-1, 1 << 62, 1.5, None, b"x", True])
+def test_bad_keys(bad):
+    with pytest.raises((TypeError, ValueError)):
+        to_int_key(bad)

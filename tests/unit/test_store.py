@@ -1,0 +1,145 @@
+import numpy as np
+import pytest
+
+from ps import optim
+from ps.message import Op, dtype_code
+from ps.store import Store
+
+W0, W1 = 9, 11
+F32 = dtype_code(np.float32)
+
+
+def entry(ts, op, key=3, off=0, n=6, total=6, code=F32):
+    return [ts, int(op), key, off, n, total, code, None]
+
+
+def init(store, key=3, value=None):
+    value = np.ones(6, np.float32) if value is None else value
+    (reply,) = store.handle(W0, entry(1, Op.INIT, key, 0, value.size, value.size), value)
+    assert reply.entry[7] is None
+
+
+def push(store, w, ts, value, op=Op.PUSH):
+    return store.handle(w, entry(ts, op), np.asarray(value, np.float32))
+
+
+def pull(store, w, ts):
+    return store.handle(w, entry(ts, Op.PULL), None)
+
+
+def values(replies):
+    return {(r.dest, r.entry[0]): (None if r.data is None else r.data.copy()) for r in replies}
+
+
+def test_sync_round_assigns_the_sum_and_answers_everyone():
+    s = Store(2, sync=True)
+    init(s)
+    for rnd in range(3):
+        assert push(s, W0, 10 + rnd, np.ones(6)) == []          # round open: no ack yet
+        replies = push(s, W1, 20 + rnd, np.full(6, 2.0))
+        assert sorted((r.dest, r.entry[0]) for r in replies) == [(W0, 10 + rnd), (W1, 20 + rnd)]
+        assert all(r.data is None for r in replies)             # push acks carry no value
+        (p,) = pull(s, W0, 30 + rnd)
+        np.testing.assert_array_equal(p.data, np.full(6, 3.0))  # assigned, not accumulated
+
+
+def test_pull_waits_only_for_own_open_push():
+    s = Store(2, sync=True)
+    init(s)
+    push(s, W1, 5, np.full(6, 2.0))
+    (p,) = pull(s, W0, 6)                  # W0 has no push in the round: answered at once
+    np.testing.assert_array_equal(p.data, np.ones(6))
+    assert pull(s, W1, 7) == []            # W1 waits for its own push's round
+    got = values(push(s, W0, 8, np.ones(6)))
+    np.testing.assert_array_equal(got[(W1, 7)], np.full(6, 3.0))
+    assert got[(W0, 8)] is None and got[(W1, 5)] is None
+
+
+def test_second_push_of_same_worker_opens_next_round():
+    s = Store(2, sync=True)
+    init(s)
+    assert push(s, W0, 1, np.ones(6)) == []
+    assert push(s, W0, 2, np.full(6, 10.0)) == []          # MXNet would close the round here
+    got = values(push(s, W1, 3, np.full(6, 2.0), op=Op.PUSH | Op.PULL))
+    np.testing.assert_array_equal(got[(W1, 3)], np.full(6, 3.0))
+    assert (W0, 1) in got and (W0, 2) not in got
+    got = values(push(s, W1, 4, np.full(6, 2.0), op=Op.PUSH | Op.PULL))
+    np.testing.assert_array_equal(got[(W1, 4)], np.full(6, 12.0))
+
+
+def test_sync_with_sgd_matches_mxnet_table():
+    s = Store(2, sync=True)
+    s.set_updater(optim.Updater(optim.SGD(learning_rate=0.1)))
+    init(s)
+    seen = []
+    for rnd in range(4):
+        push(s, W0, 10 + rnd, np.ones(6))
+        push(s, W1, 20 + rnd, np.full(6, 2.0))
+        seen.append(round(float(pull(s, W0, 30 + rnd)[0].data[0]), 6))
+    assert seen == [0.7, 0.4, 0.1, -0.2]
+
+
+def test_async_applies_each_push_and_needs_optimizer():
+    s = Store(2, sync=False)
+    init(s)
+    (err,) = push(s, W0, 1, np.ones(6))
+    assert err.entry[7][0] == "RuntimeError" and "set_optimizer" in err.entry[7][1]
+    s.set_updater(optim.Updater(optim.SGD(learning_rate=0.1)))
+    (ack,) = push(s, W0, 2, np.ones(6), op=Op.PUSH | Op.PULL)
+    np.testing.assert_allclose(ack.data, np.full(6, 0.9))
+    (ack,) = push(s, W1, 3, np.full(6, 2.0), op=Op.PUSH | Op.PULL)
+    np.testing.assert_allclose(ack.data, np.full(6, 0.7))
+
+
+def test_chunked_push_merges_by_offset():
+    s = Store(2, sync=True, chunk_bytes=8)
+    init(s)
+    a, b = np.arange(6, dtype=np.float32), np.arange(6, dtype=np.float32) * 10
+    for off in (0, 2, 4):
+        assert s.handle(W0, entry(1, Op.PUSH, off=off, n=2), a[off:off + 2]) == []
+    replies = []
+    for off in (4, 0, 2):                       # any chunk order
+        replies += s.handle(W1, entry(2, Op.PUSH | Op.PULL, off=off, n=2), b[off:off + 2])
+    data = {r.entry[3]: r.data for r in replies if r.dest == W1}
+    np.testing.assert_array_equal(np.concatenate([data[0], data[2], data[4]]), a + b)
+
+
+@pytest.mark.parametrize("bad,kind", [
+    (entry(1, Op.PUSH, key=99), "KeyError"),
+    (entry(1, Op.PUSH, n=5, total=5), "ValueError"),
+    (entry(1, Op.PUSH, code=dtype_code(np.float64)), "TypeError"),
+    (entry(1, Op.INIT), "ValueError"),
+])
+def test_bad_requests_get_errors_and_change_nothing(bad, kind):
+    s = Store(2, sync=True)
+    init(s)
+    n = bad[4]
+    data = np.zeros(n, np.float64 if bad[6] == dtype_code(np.float64) else np.float32)
+    (reply,) = s.handle(W1, bad, data)
+    assert reply.entry[7][0] == kind and reply.data is None
+    (p,) = pull(s, W0, 50)
+    np.testing.assert_array_equal(p.data, np.ones(6))
+    assert s.keys[3].rounds == []
+
+
+def test_closed_worker_fails_rounds_missing_it():
+    s = Store(2, sync=True)
+    init(s)
+    assert push(s, W0, 1, np.ones(6)) == []
+    (err,) = s.worker_closed(W1)
+    assert err.dest == W0 and err.entry[7][0] == "PeerLostError" and "worker 1" in err.entry[7][1]
+    (err,) = push(s, W0, 2, np.ones(6))            # every later round is doomed too
+    assert err.entry[7][0] == "PeerLostError"
+
+
+def test_float16_multi_precision_merges_in_float32():
+    s = Store(2, sync=True)
+    s.set_updater(None, multi_precision=True)
+    v = np.ones(6, np.float16)
+    s.handle(W0, entry(1, Op.INIT, code=dtype_code(np.float16)), v)
+    big = np.full(6, 40000.0, np.float16)       # 40000 + 40000 overflows float16
+    e = entry(2, Op.PUSH, code=dtype_code(np.float16))
+    s.handle(W0, e, big)
+    s.handle(W1, [3] + e[1:], -big)
+    (p,) = s.handle(W0, entry(4, Op.PULL, code=dtype_code(np.float16)), None)
+    np.testing.assert_array_equal(p.data, np.zeros(6, np.float16))

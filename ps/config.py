@@ -127,6 +127,12 @@ VARIABLES: tuple[Var, ...] = (
 )
 
 
+def role_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """Just DMLC_ROLE (default worker): what ``import ps.mxnet`` checks before importing mxnet."""
+    env = os.environ if environ is None else environ
+    return _role("DMLC_ROLE", env.get("DMLC_ROLE", "worker"))
+
+
 @dataclass(frozen=True)
 class Config:
     """Typed view of the environment. Build with :meth:`from_env`."""

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from . import compression as comp
 from . import keys as keys_mod
 from .config import Config
 from .customer import Customer, Handle, Request
@@ -75,6 +76,8 @@ class KVStore:
         self._keys: dict[Any, KeyInfo] = {}
         self._key_kind: type | None = None
         self._has_optimizer = False
+        self._compression: dict[str, Any] | None = None
+        self._residuals: dict[int, np.ndarray] = {}
         self._closed = False
         try:
             self._po.start({"sync": self._sync})
@@ -256,7 +259,17 @@ class KVStore:
 
     def _request(self, op: int, info: KeyInfo, value: np.ndarray | None, out: np.ndarray | None,
                  what: str) -> Request:
-        return self._worker.request(op, info.key, info.slices, info.code, value, out, what)
+        encode = None
+        if value is not None and op & Op.PUSH and self._compression and info.dtype == np.float32:
+            if self._compression["type"] == "2bit":
+                residual = self._residuals.get(info.key)
+                if residual is None:
+                    residual = self._residuals[info.key] = np.zeros(info.size, np.float32)
+                value = comp.quantize_2bit(value, residual, self._compression["threshold"])
+                op, encode = op | Op.TWO_BIT, comp.pack_2bit
+            else:
+                op, value = op | Op.FP16, value.astype(np.float16)
+        return self._worker.request(op, info.key, info.slices, info.code, value, out, what, encode)
 
     def _finish(self, requests: list[Request], finalize: Any, block: bool) -> Any:
         handle = Handle(requests, finalize, self._timeout, lambda: self._po.failure)
@@ -283,6 +296,17 @@ class KVStore:
             self._worker.command("set_optimizer", {"spec": spec})
         self._po.barrier("workers", what="every worker to set the optimizer")
         self._has_optimizer = True
+
+    def set_gradient_compression(self, params: dict[str, Any]) -> None:
+        """Collective: compress pushes of float32 keys (``{'type': '2bit', 'threshold': 0.5}``
+        as MXNet, or ``{'type': 'fp16'}``); pulls stay exact. Set it before training."""
+        self._check_open()
+        parsed = comp.parse(params)
+        if self.rank == 0:
+            self._worker.command("set_compression", {"params": parsed})
+        self._po.barrier("workers", what="every worker to set gradient compression")
+        self._compression = parsed
+        self._residuals = {}
 
     def _server_command(self, cmd: str, payload: dict[str, Any] | None = None) -> dict[int, Any]:
         self._check_open()

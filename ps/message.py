@@ -51,6 +51,8 @@ class Op(enum.IntFlag):
     PUSH = 1
     PULL = 2
     INIT = 4
+    TWO_BIT = 8     # push values travel 2-bit packed (ps/compression.py)
+    FP16 = 16       # push values travel as float16, the key keeps its dtype
 
 
 DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (
@@ -161,6 +163,16 @@ def decode(frames: Sequence[Any], route: bytes | None = None) -> Message:
     return msg
 
 
+def _frame_layout(request: bool, op: int, code: int, n: int) -> tuple[np.dtype, int]:
+    """dtype and byte size of an entry's frame (compressed pushes differ from the key's)."""
+    if request and op & Op.TWO_BIT:
+        return np.dtype(np.uint8), 4 * ((n + 15) // 16)
+    if request and op & Op.FP16:
+        return np.dtype(np.float16), 2 * n
+    dtype = DTYPES[code]
+    return dtype, n * dtype.itemsize
+
+
 def _data_arrays(entries: Any, frames: Sequence[Any], request: bool) -> list[np.ndarray]:
     if not isinstance(entries, list):
         raise ProtocolError("DATA body must be a list of entries")
@@ -178,11 +190,11 @@ def _data_arrays(entries: Any, frames: Sequence[Any], request: bool) -> list[np.
         frame = next(it, None)
         if frame is None:
             raise ProtocolError(f"entry for key {key} has no data frame")
-        dtype = DTYPES[code]
+        dtype, nbytes = _frame_layout(request, op, code, n)
         buf = _buffer(frame)
-        if buf.nbytes != n * dtype.itemsize:
+        if buf.nbytes != nbytes:
             raise ProtocolError(f"key {key}: frame has {buf.nbytes} bytes, entry says "
-                                f"{n} x {dtype} = {n * dtype.itemsize}")
+                                f"{n} x {DTYPES[code]} = {nbytes}")
         arrays.append(np.frombuffer(buf, dtype=dtype))
     if next(it, None) is not None:
         raise ProtocolError("more data frames than entries")

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from . import optim
+from . import compression, optim
 from .config import Config
 from .errors import PSError
 from .keys import CHUNK_BYTES
@@ -153,9 +153,34 @@ class KVServer:
             opt = optim.from_spec(body["spec"])
             store.set_updater(optim.Updater(opt), getattr(opt, "multi_precision", False))
             return None
+        if cmd == "set_params":
+            opt = self._optimizer(store)
+            if "learning_rate" in body:
+                setter = getattr(opt, "set_learning_rate", None)
+                setter(body["learning_rate"]) if setter else setattr(opt, "lr", float(body["learning_rate"]))
+            if "rescale_grad" in body:
+                opt.rescale_grad = float(body["rescale_grad"])
+            return None
+        if cmd == "get_states":
+            return self._updater(store).get_states()
+        if cmd == "set_states":
+            self._updater(store).set_states(body["states"])
+            return None
+        if cmd == "set_compression":
+            store.compression = compression.parse(body["params"])
+            return None
         if cmd == "stats":
             return store.stats()
         raise ValueError(f"unknown server command {cmd!r}")
+
+    @staticmethod
+    def _updater(store: Store) -> optim.Updater:
+        if not isinstance(store.updater, optim.Updater):
+            raise RuntimeError("no optimizer is set on the servers (kv.set_optimizer)")
+        return store.updater
+
+    def _optimizer(self, store: Store) -> optim.Optimizer:
+        return self._updater(store).optimizer
 
     # -- lifecycle messages ---------------------------------------------------------------
     def _on_worker_closed(self, msg: Message) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from . import compression as comp
 from .keys import CHUNK_BYTES, chunks
 from .message import DTYPES, Op, id_to_rank, node_name
 
@@ -84,6 +85,7 @@ class Store:
         self.keys: dict[int, KeyState] = {}
         self.updater: UpdateFn | None = None
         self.multi_precision = False
+        self.compression: dict[str, Any] | None = None
         self.closed_workers: set[int] = set()
 
     # -- entry point ---------------------------------------------------------------------
@@ -142,6 +144,8 @@ class Store:
         ks = self._ready_key(entry)
         if sender in self.closed_workers:
             raise StoreError("PeerLostError", f"{self._who(sender)} already closed its store")
+        if entry[1] & (Op.TWO_BIT | Op.FP16):
+            data = self._decompress(entry, data, ks)
         if not self.sync:
             return self._push_async(sender, entry, data, ks)
         ts, op, key, off, n = entry[:5]
@@ -154,6 +158,14 @@ class Store:
         rnd.complete.add(sender)
         rnd.waiters.append((sender, ts, op))
         return self._close_rounds(ks)
+
+    def _decompress(self, entry: list, data: np.ndarray, ks: KeyState) -> np.ndarray:
+        if entry[1] & Op.FP16:
+            return data                      # merged (or applied) after a cast to the key's dtype
+        if not self.compression or self.compression["type"] != "2bit":
+            raise StoreError("RuntimeError", f"key {ks.key}: a 2bit-compressed push arrived but the "
+                                             "servers have no 2bit compression set")
+        return comp.unpack_2bit(data, entry[4], self.compression["threshold"], ks.merge_dtype)
 
     def _round_for(self, ks: KeyState, sender: int, ts: int) -> Round:
         for rnd in ks.rounds:
@@ -217,14 +229,14 @@ class Store:
             raise StoreError("RuntimeError", "dist_async needs an optimizer on the servers: call "
                                              "kv.set_optimizer(...) before the first push")
         if n != total:
-            part = ks.partial.setdefault((sender, ts), [np.empty(total, ks.value.dtype), 0])
+            part = ks.partial.setdefault((sender, ts), [np.empty(total, ks.merge_dtype), 0])
             part[0][off:off + n] = data
             part[1] += n
             if part[1] < total:
                 return []
             data = ks.partial.pop((sender, ts))[0]
         self._writable(ks)
-        self.updater(key, data, ks.value)
+        self.updater(key, data.astype(ks.value.dtype, copy=False), ks.value)
         return self._answer(ks, sender, ts, op)
 
     # -- pull ----------------------------------------------------------------------------
@@ -279,6 +291,9 @@ class Store:
     def set_updater(self, updater: UpdateFn | None, multi_precision: bool = False) -> None:
         self.updater = updater
         self.multi_precision = multi_precision
+        for ks in self.keys.values():   # fp16 keys sum in fp32 under multi_precision
+            wide = multi_precision and ks.value.dtype == np.float16
+            ks.merge_dtype = np.dtype(np.float32) if wide else ks.value.dtype
 
     def stats(self) -> dict[str, Any]:
         return {"keys": len(self.keys), "bytes": sum(ks.value.nbytes for ks in self.keys.values())}

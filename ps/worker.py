@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from ._timing import Deadline
 from .customer import Customer, Request
 from .errors import RemoteError
 from .keys import CHUNK_BYTES, Slice, chunks
-from .message import Command, Message, Op, node_name, server_id
+from .message import DTYPES, Command, Message, Op, node_name, server_id
 from .postoffice import Postoffice
 
 
@@ -32,12 +32,17 @@ class KVWorker:
         po.on(Command.SERVER_CMD, self._on_command_reply)
 
     def request(self, op: int, key: int, slices: tuple[Slice, ...], code: int, value: np.ndarray | None,
-                out: np.ndarray | None, what: str) -> Request:
-        """Queue one operation on a key (flat ``value``/``out``); returns its Request."""
+                out: np.ndarray | None, what: str,
+                encode: Callable[[np.ndarray], np.ndarray] | None = None) -> Request:
+        """Queue one operation on a key (flat ``value``/``out``); returns its Request.
+
+        ``encode`` turns each chunk of ``value`` into its wire form (compression).
+        """
         pulls = bool(op & Op.PULL)
         remaining = sum(s.size for s in slices) if pulls else len(slices)
         req = self.customer.new_request(remaining, out, {server_id(s.server): s.start for s in slices}, what)
         ts = req.ts
+        itemsize = DTYPES[code].itemsize
         with self._lock:
             for s in slices:
                 sid = server_id(s.server)
@@ -45,8 +50,10 @@ class KVWorker:
                     self._emit(sid, [ts, op, key, 0, s.size, s.size, code, None], None)
                     continue
                 piece = value[s.start:s.start + s.size]
-                for off, n in chunks(s.size, piece.itemsize):
-                    self._emit(sid, [ts, op, key, off, n, s.size, code, None], piece[off:off + n])
+                for off, n in chunks(s.size, itemsize):   # the key's dtype: same cut for every encoding
+                    chunk = piece[off:off + n]
+                    self._emit(sid, [ts, op, key, off, n, s.size, code, None],
+                               chunk if encode is None else encode(chunk))
         return req
 
     def _emit(self, sid: int, entry: list, data: np.ndarray | None) -> None:

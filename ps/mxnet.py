@@ -1,0 +1,267 @@
+"""``import ps.mxnet``: MXNet's ``dist_*`` kvstores run on ps.
+
+Importing this module registers ``dist_sync``, ``dist_async``, ``dist_sync_device``,
+``dist_device_sync``, ``dist_async_device`` and ``dist`` with
+``mx.kvstore.KVStoreBase.register``, so ``mx.kv.create('dist_sync')``,
+``gluon.Trainer(..., kvstore='dist_sync')`` and ``Module.fit(kvstore='dist_sync')`` use ps.
+
+In a process whose ``DMLC_ROLE`` is ``server`` or ``scheduler`` the import runs that role
+and exits *before* importing mxnet (whose own import would start MXNet's C++ server), so
+one script serves every role as long as it imports ``ps.mxnet`` before ``mxnet``.
+"""
+from __future__ import annotations
+
+import sys
+
+from .config import role_from_env
+
+if role_from_env() != "worker":        # must happen before anything imports mxnet
+    from .__main__ import main as _run_role
+    sys.exit(_run_role())
+
+import contextlib  # noqa: E402
+import logging  # noqa: E402
+import types  # noqa: E402
+from typing import Any, Iterator  # noqa: E402
+
+import msgpack  # noqa: E402
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from .kvstore import KVStore  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+STATES_FORMAT = "ps-optimizer-states"
+_shared: KVStore | None = None
+
+
+def _store(kvtype: str) -> KVStore:
+    """One ps worker per process: every registered kvstore instance shares it."""
+    global _shared
+    if _shared is None or _shared._closed:
+        _shared = KVStore(kvtype)
+    elif ("async" in _shared.type) != ("async" in kvtype):
+        raise ValueError(f"this process already joined the cluster as {_shared.type!r}; "
+                         f"cannot also create {kvtype!r}")
+    return _shared
+
+
+def _numpy(value: Any) -> Any:
+    """NDArray (or nested lists of them) -> numpy; one copy, which MXNet makes too."""
+    if isinstance(value, (list, tuple)):
+        return [_numpy(v) for v in value]
+    return value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
+
+
+def _as_list(value: Any) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+class PSKVStore(mx.kvstore.KVStoreBase):
+    """A ps worker behind MXNet's kvstore interface (instantiated by MXNet, no arguments)."""
+
+    _TYPE = "dist_sync"
+
+    def __init__(self) -> None:
+        self._kv = _store(self._TYPE)
+        self._updater: Any = None           # Trainer.load_states reads ._updater.optimizer
+        self._optimizer: Any = None
+        self._sent: dict[str, float] = {}
+        self._defer = 0
+        self._pending: list[tuple[Any, list]] = []
+
+    # -- properties MXNet reads ------------------------------------------------------------
+    @property
+    def type(self) -> str:
+        return self._TYPE
+
+    @property
+    def rank(self) -> int:
+        return self._kv.rank
+
+    @property
+    def num_workers(self) -> int:
+        return self._kv.num_workers
+
+    @staticmethod
+    def is_capable(capability: str) -> bool:
+        if capability.lower() == mx.kvstore.KVStoreBase.OPTIMIZER:
+            return True
+        raise ValueError(f"Unknown capability: {capability}")
+
+    # -- data ------------------------------------------------------------------------------
+    def init(self, key: Any, value: Any) -> None:
+        self._kv.init(key, _first(_numpy(value), key))
+
+    def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> None:
+        self.init(key, value)
+        self.pull(key, out=out, priority=priority)
+
+    def push(self, key: Any, value: Any, priority: int = 0) -> None:
+        self._sync_optimizer_params()
+        self._reap()
+        self._pending.append((self._kv.push(key, _numpy(value)), []))
+
+    def _reap(self) -> None:
+        """Surface errors of finished pushes without waiting for the others."""
+        if any(h.done for h, _ in self._pending):
+            keep = []
+            for handle, target in self._pending:
+                if handle.done and not target:
+                    handle.wait()
+                else:
+                    keep.append((handle, target))
+            self._pending = keep
+
+    def pull(self, key: Any, out: Any = None, priority: int = 0, ignore_sparse: bool = True) -> None:
+        result = self._kv.pull(key)
+        _write(result, out, key)
+
+    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
+        """Push gradients, write the new values into ``out`` (into ``value`` if None)."""
+        self._sync_optimizer_params()
+        handle = self._kv.pushpull(key, _numpy(value), block=False)
+        targets = value if out is None else out
+        if self._defer:
+            self._pending.append((handle, [key, targets]))
+        else:
+            _write(handle.wait(), targets, key)
+
+    def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> None:
+        """Pull the dense value and keep the requested rows (ps stores dense values)."""
+        if out is None or row_ids is None:
+            raise ValueError("row_sparse_pull needs out and row_ids")
+        dense = self._kv.pull(key)
+        for o, rid in zip(_as_list(out), _as_list(row_ids) * (len(_as_list(out)) if not
+                                                               isinstance(row_ids, (list, tuple)) else 1)):
+            full = mx.nd.array(dense, dtype=o.dtype).tostype("row_sparse")
+            mx.nd.sparse.retain(full, rid).copyto(o)
+
+    @contextlib.contextmanager
+    def _deferred(self) -> Iterator[None]:
+        """Inside a Trainer step: send every parameter's pushpull, then wait once."""
+        self._defer += 1
+        try:
+            yield
+        finally:
+            self._defer -= 1
+            if not self._defer:
+                self._wait_pending()
+
+    def _wait_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        for handle, target in pending:
+            result = handle.wait()
+            if target:
+                _write(result, target[1], target[0])
+
+    # -- optimizer, compression, states ----------------------------------------------------
+    def set_optimizer(self, optimizer: Any) -> None:
+        """Translate an ``mx.optimizer.Optimizer`` into ps's numpy optimizer on the servers."""
+        from ._mxnet_optim import spec_from_mxnet
+        spec = spec_from_mxnet(optimizer)
+        idx2name = getattr(optimizer, "idx2name", None) or {}
+        if idx2name and self._kv._key_kind is not int:    # Module: str keys are param names
+            for name in ("lr_mult", "wd_mult"):
+                mult = spec["params"].get(name) or {}
+                spec["params"][name] = {idx2name.get(k, k): v for k, v in mult.items()}
+        self._kv.set_optimizer(spec)
+        self._optimizer = optimizer
+        self._updater = types.SimpleNamespace(optimizer=optimizer)
+        self._sent = {"lr": optimizer.lr, "rescale_grad": optimizer.rescale_grad}
+
+    def _sync_optimizer_params(self) -> None:
+        """Trainer.set_learning_rate / a new batch size change the local optimizer only;
+        rank 0 forwards the change to the servers before its next push."""
+        opt = self._optimizer
+        if opt is None or self.rank != 0:
+            return
+        changed = {}
+        if opt.lr != self._sent.get("lr") and getattr(opt, "lr_scheduler", None) is None:
+            changed["learning_rate"] = self._sent["lr"] = opt.lr
+        if opt.rescale_grad != self._sent.get("rescale_grad"):
+            changed["rescale_grad"] = self._sent["rescale_grad"] = opt.rescale_grad
+        if changed:
+            self._kv._server_command("set_params", changed)
+
+    def set_gradient_compression(self, compression_params: dict[str, Any]) -> None:
+        self._kv.set_gradient_compression(compression_params)
+
+    def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
+        """Save the servers' optimizer states (MXNet 1.9 raises here for dist stores)."""
+        self._wait_pending()
+        states = self._kv._server_command("get_states")
+        blob = {"format": STATES_FORMAT, "version": 1, "num_servers": self._kv.num_servers,
+                "servers": {str(sid): data for sid, data in states.items()}}
+        with open(fname, "wb") as f:
+            f.write(msgpack.packb(blob, use_bin_type=True))
+
+    def load_optimizer_states(self, fname: str) -> None:
+        with open(fname, "rb") as f:
+            blob = msgpack.unpackb(f.read(), raw=False)
+        if not isinstance(blob, dict) or blob.get("format") != STATES_FORMAT:
+            raise ValueError(f"{fname} is not a ps optimizer-states file (saved by save_optimizer_states)")
+        if blob["num_servers"] != self._kv.num_servers:
+            raise ValueError(f"{fname} holds states of {blob['num_servers']} servers; this job has "
+                             f"{self._kv.num_servers}")
+        for sid, data in blob["servers"].items():
+            self._kv._worker.command("set_states", {"states": data}, servers=[int(sid)])
+
+    def _barrier(self) -> None:
+        self._wait_pending()
+        self._kv.barrier()
+
+    def close(self) -> None:
+        self._kv.close()
+
+
+def _first(value: Any, key: Any) -> Any:
+    """init takes one value per key; MXNet passes a per-device list at times."""
+    if isinstance(key, (list, tuple)):
+        return [_first(v, None) for v in value]
+    return value[0] if isinstance(value, list) else value
+
+
+def _write(result: Any, out: Any, key: Any) -> None:
+    """Copy pulled numpy values into NDArray outputs (one list per key for list keys)."""
+    if out is None:
+        return
+    if isinstance(key, (list, tuple)):
+        for r, o, k in zip(result, out, key):
+            _write(r, o, k)
+        return
+    for o in _as_list(out):
+        o[:] = result
+
+
+def _register() -> None:
+    for name in ("dist_sync", "dist_async", "dist_sync_device", "dist_device_sync",
+                 "dist_async_device", "dist"):
+        cls = type(name.title(), (PSKVStore,), {"_TYPE": name, "__module__": __name__,
+                                                "__doc__": f"ps-backed MXNet kvstore {name!r}."})
+        mx.kvstore.KVStoreBase.register(cls)
+        globals()[cls.__name__] = cls
+
+
+def _patch_step_pipelining() -> None:
+    """A Trainer step sends every parameter's pushpull first and waits once at the end,
+    instead of one blocking round trip per parameter."""
+    trainer_cls = mx.gluon.Trainer
+    original = trainer_cls._allreduce_grads
+    if getattr(original, "_ps_patched", False):
+        return
+
+    def _allreduce_grads(self: Any) -> None:
+        kv = self._kvstore
+        if isinstance(kv, PSKVStore):
+            with kv._deferred():
+                original(self)
+        else:
+            original(self)
+    _allreduce_grads._ps_patched = True
+    trainer_cls._allreduce_grads = _allreduce_grads
+
+
+_register()
+_patch_step_pipelining()

@@ -1,0 +1,122 @@
+"""`import ps.mxnet`: Gluon, Module and mx.kv on ps give MXNet's numbers (real processes)."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import PYTHON, cluster_env
+
+mx = pytest.importorskip("mxnet")
+pytestmark = pytest.mark.mxnet
+
+HERE = os.path.dirname(__file__)
+WORKER = os.path.join(HERE, "gluon_worker.py")
+sys.path.insert(0, HERE)
+import gluon_worker as gw  # noqa: E402
+
+SGD = ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3})
+ADAM = ("adam", {"learning_rate": 0.01, "wd": 1e-3})
+
+
+def run_job(procs, port, tmp_path, scenario, servers=2, workers=2, same_command=False, env_extra=None, **kw):
+    env = cluster_env(port, servers=servers, workers=workers, **(env_extra or {}))
+    args = [f"{k}={v!r}" for k, v in kw.items()]
+    others = []
+    for role in ["scheduler"] + ["server"] * servers:
+        if same_command:    # the script imports ps.mxnet first: it runs the role and exits
+            others.append(procs.start([PYTHON, WORKER, "role", "-"], {**env, "DMLC_ROLE": role}))
+        else:
+            others.append(procs.role(role, env))
+    ws = [procs.start([PYTHON, WORKER, scenario, str(tmp_path / f"w{i}.npz"), *args],
+                      {**env, "DMLC_ROLE": "worker"}) for i in range(workers)]
+    results = {}
+    for w in ws:
+        code, out, err = procs.finish(w, timeout=120)
+        assert code == 0, err[-3000:]
+    for p in others:
+        code, out, err = procs.finish(p, timeout=30)
+        assert code == 0, err[-3000:]
+    for i in range(workers):
+        d = dict(np.load(tmp_path / f"w{i}.npz"))
+        results[int(d.pop("__rank"))] = d
+    return [results[r] for r in sorted(results)]
+
+
+def assert_close(got, ref, atol=1e-5):
+    assert sorted(got) == sorted(ref)
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k], rtol=0, atol=atol, err_msg=k)
+
+
+@pytest.mark.parametrize("opt,uok,servers,bound", [
+    (SGD, True, 1, None),
+    (SGD, False, 2, None),
+    (ADAM, True, 2, "100"),     # bound 100: the 640-element weight is sharded over both servers
+    (ADAM, False, 1, None),
+    (SGD, True, 2, "100"),
+])
+def test_gluon_dist_sync_matches_single_process(procs, port, tmp_path, opt, uok, servers, bound):
+    env = {"MXNET_KVSTORE_BIGARRAY_BOUND": bound} if bound else None
+    got = run_job(procs, port, tmp_path, "gluon", servers=servers, env_extra=env, steps=10,
+                  opt=opt[0], opt_args=opt[1], update_on_kvstore=uok)
+    ref = gw.train(None, 0, 2, 10, opt[0], opt[1], rows=(0, 2 * gw.B))
+    for worker in got:
+        assert_close(worker, ref)
+
+
+def test_same_command_for_every_role_and_lr_change_reaches_servers(procs, port, tmp_path):
+    got = run_job(procs, port, tmp_path, "gluon", same_command=True, steps=8, opt=SGD[0],
+                  opt_args=SGD[1], update_on_kvstore=True, lr_after=4, lr_mult=(2, 0.5))
+    ref = gw.train(None, 0, 2, 8, SGD[0], SGD[1], rows=(0, 2 * gw.B), lr_after=4,
+                   lr_mult=(2, 0.5))
+    for worker in got:
+        assert_close(worker, ref)
+
+
+def test_save_and_load_states_resume_exactly(procs, port, tmp_path):
+    opt = ADAM
+    full = run_job(procs, port, tmp_path, "gluon", steps=10, opt=opt[0], opt_args=opt[1],
+                   update_on_kvstore=True)
+    states, params = str(tmp_path / "trainer.states"), str(tmp_path / "net.params")
+    run_job(procs, port + 1 if port < 65000 else port - 1, tmp_path, "gluon", steps=5, opt=opt[0],
+            opt_args=opt[1], update_on_kvstore=True, save=(5, states, params))
+    resumed = run_job(procs, port, tmp_path, "gluon", steps=5, opt=opt[0], opt_args=opt[1],
+                      update_on_kvstore=True, params=params, states=states)
+    for a, b in zip(resumed, full):
+        assert_close(a, b, atol=0)
+
+
+def test_compression_2bit_with_trainer_trains(procs, port, tmp_path):
+    got = run_job(procs, port, tmp_path, "gluon", steps=6, opt="sgd", opt_args={"learning_rate": 0.1},
+                  update_on_kvstore=True, compression={"type": "2bit", "threshold": 0.01})
+    before = [p.data().asnumpy() for p in gw.net().collect_params().values()]
+    for k in got[0]:
+        np.testing.assert_array_equal(got[0][k], got[1][k])       # workers agree
+    moved = sum(float(np.abs(got[0][f"p{i}"] - b).sum()) for i, b in enumerate(before))
+    assert moved > 0.01
+
+
+def test_module_fit_dist_sync(procs, port, tmp_path):
+    got = run_job(procs, port, tmp_path, "module", epochs=3)
+    ref = gw.module_fit("local", 0, 2, epochs=3, rows=(0, 2 * gw.B))
+    for worker in got:
+        assert_close(worker, ref)
+
+
+def test_kv_create_dist_async_with_optimizer(procs, port, tmp_path):
+    got = run_job(procs, port, tmp_path, "async", servers=1)
+    for worker in got:
+        np.testing.assert_allclose(worker["w"], np.full((2, 3), 1 - 3 * 0.3), rtol=1e-6)
+
+
+def test_dist_async_with_update_on_kvstore_false_is_refused(procs, port, tmp_path):
+    env = cluster_env(port, servers=1, workers=1)
+    others = [procs.role("scheduler", env), procs.role("server", env)]
+    w = procs.start([PYTHON, WORKER, "gluon", str(tmp_path / "x.npz"), "kvstore='dist_async'", "steps=1",
+                     "opt='sgd'", "opt_args={'learning_rate': 0.1}", "update_on_kvstore=False"],
+                    {**env, "DMLC_ROLE": "worker"})
+    code, _, err = procs.finish(w, timeout=120)
+    assert code != 0 and "update_on_kvstore=True" in err
+    for p in others:
+        assert procs.finish(p, timeout=30)[0] == 0      # the job still ends cleanly

@@ -19,7 +19,7 @@ from ._timing import Deadline
 from .config import Config
 from .errors import ClosedError, PeerLostError, PSError, PSTimeoutError
 from .message import Command, Message, Role, id_to_rank, node_name
-from .van import Van, create_van
+from .van import Van, create_van, reliable
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,11 @@ class Postoffice:
             raise ValueError("the scheduler role uses ps.scheduler.Scheduler, not a Postoffice")
         self.config = config
         self.role = Role.SERVER if config.is_server else Role.WORKER
-        self.van = van or create_van("zmq", ipc=config.local, verbose=config.verbose, drop=self._dropper())
+        self.dropped = 0
+        van = van or create_van("zmq", ipc=config.local, verbose=config.verbose, drop=self._dropper())
+        self.van = reliable(van, config)
+        if self.van is not van:
+            self.van.on_peer_lost = self._on_peer_lost
         self.clock = clock
         self.node_id = 0
         self.rank = -1
@@ -72,7 +76,20 @@ class Postoffice:
         if not pct:
             return None
         rng = random.Random()
-        return lambda msg: self._formed and msg.cmd == Command.DATA and rng.random() * 100 < pct
+
+        def drop(msg: Message) -> bool:
+            if self._formed and rng.random() * 100 < pct:
+                self.dropped += 1
+                return True
+            return False
+        return drop
+
+    def _on_peer_lost(self, peer: Any, msg: Message, waited: float) -> None:
+        name = node_name(peer) if isinstance(peer, int) and peer else "a peer"
+        if msg.recver:
+            name = node_name(msg.recver)
+        self.fail(PeerLostError(f"{name} did not acknowledge {msg!r} within {waited:.1f}s of resends "
+                                "(PS_RESEND); it is presumed dead", name))
 
     # -- joining -------------------------------------------------------------------------
     def start(self, info: dict[str, Any] | None = None) -> None:

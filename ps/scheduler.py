@@ -14,13 +14,14 @@ from . import _netutil
 from .config import Config
 from .errors import PSError
 from .message import Command, Message, Role, node_name, server_id, worker_id
-from .van import Van, create_van
+from .van import Van, create_van, reliable
 
 logger = logging.getLogger(__name__)
 
 SCHEDULER = 1
 GROUPS = {"all": (Role.SERVER, Role.WORKER), "workers": (Role.WORKER,), "servers": (Role.SERVER,)}
 TERMINATE_GRACE = 10.0   # seconds servers get to acknowledge the end of the job
+DISCONNECT_GRACE = 2.0   # a node whose connection stays down this long is dead
 
 
 class Scheduler:
@@ -28,7 +29,10 @@ class Scheduler:
 
     def __init__(self, config: Config, van: Van | None = None, clock: Callable[[], float] = time.monotonic):
         self.config = config
-        self.van = van or create_van("zmq", verbose=config.verbose)
+        inner = van or create_van("zmq", verbose=config.verbose)
+        self.van = reliable(inner, config)
+        if self.van is not inner:
+            self.van.on_peer_lost = self._on_peer_lost
         self.clock = clock
         self.error: str | None = None
         self.code: int | None = None
@@ -44,6 +48,7 @@ class Scheduler:
         self._sync: bool | None = None
         self._started_at = clock()
         self._formed_at: float | None = None
+        self._down_since: dict[int, float] = {}    # node id -> when its connection dropped
 
     def __enter__(self) -> "Scheduler":
         return self
@@ -101,17 +106,42 @@ class Scheduler:
                 logger.warning("servers %s did not acknowledge the end of the job", ", ".join(missing))
                 self._finish(0)
                 return
+            for node_id, since in list(self._down_since.items()):
+                if self._gone(node_id):
+                    del self._down_since[node_id]
+                elif now - since > DISCONNECT_GRACE:
+                    self._node_failed(node_id, f"{self._describe(node_id)} closed its connection "
+                                      f"and did not come back within {DISCONNECT_GRACE:g}s (process died?)")
+                    return
             timeout = cfg.heartbeat_timeout if cfg.heartbeat_interval else 0
             if not timeout:
                 return
             for node_id, node in self._nodes.items():
-                if node_id in self._closed_workers or node_id in self._terminated:
+                if self._gone(node_id):
                     continue
                 silent = now - node["last_seen"]
                 if silent > timeout:
                     self._node_failed(node_id, f"{self._describe(node_id)} sent no heartbeat for "
                                       f"{silent:.1f}s (PS_HEARTBEAT_TIMEOUT={timeout:g}); presumed dead")
                     return
+
+    def _gone(self, node_id: int) -> bool:
+        """Left on purpose: a closed worker or a server that acknowledged TERMINATE."""
+        return node_id in self._closed_workers or node_id in self._terminated
+
+    def _on_connection(self, node_id: int, connected: bool) -> None:
+        with self._lock:
+            if connected:
+                self._down_since.pop(node_id, None)
+            elif not self._gone(node_id):
+                self._down_since.setdefault(node_id, self.clock())
+
+    def _on_peer_lost(self, peer: object, msg: Message, waited: float) -> None:
+        with self._lock:
+            node_id = next((i for i, n in self._nodes.items() if n.get("route") == peer), msg.recver)
+            if node_id in self._nodes and not self._gone(node_id) and not self._done.is_set():
+                self._node_failed(node_id, f"{self._describe(node_id)} did not acknowledge messages "
+                                           f"for {waited:.1f}s (PS_RESEND); presumed dead")
 
     def _have(self) -> str:
         nodes = self._pending if self._formed_at is None else list(self._nodes.values())
@@ -190,8 +220,10 @@ class Scheduler:
                 self._nodes[to_id(rank)] = info
         table = [[i, int(n["role"]), n["rank"], n["host"], n["port"], n["addr"]]
                  for i, n in sorted(self._nodes.items())]
-        for node_id in self._nodes:
+        for node_id, info in self._nodes.items():
             self._send_to(node_id, Command.NODE_TABLE, {"you": node_id, "nodes": table, "sync": self._sync})
+            if info["addr"].startswith(("tcp://", "ipc://")):
+                self.van.watch(node_id, info["addr"], self._on_connection)
         self._pending = []
         self._formed_at = now
         logger.info("scheduler: cluster formed in %.2fs: %d servers, %d workers (%s)",

@@ -14,4 +14,13 @@ def create_van(kind: str = "zmq", **kwargs) -> Van:
     raise ValueError(f"unknown van kind {kind!r}; use 'zmq' or 'inproc'")
 
 
-__all__ = ["Van", "create_van"]
+def reliable(inner: Van, config) -> Van:
+    """Wrap ``inner`` for PS_RESEND: acks, resends, in-order exactly-once delivery."""
+    if not config.resend:
+        return inner
+    from .reliable import ReliableVan
+    timeout = config.resend_timeout / 1000.0
+    return ReliableVan(inner, timeout, give_up=max(config.heartbeat_timeout, 30 * timeout))
+
+
+__all__ = ["Van", "create_van", "reliable"]

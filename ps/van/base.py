@@ -37,6 +37,10 @@ class Van(abc.ABC):
     def connect(self, node_id: int, address: str) -> None:
         """Open (asynchronously) a connection to ``node_id`` listening at ``address``."""
 
+    def watch(self, node_id: int, address: str, on_event: Callable[[int, bool], None]) -> None:
+        """Report ``on_event(node_id, connected)`` when the connection to a node drops or
+        comes back (fast failure detection); vans that cannot tell do nothing."""
+
     @abc.abstractmethod
     def send(self, msg: Message) -> None:
         """Queue ``msg``; never blocks on the network."""

@@ -67,7 +67,7 @@ class InprocVan(Van):
         if self.in_io_thread:
             fn()
         else:
-            self._inbox.put((fn, None))
+            self._inbox.put((fn, (None, 0)))
 
     def send(self, msg: Message) -> None:
         if self._stopping:
@@ -80,12 +80,14 @@ class InprocVan(Van):
         if target is None or target._stopping:
             logger.warning("dropping %r: %s is not reachable", msg, node_name(msg.recver))
             return
-        target._inbox.put((frames, route))
+        source = 0 if route is not None else next(
+            (i for i, a in target._peers.items() if a == self.address), 0)
+        target._inbox.put((frames, (route, source)))
 
     def _loop(self) -> None:
         while not self._stopping:
             try:
-                frames, route = self._inbox.get(timeout=0.1)
+                frames, (route, source) = self._inbox.get(timeout=0.1)
             except queue.Empty:
                 continue
             if callable(frames):
@@ -93,6 +95,7 @@ class InprocVan(Van):
                 continue
             try:
                 msg = decode(frames, route)
+                msg.source = source
             except ProtocolError as exc:
                 logger.warning("%s: dropped a malformed message: %s", self.address, exc)
                 continue

@@ -36,6 +36,8 @@ class ZmqVan(Van):
         self._ctx: zmq.Context | None = None
         self._router: zmq.Socket | None = None
         self._dealers: dict[int, zmq.Socket] = {}
+        self._dealer_ids: dict[zmq.Socket, int] = {}
+        self._monitors: dict[zmq.Socket, tuple[int, zmq.Socket, Callable[[int, bool], None]]] = {}
         self._identity = b"ps-" + uuid.uuid4().hex[:16].encode()
         self._queue: collections.deque = collections.deque()
         self._wake_pending = False
@@ -101,6 +103,7 @@ class ZmqVan(Van):
         old = self._dealers.pop(node_id, None)
         if old is not None:
             self._poller.unregister(old)
+            self._dealer_ids.pop(old, None)
             old.close(linger=0)
         dealer = self._ctx.socket(zmq.DEALER)
         self._tune(dealer)
@@ -108,9 +111,31 @@ class ZmqVan(Van):
         dealer.setsockopt(zmq.MAXMSGSIZE, MAX_MSG_SIZE)
         dealer.connect(address)
         self._dealers[node_id] = dealer
+        self._dealer_ids[dealer] = node_id
         self._poller.register(dealer, zmq.POLLIN)
         if self._verbose:
             logger.info("%s: connecting to %s at %s", self.address, node_name(node_id), address)
+
+    def watch(self, node_id: int, address: str, on_event: Callable[[int, bool], None]) -> None:
+        self.call_soon(lambda: self._watch_now(node_id, address, on_event))
+
+    def _watch_now(self, node_id: int, address: str, on_event: Callable[[int, bool], None]) -> None:
+        """A silent DEALER whose connection state we monitor: TCP notices a dead process
+        in milliseconds, long before a heartbeat timeout would."""
+        probe = self._ctx.socket(zmq.DEALER)
+        self._tune(probe)
+        probe.setsockopt(zmq.RECONNECT_IVL, 200)
+        monitor = probe.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        probe.connect(address)
+        self._monitors[monitor] = (node_id, probe, on_event)
+        self._poller.register(monitor, zmq.POLLIN)
+
+    def _on_monitor(self, monitor: zmq.Socket) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+        node_id, _, on_event = self._monitors[monitor]
+        while monitor.poll(0):
+            event = recv_monitor_message(monitor)["event"]
+            on_event(node_id, event == zmq.EVENT_CONNECTED)
 
     @property
     def identity(self) -> bytes:
@@ -170,6 +195,8 @@ class ZmqVan(Van):
                 for sock, _ in self._poller.poll(100):
                     if sock == self._wake_r:
                         self._drain_wake()
+                    elif sock in self._monitors:
+                        self._on_monitor(sock)
                     else:
                         self._receive(sock)
                 self._drain_queue()
@@ -213,6 +240,8 @@ class ZmqVan(Van):
             except ProtocolError as exc:
                 logger.warning("%s: dropped a malformed message: %s", self.address, exc)
                 continue
+            if not is_router:
+                msg.source = self._dealer_ids.get(sock, 0)
             if self._drop is not None and self._drop(msg):
                 continue
             if self._verbose >= 2:
@@ -242,6 +271,10 @@ class ZmqVan(Van):
 
     def _close_sockets(self) -> None:
         linger_ms = int(self._linger * 1000)
+        for monitor, (_, probe, _) in self._monitors.items():
+            probe.disable_monitor()
+            monitor.close(linger=0)
+            probe.close(linger=0)
         for sock in [self._router, *self._dealers.values()]:
             if sock is not None:
                 sock.close(linger=linger_ms)

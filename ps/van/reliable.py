@@ -1,0 +1,163 @@
+"""PS_RESEND: acknowledge every message, resend until acknowledged, deliver in order once.
+
+Each channel (peer and direction) numbers its messages 1, 2, 3...; the receiver acks
+each, delivers them in sequence order and drops anything below the next expected
+number. So a push is applied exactly once and a pull never overtakes the push before
+it, and the receiver keeps one counter per peer instead of ps-lite's ever-growing set.
+A message still unacknowledged after ``give_up`` seconds reports its peer as lost
+(``on_peer_lost``) instead of aborting the process after 10 tries as ps-lite does.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from ..message import Command, Message
+from .base import OnMessage, Van
+
+logger = logging.getLogger(__name__)
+
+MAX_BACKOFF = 8      # resend interval grows to at most 8 x PS_RESEND_TIMEOUT
+
+
+def _channel(msg: Message, outgoing: bool) -> Any:
+    """The peer a message goes to / came from: a ROUTER identity, else a node id."""
+    if msg.route is not None:
+        return msg.route
+    return msg.recver if outgoing else msg.source
+
+
+class ReliableVan(Van):
+    def __init__(self, inner: Van, timeout: float, give_up: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self.inner = inner
+        self.timeout = timeout
+        self.give_up = give_up
+        self.clock = clock
+        self.on_peer_lost: Callable[[Any, Message, float], None] | None = None
+        self.stats = {"sent": 0, "resent": 0, "duplicates": 0, "reordered": 0, "lost": 0}
+        self._lock = threading.Lock()
+        self._next_seq: dict[Any, int] = {}
+        self._unacked: dict[tuple[Any, int], list] = {}   # -> [msg, first sent, last sent, tries]
+        self._expected: dict[Any, int] = {}
+        self._held: dict[Any, dict[int, Message]] = {}
+        self._deliver: OnMessage | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> str:  # type: ignore[override]
+        return self.inner.address
+
+    @property
+    def identity(self) -> bytes:
+        return self.inner.identity
+
+    @property
+    def in_io_thread(self) -> bool:
+        return self.inner.in_io_thread
+
+    def endpoint(self, host: str, port: int) -> str:
+        return self.inner.endpoint(host, port)
+
+    def start(self, on_message: OnMessage, host: str, port: int = 0,
+              port_range: tuple[int, int] | None = None, name: str = "") -> str:
+        self._deliver = on_message
+        address = self.inner.start(self._on_inner, host, port, port_range, name)
+        self._thread = threading.Thread(target=self._resend_loop, daemon=True, name=f"ps-resend[{name}]")
+        self._thread.start()
+        return address
+
+    def connect(self, node_id: int, address: str) -> None:
+        self.inner.connect(node_id, address)
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        self.inner.call_soon(fn)
+
+    def watch(self, node_id: int, address: str, on_event: Callable[[int, bool], None]) -> None:
+        self.inner.watch(node_id, address, on_event)
+
+    # -- sending -------------------------------------------------------------------------
+    def send(self, msg: Message) -> None:
+        if msg.cmd == Command.ACK:
+            self.inner.send(msg)
+            return
+        # own the payload: a resend must carry the bytes of the first send, not whatever
+        # the caller's (or the store's) array holds by then
+        msg.frames = [np.array(f, copy=True) if isinstance(f, np.ndarray) else f for f in msg.frames]
+        peer = _channel(msg, outgoing=True)
+        now = self.clock()
+        with self._lock:     # seq order = queue order on the channel
+            seq = self._next_seq.get(peer, 1)
+            self._next_seq[peer] = seq + 1
+            msg.seq = seq
+            self._unacked[(peer, seq)] = [msg, now, now, 0]
+            self.stats["sent"] += 1
+            self.inner.send(msg)
+
+    def _resend_loop(self) -> None:
+        while not self._stop.wait(self.timeout / 4):
+            now = self.clock()
+            lost = []
+            with self._lock:
+                for key, entry in list(self._unacked.items()):
+                    msg, first, last, tries = entry
+                    if now - first > self.give_up:
+                        del self._unacked[key]
+                        lost.append((key[0], msg, now - first))
+                    elif now - last > self.timeout * min(2 ** tries, MAX_BACKOFF):
+                        entry[2], entry[3] = now, tries + 1
+                        self.stats["resent"] += 1
+                        try:
+                            self.inner.send(msg)
+                        except Exception:  # noqa: BLE001 - van stopping
+                            return
+            for peer, msg, waited in lost:
+                self.stats["lost"] += 1
+                if self.on_peer_lost is not None:
+                    self.on_peer_lost(peer, msg, waited)
+
+    # -- receiving (I/O thread) ------------------------------------------------------------
+    def _on_inner(self, msg: Message) -> None:
+        peer = _channel(msg, outgoing=False)
+        if msg.cmd == Command.ACK:
+            with self._lock:
+                self._unacked.pop((peer, msg.body), None)
+            return
+        if not msg.seq:                     # the peer does not run PS_RESEND
+            self._deliver(msg)
+            return
+        self.inner.send(Message(Command.ACK, msg.recver, msg.source if msg.route is None else msg.sender,
+                                msg.seq, request=False, route=msg.route))
+        expected = self._expected.get(peer, 1)
+        if msg.seq < expected:
+            self.stats["duplicates"] += 1
+            return
+        if msg.seq > expected:
+            self.stats["reordered"] += 1
+            self._held.setdefault(peer, {})[msg.seq] = msg
+            return
+        self._deliver(msg)
+        held = self._held.get(peer)
+        expected += 1
+        while held and expected in held:
+            self._deliver(held.pop(expected))
+            expected += 1
+        self._expected[peer] = expected
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._unacked)
+
+    def stop(self, linger: float = 0.0, timeout: float = 5.0) -> None:
+        end = self.clock() + linger
+        while linger and self.pending() and self.clock() < end:
+            time.sleep(0.01)               # let the last messages be acknowledged
+        self._stop.set()
+        self.inner.stop(linger, timeout)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)

@@ -297,6 +297,14 @@ class KVStore:
         self._po.barrier("workers", what="every worker to set the optimizer")
         self._has_optimizer = True
 
+    def _set_pickled_optimizer(self, payload: bytes, signature: bytes) -> None:
+        """Collective, opt-in (PS_ALLOW_PICKLE on the servers): see ps/_pickled.py."""
+        self._check_open()
+        if self.rank == 0:
+            self._worker.command("set_optimizer_pickle", {"payload": payload, "signature": signature})
+        self._po.barrier("workers", what="every worker to set the optimizer")
+        self._has_optimizer = True
+
     def set_gradient_compression(self, params: dict[str, Any]) -> None:
         """Collective: compress pushes of float32 keys (``{'type': '2bit', 'threshold': 0.5}``
         as MXNet, or ``{'type': 'fp16'}``); pulls stay exact. Set it before training."""

@@ -160,13 +160,37 @@ class PSKVStore(mx.kvstore.KVStoreBase):
     def set_optimizer(self, optimizer: Any) -> None:
         """Translate an ``mx.optimizer.Optimizer`` into ps's numpy optimizer on the servers."""
         from ._mxnet_optim import spec_from_mxnet
-        spec = spec_from_mxnet(optimizer)
+        try:
+            spec = spec_from_mxnet(optimizer)
+        except ValueError as unknown:
+            self._set_pickled(optimizer, unknown)
+            return
         idx2name = getattr(optimizer, "idx2name", None) or {}
         if idx2name and self._kv._key_kind is not int:    # Module: str keys are param names
             for name in ("lr_mult", "wd_mult"):
                 mult = spec["params"].get(name) or {}
                 spec["params"][name] = {idx2name.get(k, k): v for k, v in mult.items()}
         self._kv.set_optimizer(spec)
+        self._optimizer = optimizer
+        self._updater = types.SimpleNamespace(optimizer=optimizer)
+        self._sent = {"lr": optimizer.lr, "rescale_grad": optimizer.rescale_grad}
+
+    def _set_pickled(self, optimizer: Any, unknown: ValueError) -> None:
+        """No numpy version: send MXNet's own optimizer, signed, if this cluster has a secret
+        (servers accept it only with PS_ALLOW_PICKLE=1)."""
+        import pickle
+
+        from . import _pickled, _security
+        from .errors import RemoteError
+        secret_file = self._kv._po.config.secret_file
+        if not secret_file:
+            raise unknown
+        payload = pickle.dumps(optimizer)
+        signature = _pickled.sign(payload, _security.hmac_key(_security.read_secret(secret_file)))
+        try:
+            self._kv._set_pickled_optimizer(payload, signature)
+        except RemoteError as refused:
+            raise ValueError(f"{unknown}; the servers refused the pickled optimizer: {refused}") from None
         self._optimizer = optimizer
         self._updater = types.SimpleNamespace(optimizer=optimizer)
         self._sent = {"lr": optimizer.lr, "rescale_grad": optimizer.rescale_grad}

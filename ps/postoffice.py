@@ -19,7 +19,7 @@ from ._timing import Deadline
 from .config import Config
 from .errors import ClosedError, PeerLostError, PSError, PSTimeoutError
 from .message import Command, Message, Role, id_to_rank, node_name
-from .van import Van, create_van, reliable
+from .van import Van, for_config, reliable
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +35,8 @@ class Postoffice:
         self.config = config
         self.role = Role.SERVER if config.is_server else Role.WORKER
         self.dropped = 0
-        van = van or create_van("zmq", ipc=config.local, verbose=config.verbose, drop=self._dropper())
-        self.van = reliable(van, config)
-        if self.van is not van:
+        self.van = reliable(van, config) if van is not None else for_config(config, self._dropper())
+        if hasattr(self.van, "on_peer_lost"):
             self.van.on_peer_lost = self._on_peer_lost
         self.clock = clock
         self.node_id = 0

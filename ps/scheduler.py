@@ -14,7 +14,7 @@ from . import _netutil
 from .config import Config
 from .errors import PSError
 from .message import Command, Message, Role, node_name, server_id, worker_id
-from .van import Van, create_van, reliable
+from .van import Van, for_config, reliable
 
 logger = logging.getLogger(__name__)
 
@@ -29,9 +29,8 @@ class Scheduler:
 
     def __init__(self, config: Config, van: Van | None = None, clock: Callable[[], float] = time.monotonic):
         self.config = config
-        inner = van or create_van("zmq", verbose=config.verbose)
-        self.van = reliable(inner, config)
-        if self.van is not inner:
+        self.van = reliable(van, config) if van is not None else for_config(config)
+        if hasattr(self.van, "on_peer_lost"):
             self.van.on_peer_lost = self._on_peer_lost
         self.clock = clock
         self.error: str | None = None

@@ -153,6 +153,19 @@ class KVServer:
             opt = optim.from_spec(body["spec"])
             store.set_updater(optim.Updater(opt), getattr(opt, "multi_precision", False))
             return None
+        if cmd == "set_optimizer_pickle":
+            cfg = self.po.config
+            if not cfg.allow_pickle:
+                raise PermissionError("this server does not accept pickled optimizers; start the servers "
+                                      "with PS_ALLOW_PICKLE=1 and PS_SECRET_FILE (trusted clusters only)")
+            if not cfg.secret_file:
+                raise PermissionError("PS_ALLOW_PICKLE=1 needs PS_SECRET_FILE: pickles are accepted only "
+                                      "from an authenticated cluster")
+            from . import _pickled, _security
+            key = _security.hmac_key(_security.read_secret(cfg.secret_file))
+            opt = _pickled.load_optimizer(body["payload"], body["signature"], key)
+            store.set_updater(_pickled.MXNetUpdater(opt), bool(getattr(opt, "multi_precision", False)))
+            return None
         if cmd == "set_params":
             opt = self._optimizer(store)
             if "learning_rate" in body:
@@ -175,7 +188,7 @@ class KVServer:
 
     @staticmethod
     def _updater(store: Store) -> optim.Updater:
-        if not isinstance(store.updater, optim.Updater):
+        if not hasattr(store.updater, "get_states"):
             raise RuntimeError("no optimizer is set on the servers (kv.set_optimizer)")
         return store.updater
 

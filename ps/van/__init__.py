@@ -14,6 +14,18 @@ def create_van(kind: str = "zmq", **kwargs) -> Van:
     raise ValueError(f"unknown van kind {kind!r}; use 'zmq' or 'inproc'")
 
 
+def for_config(config, drop=None) -> Van:
+    """The van a node of this config uses: ZeroMQ (ipc with DMLC_LOCAL, CURVE with
+    PS_SECRET_FILE), wrapped for PS_RESEND."""
+    curve = None
+    if config.secret_file:
+        from .._security import curve_keys, read_secret
+        curve = curve_keys(read_secret(config.secret_file))
+    inner = create_van("zmq", ipc=config.local and not config.is_scheduler, verbose=config.verbose,
+                       drop=drop, curve=curve)
+    return reliable(inner, config)
+
+
 def reliable(inner: Van, config) -> Van:
     """Wrap ``inner`` for PS_RESEND: acks, resends, in-order exactly-once delivery."""
     if not config.resend:
@@ -23,4 +35,4 @@ def reliable(inner: Van, config) -> Van:
     return ReliableVan(inner, timeout, give_up=max(config.heartbeat_timeout, 30 * timeout))
 
 
-__all__ = ["Van", "create_van", "reliable"]
+__all__ = ["Van", "create_van", "for_config", "reliable"]

@@ -29,8 +29,9 @@ RECV_BATCH = 256           # messages taken from one socket before polling again
 
 class ZmqVan(Van):
     def __init__(self, ipc: bool = False, verbose: int = 0,
-                 drop: Callable[[Message], bool] | None = None):
+                 drop: Callable[[Message], bool] | None = None, curve: tuple[bytes, bytes] | None = None):
         self._ipc = ipc
+        self._curve = curve
         self._verbose = verbose
         self._drop = drop
         self._ctx: zmq.Context | None = None
@@ -56,6 +57,9 @@ class ZmqVan(Van):
         self._ctx = zmq.Context(io_threads=1)
         router = self._ctx.socket(zmq.ROUTER)
         self._tune(router)
+        if self._curve:
+            router.curve_server = True
+            router.curve_publickey, router.curve_secretkey = self._curve
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         router.setsockopt(zmq.MAXMSGSIZE, MAX_MSG_SIZE)
         try:
@@ -77,11 +81,13 @@ class ZmqVan(Van):
         self._thread.start()
         return self.address
 
-    @staticmethod
-    def _tune(sock: zmq.Socket) -> None:
+    def _tune(self, sock: zmq.Socket) -> None:
         sock.setsockopt(zmq.SNDHWM, 0)   # never drop or block: flow control is the protocol's job
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.LINGER, 0)
+        if self._curve and sock.socket_type == zmq.DEALER:
+            sock.curve_serverkey = self._curve[0]
+            sock.curve_publickey, sock.curve_secretkey = self._curve
 
     def _bind(self, router: zmq.Socket, host: str, port: int,
               port_range: tuple[int, int] | None) -> str:

@@ -11,6 +11,8 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
+import custom_optim  # noqa: F401  (registers "halfsgd")
+
 B, D, H, C = 8, 20, 32, 5          # per-worker batch, inputs, hidden, classes
 
 

@@ -1,0 +1,105 @@
+"""Soak: W workers x S servers x N sync rounds with PS_RESEND and random message loss.
+
+Checks every pulled value exactly and samples the servers' RSS; prints a JSON summary.
+
+    python bench/soak.py --workers 4 --servers 2 --rounds 2000 --drop 10
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+SMALL, BIG = (2, 3), 300_000     # the big key is sharded over every server (bound 1000)
+
+
+def worker(rounds: int) -> None:
+    import ps
+    with ps.KVStore("dist_sync") as kv:
+        kv.init(["small", "big"], [np.zeros(SMALL, np.float32), np.zeros(BIG, np.float32)])
+        k = kv.num_workers
+        tri = k * (k + 1) // 2
+        base = np.arange(BIG, dtype=np.float32)
+        bad, started = 0, time.time()
+        for i in range(rounds):
+            small = kv.pushpull("small", np.full(SMALL, (kv.rank + 1) * (i % 100 + 1), np.float32))
+            big = kv.pushpull("big", base * (kv.rank + 1) + (i % 7))
+            bad += not np.all(small == (i % 100 + 1) * tri)
+            bad += not np.array_equal(big, base * tri + (i % 7) * k)
+        stats = getattr(kv._po.van, "stats", {})
+        print(json.dumps({"rank": kv.rank, "bad": bad, "seconds": time.time() - started,
+                          "dropped": kv._po.dropped, **stats}), flush=True)
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--servers", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2000)
+    ap.add_argument("--drop", type=float, default=10.0, help="PS_DROP_MSG percent")
+    ap.add_argument("--resend-timeout", type=int, default=50, help="PS_RESEND_TIMEOUT ms")
+    ap.add_argument("--worker-mode", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker_mode:
+        worker(args.rounds)
+        return 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
+           "DMLC_NUM_SERVER": str(args.servers), "DMLC_NUM_WORKER": str(args.workers),
+           "PS_RESEND": "1", "PS_DROP_MSG": str(args.drop), "PS_RESEND_TIMEOUT": str(args.resend_timeout),
+           "MXNET_KVSTORE_BIGARRAY_BOUND": "1000"}
+    procs = [subprocess.Popen([sys.executable, "-m", "ps"], env={**env, "DMLC_ROLE": "scheduler"})]
+    servers = [subprocess.Popen([sys.executable, "-m", "ps"], env={**env, "DMLC_ROLE": "server"})
+               for _ in range(args.servers)]
+    workers = [subprocess.Popen([sys.executable, __file__, "--worker-mode", "--rounds", str(args.rounds)],
+                                env={**env, "DMLC_ROLE": "worker"}, stdout=subprocess.PIPE, text=True)
+               for _ in range(args.workers)]
+    procs += servers + workers
+    samples: list[tuple[float, list[int]]] = []
+    started = time.time()
+    try:
+        while any(w.poll() is None for w in workers):
+            samples.append((time.time() - started, [rss_kb(s.pid) for s in servers if s.poll() is None]))
+            time.sleep(1.0)
+            if time.time() - started > 3600:
+                raise TimeoutError("soak did not finish within an hour")
+        results = [json.loads(w.stdout.read().strip().splitlines()[-1]) for w in workers]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+            p.wait(10)
+    early = next((s for t, s in samples if t >= 10 and len(s) == args.servers), samples[0][1])
+    late = [s for _, s in samples if len(s) == args.servers][-1]
+    growth = [(b - a) / a * 100 for a, b in zip(early, late)]
+    summary = {"workers": args.workers, "servers": args.servers, "rounds": args.rounds, "drop_pct": args.drop,
+               "seconds": round(time.time() - started, 1), "bad_values": sum(r["bad"] for r in results),
+               "drops_injected_on_workers": sum(r["dropped"] for r in results),
+               "duplicates_dropped_by_workers": sum(r.get("duplicates", 0) for r in results),
+               "resent_by_workers": sum(r.get("resent", 0) for r in results),
+               "server_rss_kb_at_10s": early, "server_rss_kb_at_end": late,
+               "server_rss_growth_pct": [round(g, 1) for g in growth]}
+    print(json.dumps(summary, indent=1))
+    ok = summary["bad_values"] == 0 and all(g < 10 for g in growth)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The opt-in path for optimizers ps has no numpy version of (PS_ALLOW_PICKLE=1).
+
+The worker pickles the MXNet optimizer and signs it with a key derived from
+PS_SECRET_FILE; the server checks the signature *before* unpickling, so only a member of
+the authenticated cluster can make a server run code. The server then imports mxnet
+(with DMLC_ROLE hidden, or mxnet would start its own C++ server) and runs MXNet's updater.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import pickle
+from typing import Any
+
+import numpy as np
+
+
+def sign(payload: bytes, key: bytes) -> bytes:
+    return hmac.new(key, payload, hashlib.sha256).digest()
+
+
+def load_optimizer(payload: bytes, signature: bytes, key: bytes) -> Any:
+    if not hmac.compare_digest(sign(payload, key), bytes(signature)):
+        raise PermissionError("the pickled optimizer's signature does not match this cluster's secret")
+    mx = _import_mxnet()
+    opt = pickle.loads(payload)          # noqa: S301 - signed by a cluster member, operator opted in
+    if not isinstance(opt, mx.optimizer.Optimizer):
+        raise TypeError(f"expected an mx.optimizer.Optimizer, got {type(opt).__name__}")
+    return opt
+
+
+def _import_mxnet() -> Any:
+    role = os.environ.pop("DMLC_ROLE", None)    # mxnet's import would otherwise run a native server
+    try:
+        import mxnet
+        return mxnet
+    finally:
+        if role is not None:
+            os.environ["DMLC_ROLE"] = role
+
+
+class MXNetUpdater:
+    """MXNet's own updater behind the server's ``updater(key, grad, weight)`` call."""
+
+    def __init__(self, optimizer: Any):
+        self.mx = _import_mxnet()
+        self.optimizer = optimizer
+        self._updater = self.mx.optimizer.get_updater(optimizer)
+
+    def __call__(self, key: int, grad: np.ndarray, weight: np.ndarray) -> None:
+        w = self.mx.nd.array(weight, dtype=weight.dtype)
+        self._updater(key, self.mx.nd.array(grad, dtype=weight.dtype), w)
+        weight[:] = w.asnumpy()
+
+    def get_states(self) -> bytes:
+        return self._updater.get_states(dump_optimizer=False)
+
+    def set_states(self, data: bytes) -> None:
+        self._updater.set_states(data)

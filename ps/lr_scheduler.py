@@ -15,11 +15,11 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-SCHEDULERS: dict[str, type["LRScheduler"]] = {}
+SCHEDULERS: dict[str, type[LRScheduler]] = {}
 
 
 def _register(name: str):
-    def deco(cls: type["LRScheduler"]) -> type["LRScheduler"]:
+    def deco(cls: type[LRScheduler]) -> type[LRScheduler]:
         SCHEDULERS[name] = cls
         cls.spec_name = name
         return cls
@@ -60,9 +60,9 @@ class LRScheduler:
         raise NotImplementedError
 
     def _params(self) -> dict[str, Any]:
-        return dict(base_lr=self.base_lr, warmup_steps=self.warmup_steps,
-                    warmup_begin_lr=self.warmup_begin_lr, warmup_mode=self.warmup_mode,
-                    warmup_final_lr=self.warmup_final_lr)
+        return {"base_lr": self.base_lr, "warmup_steps": self.warmup_steps,
+                "warmup_begin_lr": self.warmup_begin_lr, "warmup_mode": self.warmup_mode,
+                "warmup_final_lr": self.warmup_final_lr}
 
     def to_spec(self) -> dict[str, Any]:
         """A msgpack-able description, including the scheduler's current state."""
@@ -91,8 +91,7 @@ class FactorScheduler(LRScheduler):
         while num_update > self.count + self.step:
             self.count += self.step
             self.base_lr *= self.factor
-            if self.base_lr < self.stop_factor_lr:
-                self.base_lr = self.stop_factor_lr
+            self.base_lr = max(self.base_lr, self.stop_factor_lr)
             logger.debug("update %d: learning rate now %.5e", num_update, self.base_lr)
         return self.base_lr
 
@@ -155,7 +154,7 @@ class _DecayToFinal(LRScheduler):
         self.base_lr_orig = self.base_lr if base_lr_orig is None else float(base_lr_orig)
         self.max_steps = self.max_update - self.warmup_steps
 
-    def _decay(self, frac: float) -> float:
+    def _decay(self, steps: int) -> float:
         raise NotImplementedError
 
     def __call__(self, num_update: int) -> float:
@@ -209,7 +208,7 @@ def scheduler_from_spec(spec: Any) -> LRScheduler | None:
     if spec is None or isinstance(spec, LRScheduler):
         return spec
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise ValueError(f"an lr_scheduler spec must be a dict with a 'name', got {spec!r:.200}")
+        raise ValueError(f"an lr_scheduler spec is a dict with a 'name', not {spec!r:.200}")  # noqa: TRY004
     cls = SCHEDULERS.get(spec["name"].lower())
     if cls is None:
         raise ValueError(f"unknown lr_scheduler {spec['name']!r}; ps knows: {', '.join(sorted(SCHEDULERS))}")

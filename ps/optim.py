@@ -8,16 +8,20 @@ Interface used by the server (``ps/store.py``)::
     updater = Updater(from_spec(spec))
     updater(key, grad, weight)     # flat 1-D numpy arrays; updates ``weight`` in place
 
-Each update reproduces the arithmetic of the MXNet C++ kernel that MXNet's own
-``get_updater`` would run (hyper-parameters rounded to float32 as the op parser does,
-then the same operations in the same order), so fp32 results agree with MXNet to the
-last bit or so; see ``docs/optimizers.md`` for the measured differences.
+Each update redoes the arithmetic of the MXNet kernel that MXNet's own ``get_updater``
+runs: hyper-parameters turned into numbers as MXNet's op parser does, then the same
+operations in the same order and dtype. That is what makes results bit-identical to
+MXNet's rather than merely close; ``docs/optimizers.md`` has the details and measurements.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import logging
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -26,19 +30,62 @@ from .lr_scheduler import LRScheduler, scheduler_from_spec
 
 logger = logging.getLogger(__name__)
 
-REGISTRY: dict[str, type["Optimizer"]] = {}
+REGISTRY: dict[str, type[Optimizer]] = {}
 
 _STATE_FORMAT = "ps.optim.states/1"
 
 
-def register(cls: type["Optimizer"]) -> type["Optimizer"]:
+def register(cls: type[Optimizer]) -> type[Optimizer]:
     REGISTRY[cls.__name__.lower()] = cls
     return cls
 
 
+@functools.lru_cache(maxsize=4096)
+def _dmlc_parse(x: float, ft: type) -> Any:
+    """The number an MXNet op parameter holds: dmlc's ``ParseFloat`` of ``str(x)``.
+
+    It is not correctly rounded (about 10% of float32 values land one ulp off the
+    nearest), so numpy's own conversion would not reproduce MXNet's updates.
+    """
+    s = repr(float(x))
+    if not math.isfinite(x):
+        return ft(x)
+    neg, s = s.startswith("-"), s.lstrip("-")
+    mantissa, _, exp = s.partition("e")
+    int_part, _, frac_part = mantissa.partition(".")
+    with np.errstate(over="ignore", under="ignore"):
+        value = ft(int(int_part))
+        digits = frac_part[:19]  # dmlc ignores digits past 19
+        if digits:
+            value = value + ft(float(int(digits)) / float(10 ** len(digits)))
+        if exp:
+            e = int(exp)
+            value = _dmlc_scale(value, min(abs(e), 38 if ft is np.float32 else 308), e < 0, ft)
+    return -value if neg else value
+
+
+def _dmlc_scale(value: Any, e: int, divide: bool, ft: type) -> Any:
+    scale = ft(1)
+    while e >= 8:
+        scale, e = scale * ft(1e8), e - 8
+    while e > 0:
+        scale, e = scale * ft(10.0), e - 1
+    return value / scale if divide else value * scale
+
+
 def _f32(dt: type, x: float) -> Any:
-    """A hyper-parameter as an MXNet op sees it: parsed as float32, then cast to the array dtype."""
+    """A float op parameter (``lr=``, ``wd=``, ``beta1=`` ...) as the kernel sees it in dtype ``dt``."""
+    return dt(_dmlc_parse(float(x), np.float32))
+
+
+def _tuple_f32(dt: type, x: float) -> Any:
+    """An element of a tuple parameter (``lrs=``/``wds=`` of multi-tensor ops): nearest float32."""
     return dt(np.float32(x))
+
+
+def _scalar(dt: type, x: float) -> Any:
+    """The scalar of an NDArray-with-scalar op (``nd * 0.5``): a double, cast to the array dtype."""
+    return dt(_dmlc_parse(float(x), np.float64))
 
 
 def _clip(x: np.ndarray, lo: Any, hi: Any) -> np.ndarray:
@@ -49,6 +96,38 @@ def _clip(x: np.ndarray, lo: Any, hi: Any) -> np.ndarray:
 def _sign(x: np.ndarray) -> np.ndarray:
     """``(x > 0) - (x < 0)`` as MXNet computes it (NaN gives 0, unlike ``np.sign``)."""
     return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+
+
+def _load_powf() -> Callable[[float, float], float] | None:
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6").powf
+    except (OSError, AttributeError):
+        return None
+    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float, ctypes.c_float]
+    return fn
+
+
+_LIBM_POWF = _load_powf()
+
+
+def _pow(base: Any, exp: int) -> Any:
+    """mshadow's power: C ``powf`` for float32, double ``pow`` otherwise.
+
+    numpy 2's float32 power is not libm's and differs from it in the last bit at times.
+    """
+    dt = type(base)
+    if dt is np.float32 and _LIBM_POWF is not None:
+        return np.float32(_LIBM_POWF(float(base), float(exp)))
+    return dt(math.pow(float(base), exp))  # without libm: off by 1 ulp in ~0.2% of cases
+
+
+def _kernel_momentum(dt: type, momentum: float) -> Any:
+    """MXNet passes ``momentum`` to the kernel only if > 0; otherwise the kernel's default 0 applies."""
+    return _f32(dt, momentum if momentum > 0 else 0.0)
+
+
+def _zeros(weight: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
+    return tuple(np.zeros_like(weight) for _ in range(n))
 
 
 def _key(k: Any) -> int:
@@ -65,6 +144,8 @@ class Optimizer:
     ``learning_rate=None`` means MXNet's default: the scheduler's lr, or 0.01 without one.
     A given ``learning_rate`` overrides the scheduler's ``base_lr``, as MXNet does.
     """
+
+    _hyper: tuple[str, ...] = ()  # subclass parameters, spec names = attribute names
 
     def __init__(self, learning_rate: float | None = None, wd: float = 0.0, rescale_grad: float = 1.0,
                  clip_gradient: float | None = None, lr_mult: dict | None = None,
@@ -91,6 +172,7 @@ class Optimizer:
     def learning_rate(self) -> float:
         if self.lr_scheduler is not None:
             return self.lr_scheduler(self.num_update)
+        assert self.lr is not None  # None only ever comes with a scheduler
         return self.lr
 
     def set_learning_rate(self, lr: float) -> None:
@@ -118,7 +200,8 @@ class Optimizer:
                     lr_mult=dict(self.lr_mult), wd_mult=dict(self.wd_mult),
                     multi_precision=self.multi_precision, begin_num_update=self.begin_num_update,
                     num_update=self.num_update,
-                    lr_scheduler=None if sched is None else sched.to_spec())
+                    lr_scheduler=None if sched is None else sched.to_spec(),
+                    **{k: getattr(self, k) for k in self._hyper})
 
     def to_spec(self) -> dict[str, Any]:
         """A msgpack-able description from which :func:`from_spec` rebuilds this optimizer.
@@ -134,8 +217,7 @@ class Optimizer:
         self.num_update = max(count, self.num_update)
 
     def _get_lr(self, key: int) -> float:
-        lr = self.lr_scheduler(self.num_update) if self.lr_scheduler is not None else self.lr
-        return lr * self.lr_mult.get(key, 1.0)
+        return self.learning_rate * self.lr_mult.get(key, 1.0)
 
     def _get_wd(self, key: int) -> float:
         return self.wd * self.wd_mult.get(key, 1.0)
@@ -144,6 +226,15 @@ class Optimizer:
         """Clip bound for C++-kernel optimizers: MXNet passes it only if truthy, the kernel needs >= 0."""
         c = self.clip_gradient
         return c if c and c >= 0 else None
+
+    def _clip_grad(self, dt: type, x: np.ndarray) -> np.ndarray:
+        c = self._kernel_clip()
+        return x if c is None else _clip(x, _f32(dt, -c), _f32(dt, c))
+
+    def _clip_nd(self, dt: type, x: np.ndarray) -> np.ndarray:
+        """``nd.clip`` in MXNet's Python-level optimizers: any bound that is not None applies."""
+        c = self.clip_gradient
+        return x if c is None else _clip(x, _f32(dt, -c), _f32(dt, c))
 
     # -- states and updates ---------------------------------------------------------------
     def create_state(self, key: int, weight: np.ndarray) -> Any:
@@ -158,6 +249,7 @@ class Optimizer:
 
     def update(self, key: int, weight: np.ndarray, grad: np.ndarray, state: Any) -> None:
         self._update_count(key)
+        grad = grad.astype(weight.dtype, copy=False)  # kernels compute in the weight's dtype
         self._step(key, weight, grad, state, self._get_lr(key), self._get_wd(key))
 
     def update_multi_precision(self, key: int, weight: np.ndarray, grad: np.ndarray, state: Any) -> None:
@@ -177,27 +269,21 @@ class Optimizer:
 class SGD(Optimizer):
     """SGD with optional momentum: MXNet's ``multi_sgd[_mom]_update`` kernel, which its updater runs."""
 
+    _hyper = ("momentum", "lazy_update")  # lazy_update only matters for row-sparse grads
+
     def __init__(self, momentum: float = 0.0, lazy_update: bool = True, **kwargs: Any):
         super().__init__(**kwargs)
-        self.momentum = float(momentum)
-        self.lazy_update = bool(lazy_update)  # only matters for row-sparse grads; kept for the spec
-
-    def _params(self) -> dict[str, Any]:
-        return {**super()._params(), "momentum": self.momentum, "lazy_update": self.lazy_update}
+        self.momentum, self.lazy_update = float(momentum), bool(lazy_update)
 
     def create_state(self, key: int, weight: np.ndarray) -> Any:
         return np.zeros_like(weight) if self.momentum != 0.0 else None
 
     def _step(self, key, w, g, mom, lr, wd):
         dt = w.dtype.type
-        lr_, c = _f32(dt, lr), self._kernel_clip()
-        if c is not None:
-            step = lr_ * _clip(_f32(dt, self.rescale_grad) * g, _f32(dt, -c), _f32(dt, c))
-        else:
-            step = (lr_ * _f32(dt, self.rescale_grad)) * g
-        m = _f32(dt, self.momentum if self.momentum > 0 else 0.0)
-        prev = mom if mom is not None else dt(0)
-        new = m * prev - (lr_ * _f32(dt, wd)) * w - step
+        lr_, rs = _tuple_f32(dt, lr), _f32(dt, self.rescale_grad)
+        step = lr_ * self._clip_grad(dt, rs * g) if self._kernel_clip() else (lr_ * rs) * g
+        m, decay = _kernel_momentum(dt, self.momentum), (lr_ * _tuple_f32(dt, wd)) * w
+        new = m * (mom if mom is not None else dt(0)) - decay - step
         if mom is not None:
             mom[...] = new
         w += new
@@ -211,27 +297,23 @@ class NAG(Optimizer):
     ps does the same.
     """
 
+    _hyper = ("momentum",)
+
     def __init__(self, momentum: float = 0.0, **kwargs: Any):
         super().__init__(**kwargs)
         self.momentum = float(momentum)
-
-    def _params(self) -> dict[str, Any]:
-        return {**super()._params(), "momentum": self.momentum}
 
     def create_state(self, key: int, weight: np.ndarray) -> Any:
         return np.zeros_like(weight) if self.momentum != 0.0 else None
 
     def _step(self, key, w, g, mom, lr, wd):
         dt = w.dtype.type
-        lr_, wd_, rs, c = _f32(dt, lr), _f32(dt, wd), _f32(dt, self.rescale_grad), self._kernel_clip()
+        lr_, wd_, rs = _f32(dt, lr), _f32(dt, wd), _f32(dt, self.rescale_grad)
         if mom is None:
-            if c is not None:
-                w[...] = (dt(1) - lr_ * wd_) * w - lr_ * _clip(rs * g, _f32(dt, -c), _f32(dt, c))
-            else:
-                w[...] = (dt(1) - lr_ * wd_) * w - (lr_ * rs) * g
+            step = lr_ * self._clip_grad(dt, rs * g) if self._kernel_clip() else (lr_ * rs) * g
+            w[...] = (dt(1) - lr_ * wd_) * w - step
             return
-        m = _f32(dt, self.momentum if self.momentum > 0 else 0.0)
-        gr = _clip(rs * g, _f32(dt, -c), _f32(dt, c)) if c is not None else rs * g
+        m, gr = _kernel_momentum(dt, self.momentum), self._clip_grad(dt, rs * g)
         mom *= m
         w[...] = (w - mom) + (m + dt(1)) * (mom - lr_ * (gr + wd_ * w))
         mom[...] = mom - lr_ * (gr + wd_ * w)
@@ -241,28 +323,24 @@ class NAG(Optimizer):
 class Adam(Optimizer):
     """Adam (``adam_update``), bias correction folded into the lr as MXNet does."""
 
+    _hyper = ("beta1", "beta2", "epsilon", "lazy_update")
+
     def __init__(self, learning_rate: float | None = 0.001, beta1: float = 0.9, beta2: float = 0.999,
                  epsilon: float = 1e-8, lazy_update: bool = True, **kwargs: Any):
         super().__init__(learning_rate=learning_rate, **kwargs)
         self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
         self.lazy_update = bool(lazy_update)
 
-    def _params(self) -> dict[str, Any]:
-        return {**super()._params(), "beta1": self.beta1, "beta2": self.beta2,
-                "epsilon": self.epsilon, "lazy_update": self.lazy_update}
-
     def create_state(self, key: int, weight: np.ndarray) -> Any:
-        return (np.zeros_like(weight), np.zeros_like(weight))
+        return _zeros(weight, 2)
 
     def _step(self, key, w, g, state, lr, wd):
         mean, var = state
         t = self._index_update_count[key]
         lr *= math.sqrt(1.0 - self.beta2 ** t) / (1.0 - self.beta1 ** t)
         dt = w.dtype.type
-        b1, b2, c = _f32(dt, self.beta1), _f32(dt, self.beta2), self._kernel_clip()
-        gr = g * _f32(dt, self.rescale_grad) + w * _f32(dt, wd)
-        if c is not None:
-            gr = _clip(gr, _f32(dt, -c), _f32(dt, c))
+        b1, b2 = _f32(dt, self.beta1), _f32(dt, self.beta2)
+        gr = self._clip_grad(dt, g * _f32(dt, self.rescale_grad) + w * _f32(dt, wd))
         mean[...] = b1 * mean + (dt(1) - b1) * gr
         var[...] = b2 * var + (dt(1) - b2) * gr * gr
         w[...] = w - _f32(dt, lr) * mean / (np.sqrt(var) + _f32(dt, self.epsilon))
@@ -270,31 +348,30 @@ class Adam(Optimizer):
 
 @register
 class AdaGrad(Optimizer):
-    """AdaGrad; MXNet writes it with NDArray ops, whose scalars are cast straight to the dtype."""
+    """AdaGrad; MXNet writes it with NDArray ops, so scalars are doubles and clipping always applies."""
+
+    _hyper = ("eps",)
 
     def __init__(self, eps: float = 1e-7, **kwargs: Any):
         super().__init__(**kwargs)
-        self.float_stable_eps = float(eps)
-
-    def _params(self) -> dict[str, Any]:
-        return {**super()._params(), "eps": self.float_stable_eps}
+        self.eps = float(eps)
 
     def create_state(self, key: int, weight: np.ndarray) -> Any:
         return np.zeros_like(weight)
 
     def _step(self, key, w, g, history, lr, wd):
         dt = w.dtype.type
-        g = g * dt(self.rescale_grad)
-        if self.clip_gradient is not None:
-            g = _clip(g, dt(-self.clip_gradient), dt(self.clip_gradient))
+        g = self._clip_nd(dt, g * _scalar(dt, self.rescale_grad))
         history += g * g
-        div = g / np.sqrt(history + dt(self.float_stable_eps))
-        w += (div + w * dt(wd)) * dt(-lr)
+        div = g / np.sqrt(history + _scalar(dt, self.eps))
+        w += (div + w * _scalar(dt, wd)) * _scalar(dt, -lr)
 
 
 @register
 class RMSProp(Optimizer):
     """RMSProp: Tieleman & Hinton (``rmsprop_update``) or Graves' centered (``rmspropalex_update``)."""
+
+    _hyper = ("gamma1", "gamma2", "epsilon", "centered", "clip_weights")
 
     def __init__(self, learning_rate: float | None = 0.001, gamma1: float = 0.9, gamma2: float = 0.9,
                  epsilon: float = 1e-8, centered: bool = False, clip_weights: float | None = None,
@@ -304,19 +381,13 @@ class RMSProp(Optimizer):
         self.centered = bool(centered)
         self.clip_weights = None if clip_weights is None else float(clip_weights)
 
-    def _params(self) -> dict[str, Any]:
-        return {**super()._params(), "gamma1": self.gamma1, "gamma2": self.gamma2,
-                "epsilon": self.epsilon, "centered": self.centered, "clip_weights": self.clip_weights}
-
     def create_state(self, key: int, weight: np.ndarray) -> Any:
-        return tuple(np.zeros_like(weight) for _ in range(3 if self.centered else 1))
+        return _zeros(weight, 3 if self.centered else 1)
 
     def _step(self, key, w, g, state, lr, wd):
         dt = w.dtype.type
-        g1, lr_, eps, c = _f32(dt, self.gamma1), _f32(dt, lr), _f32(dt, self.epsilon), self._kernel_clip()
-        gr = _f32(dt, self.rescale_grad) * g + _f32(dt, wd) * w
-        if c is not None:
-            gr = _clip(gr, _f32(dt, -c), _f32(dt, c))
+        g1, lr_, eps = _f32(dt, self.gamma1), _f32(dt, lr), _f32(dt, self.epsilon)
+        gr = self._clip_grad(dt, _f32(dt, self.rescale_grad) * g + _f32(dt, wd) * w)
         if self.centered:
             n, mean_g, delta = state
             n[...] = (dt(1) - g1) * gr * gr + g1 * n
@@ -328,51 +399,45 @@ class RMSProp(Optimizer):
             n[...] = (dt(1) - g1) * (gr * gr) + g1 * n
             new = w - lr_ * (gr / np.sqrt(n + eps))
         cw = self.clip_weights
-        if cw and cw >= 0:
-            new = _clip(new, _f32(dt, -cw), _f32(dt, cw))
-        w[...] = new
+        w[...] = _clip(new, _f32(dt, -cw), _f32(dt, cw)) if cw and cw >= 0 else new
 
 
 @register
 class AdaDelta(Optimizer):
-    """AdaDelta (NDArray ops in MXNet; no learning rate involved)."""
+    """AdaDelta (NDArray ops in MXNet, like AdaGrad; no learning rate involved)."""
+
+    _hyper = ("rho", "epsilon")
 
     def __init__(self, rho: float = 0.90, epsilon: float = 1e-5, **kwargs: Any):
         super().__init__(**kwargs)
         self.rho, self.epsilon = float(rho), float(epsilon)
 
-    def _params(self) -> dict[str, Any]:
-        return {**super()._params(), "rho": self.rho, "epsilon": self.epsilon}
-
     def create_state(self, key: int, weight: np.ndarray) -> Any:
-        return (np.zeros_like(weight), np.zeros_like(weight))
+        return _zeros(weight, 2)
 
     def _step(self, key, w, g, state, lr, wd):
         acc_g, acc_delta = state
         dt = w.dtype.type
-        rho, one_rho, eps = dt(self.rho), dt(1.0 - self.rho), dt(self.epsilon)
-        g = g * dt(self.rescale_grad)
-        if self.clip_gradient is not None:
-            g = _clip(g, dt(-self.clip_gradient), dt(self.clip_gradient))
+        rho, one_rho, eps = _scalar(dt, self.rho), _scalar(dt, 1.0 - self.rho), _scalar(dt, self.epsilon)
+        g = self._clip_nd(dt, g * _scalar(dt, self.rescale_grad))
         acc_g *= rho
         acc_g += one_rho * g * g
         delta = np.sqrt(acc_delta + eps) / np.sqrt(acc_g + eps) * g
         acc_delta *= rho
         acc_delta += one_rho * delta * delta
-        w -= delta + w * dt(wd)
+        w -= delta + w * _scalar(dt, wd)
 
 
 @register
 class Signum(Optimizer):
     """Signum (``signum_update``) or, without momentum, signSGD (``signsgd_update``)."""
 
+    _hyper = ("momentum", "wd_lh")
+
     def __init__(self, learning_rate: float | None = 0.01, momentum: float = 0.9, wd_lh: float = 0.0,
                  **kwargs: Any):
         super().__init__(learning_rate=learning_rate, **kwargs)
         self.momentum, self.wd_lh = float(momentum), float(wd_lh)
-
-    def _params(self) -> dict[str, Any]:
-        return {**super()._params(), "momentum": self.momentum, "wd_lh": self.wd_lh}
 
     def create_state(self, key: int, weight: np.ndarray) -> Any:
         return np.zeros_like(weight) if self.momentum != 0.0 else None
@@ -380,15 +445,12 @@ class Signum(Optimizer):
     def _step(self, key, w, g, mom, lr, wd):
         dt = w.dtype.type
         lr_, wd_ = _f32(dt, lr), _f32(dt, wd)
-        if mom is None:  # signSGD ignores rescale_grad and clip_gradient (they cannot flip a sign)
+        if mom is None:  # signSGD: rescale_grad, clip_gradient and wd_lh play no part
             w[...] = (dt(1) - lr_ * wd_) * w - lr_ * _sign(g)
             return
-        m = _f32(dt, self.momentum if self.momentum > 0 else 0.0)
-        one_m, rs, c = dt(1) - m, _f32(dt, self.rescale_grad), self._kernel_clip()
-        if c is not None:
-            step = one_m * _clip(rs * g, _f32(dt, -c), _f32(dt, c))
-        else:
-            step = one_m * rs * g
+        m, rs = _kernel_momentum(dt, self.momentum), _f32(dt, self.rescale_grad)
+        one_m = dt(1) - m
+        step = one_m * self._clip_grad(dt, rs * g) if self._kernel_clip() else one_m * rs * g
         mom[...] = m * mom - one_m * wd_ * w - step
         w[...] = (dt(1) - lr_ * _f32(dt, self.wd_lh)) * w + lr_ * _sign(mom)
 
@@ -396,6 +458,8 @@ class Signum(Optimizer):
 @register
 class Ftrl(Optimizer):
     """FTRL-proximal (``ftrl_update``); state is ``(z, n)`` as in MXNet."""
+
+    _hyper = ("lamda1", "beta")
 
     def __init__(self, lamda1: float = 0.01, learning_rate: float | None = 0.1, beta: float = 1,
                  **kwargs: Any):
@@ -405,19 +469,14 @@ class Ftrl(Optimizer):
             self.lr = float(learning_rate)
         self.lamda1, self.beta = float(lamda1), float(beta)
 
-    def _params(self) -> dict[str, Any]:
-        return {**super()._params(), "lamda1": self.lamda1, "beta": self.beta}
-
     def create_state(self, key: int, weight: np.ndarray) -> Any:
-        return (np.zeros_like(weight), np.zeros_like(weight))
+        return _zeros(weight, 2)
 
     def _step(self, key, w, g, state, lr, wd):
         z, n = state
         dt = w.dtype.type
-        lr_, l1, c = _f32(dt, lr), _f32(dt, self.lamda1), self._kernel_clip()
-        gr = g * _f32(dt, self.rescale_grad)
-        if c is not None:
-            gr = _clip(gr, _f32(dt, -c), _f32(dt, c))
+        lr_, l1 = _f32(dt, lr), _f32(dt, self.lamda1)
+        gr = self._clip_grad(dt, g * _f32(dt, self.rescale_grad))
         z += gr - (np.sqrt(n + gr * gr) - np.sqrt(n)) * w / lr_
         n += gr * gr
         w[...] = ((_sign(z) * l1 - z) / ((_f32(dt, self.beta) + np.sqrt(n)) / lr_ + _f32(dt, wd))
@@ -426,11 +485,13 @@ class Ftrl(Optimizer):
 
 @register
 class LAMB(Optimizer):
-    """LAMB as MXNet's updater runs it (``multi_lamb_update``: bias correction in the weight's dtype).
+    """LAMB as MXNet's updater runs it (``multi_lamb_update``).
 
     The trust ratio uses the norms of the array the server holds, i.e. its slice of a
     parameter that was split across servers -- exactly what an MXNet server does.
     """
+
+    _hyper = ("beta1", "beta2", "epsilon", "lower_bound", "upper_bound", "bias_correction")
 
     def __init__(self, learning_rate: float | None = 0.001, beta1: float = 0.9, beta2: float = 0.999,
                  epsilon: float = 1e-6, lower_bound: float | None = None,
@@ -441,24 +502,18 @@ class LAMB(Optimizer):
         self.upper_bound = None if upper_bound is None else float(upper_bound)
         self.bias_correction = bool(bias_correction)
 
-    def _params(self) -> dict[str, Any]:
-        return {**super()._params(), "beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon,
-                "lower_bound": self.lower_bound, "upper_bound": self.upper_bound,
-                "bias_correction": self.bias_correction}
-
     def create_state(self, key: int, weight: np.ndarray) -> Any:
-        return (np.zeros_like(weight), np.zeros_like(weight))
+        return _zeros(weight, 2)
 
     def update_multi_precision(self, key, weight, grad, state):
         # MXNet's multi_mp_lamb_update takes the weight norm from the fp16 weight, not the master.
-        if self.multi_precision and weight.dtype == np.float16:
-            master, inner = state
-            self._update_count(key)
-            self._lamb(key, master, grad.astype(np.float32), inner, self._get_lr(key), self._get_wd(key),
-                       weight)
-            np.copyto(weight, master, casting="same_kind")
-        else:
-            self.update(key, weight, grad, state)
+        if not (self.multi_precision and weight.dtype == np.float16):
+            return self.update(key, weight, grad, state)
+        master, inner = state
+        self._update_count(key)
+        grad = grad.astype(np.float32)
+        self._lamb(key, master, grad, inner, self._get_lr(key), self._get_wd(key), weight)
+        np.copyto(weight, master, casting="same_kind")
 
     def _step(self, key, w, g, state, lr, wd):
         self._lamb(key, w, g, state, lr, wd, w)
@@ -466,27 +521,25 @@ class LAMB(Optimizer):
     def _lamb(self, key, w, g, state, lr, wd, norm_of):
         mean, var = state
         dt = w.dtype.type
-        b1, b2, c = _f32(dt, self.beta1), _f32(dt, self.beta2), self._kernel_clip()
-        gr = g * _f32(dt, self.rescale_grad)
-        if c is not None:
-            gr = _clip(gr, _f32(dt, -c), _f32(dt, c))
+        b1, b2 = _f32(dt, self.beta1), _f32(dt, self.beta2)
+        gr = self._clip_grad(dt, g * _f32(dt, self.rescale_grad))
         mean[...] = b1 * mean + (dt(1) - b1) * gr
         var[...] = b2 * var + (dt(1) - b2) * gr * gr
         m, v = mean, var
         if self.bias_correction:
-            t = dt(self._index_update_count[key])
-            m, v = mean / (dt(1) - np.power(b1, t)), var / (dt(1) - np.power(b2, t))
+            t = self._index_update_count[key]
+            m, v = mean / (dt(1) - _pow(b1, t)), var / (dt(1) - _pow(b2, t))
         # The kernel's unqualified sqrt() is the C double one, so this line runs in double.
         upd = (m / (np.sqrt(v.astype(np.float64)) + np.float64(_f32(dt, self.epsilon)))
-               + (_f32(dt, wd) * w)).astype(dt)
-        w -= dt(_f32(dt, lr) * self._trust_ratio(norm_of, upd)) * upd
+               + (_tuple_f32(dt, wd) * w)).astype(dt)
+        w -= dt(_tuple_f32(dt, lr) * self._trust_ratio(norm_of, upd)) * upd
 
     def _trust_ratio(self, w: np.ndarray, upd: np.ndarray) -> np.float32:
         r1, r2 = np.sqrt(_sum_sq(w)), np.sqrt(_sum_sq(upd))
         if self.lower_bound and self.lower_bound >= 0:
-            r1 = max(r1, np.float32(self.lower_bound))
+            r1 = max(r1, _f32(np.float32, self.lower_bound))
         if self.upper_bound and self.upper_bound >= 0:
-            r1 = min(r1, np.float32(self.upper_bound))
+            r1 = min(r1, _f32(np.float32, self.upper_bound))
         return np.float32(1) if r1 == 0 or r2 == 0 else r1 / r2
 
 
@@ -510,7 +563,7 @@ def from_spec(spec: dict[str, Any]) -> Optimizer:
         opt = from_spec({"name": "sgd", "params": {"learning_rate": 0.1, "momentum": 0.9}})
     """
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise ValueError(f"an optimizer spec must be a dict with a 'name', got {spec!r:.200}")
+        raise ValueError(f"an optimizer spec is a dict with a 'name', not {spec!r:.200}")  # noqa: TRY004
     cls = REGISTRY.get(spec["name"].lower())
     if cls is None:
         raise ValueError(f"unknown optimizer {spec['name']!r}; ps knows: {', '.join(sorted(REGISTRY))}")
@@ -537,12 +590,10 @@ def _unpack(obj: Any) -> Any:
     return tuple(_unpack(s) for s in obj)
 
 
-def _arrays(state: Any) -> list[np.ndarray]:
-    if state is None:
-        return []
-    if isinstance(state, np.ndarray):
-        return [state]
-    return [a for s in state for a in _arrays(s)]
+def _layout(state: Any) -> Any:
+    if state is None or isinstance(state, np.ndarray):
+        return None if state is None else (state.dtype.str, state.size)
+    return tuple(_layout(s) for s in state)
 
 
 class Updater:
@@ -561,10 +612,11 @@ class Updater:
         self.optimizer.update_multi_precision(key, weight, grad, self.states[key])
 
     def _check_loaded(self, key: int, weight: np.ndarray) -> None:
-        for a in _arrays(self.states[key]):
-            if a.size != weight.size:
-                raise ValueError(f"loaded optimizer state for key {key} has {a.size} elements but the "
-                                 f"weight has {weight.size}: states must come from the same job layout")
+        fresh = self.optimizer.create_state_multi_precision(key, weight)
+        if _layout(fresh) != _layout(self.states[key]):
+            raise ValueError(f"loaded optimizer state for key {key} does not fit its {weight.size}-element "
+                             f"{weight.dtype} weight: states must come from the same job layout and "
+                             f"optimizer settings")
         self._loaded.discard(key)
 
     def get_states(self) -> bytes:
@@ -601,7 +653,7 @@ class Updater:
         """
         try:
             saved = msgpack.unpackb(data, raw=False, strict_map_key=False)
-        except Exception as e:  # msgpack raises several unrelated types on garbage
+        except (ValueError, TypeError, msgpack.UnpackException) as e:
             raise ValueError(f"not an optimizer state blob: {e}") from None
         if not isinstance(saved, dict) or saved.get("format") != _STATE_FORMAT:
             raise ValueError("not an optimizer state blob saved by ps.optim.Updater.get_states")

@@ -115,18 +115,19 @@ class KVServer:
 
     def _send(self, replies: list[Reply]) -> None:
         """Group replies per worker into messages of about CHUNK_BYTES each."""
-        batches: dict[int, tuple[list, list, list]] = {}
+        batches: dict[int, tuple[list, list, list, list]] = {}
         for dest, entry, data in replies:
-            entries, frames, bases = batches.setdefault(dest, ([], [], []))
+            entries, frames, bases, size = batches.setdefault(dest, ([], [], [], [0]))
             entries.append(entry)
             if data is not None:
                 frames.append(data)
+                size[0] += data.nbytes
                 if data.nbytes >= ZERO_COPY_MIN:
                     bases.append(data.base if data.base is not None else data)
-                if sum(f.nbytes for f in frames) >= CHUNK_BYTES:
+                if size[0] >= CHUNK_BYTES:
                     self._emit(dest, entries, frames, bases)
                     batches.pop(dest)
-        for dest, (entries, frames, bases) in batches.items():
+        for dest, (entries, frames, bases, _) in batches.items():
             self._emit(dest, entries, frames, bases)
 
     def _emit(self, dest: int, entries: list, frames: list, bases: list) -> None:

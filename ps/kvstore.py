@@ -198,7 +198,6 @@ class KVStore:
             info = self._info(k)
             flat = self._value(info, v, "push to").reshape(-1)
             handles.append(self._request(Op.PUSH, info, flat, None, f"push to key {k!r}"))
-        self._worker.flush()
         return self._finish(handles, lambda: None, block)
 
     def pull(self, key: Any, out: Any = None, priority: int = 0, block: bool = True,
@@ -231,7 +230,6 @@ class KVStore:
             what = f"{'pushpull' if op & Op.PUSH else 'pull'} of key {k!r}"
             handles.append(self._request(op, info, flat, recv.reshape(-1), what))
             finals.append(final)
-        self._worker.flush()
         if isinstance(key, (list, tuple)):
             return self._finish(handles, lambda: [f() for f in finals], block)
         return self._finish(handles, finals[0], block)
@@ -272,8 +270,13 @@ class KVStore:
         return self._worker.request(op, info.key, info.slices, info.code, value, out, what, encode)
 
     def _finish(self, requests: list[Request], finalize: Any, block: bool) -> Any:
+        """Blocking calls send now; non-blocking ones leave with the I/O thread's next
+        flush, together with whatever else was issued meanwhile."""
         handle = Handle(requests, finalize, self._timeout, lambda: self._po.failure)
-        return handle.wait() if block else handle
+        if not block:
+            return handle
+        self._worker.flush()
+        return handle.wait()
 
     @staticmethod
     def _pairs(key: Any, value: Any) -> list[tuple[Any, Any]]:

@@ -3,7 +3,8 @@
 Each operation gets a timestamp; its value is cut by the key's slices (``keys.plan``)
 and each slice into ~1 MiB chunks; entries for one server are packed into messages of
 about ``CHUNK_BYTES`` so that large tensors stream while many small keys share messages.
-Entries are buffered until :meth:`flush`, which every public call ends with.
+A full box leaves at once; the rest is flushed by the van's I/O thread the next time it
+runs, so a burst of small calls travels together without waiting on a timer.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ class KVWorker:
         self.po = po
         self.customer = customer
         self._outbox: dict[int, tuple[list, list, list]] = {}   # server id -> (entries, frames, [bytes])
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._flush_scheduled = False
         self._cmd_ids = itertools.count(1)
         self._cmd_waiters: dict[int, tuple[threading.Event, dict[int, Any]]] = {}
         po.on(Command.SERVER_CMD, self._on_command_reply)
@@ -60,6 +62,9 @@ class KVWorker:
         box = self._outbox.get(sid)
         if box is None:
             box = self._outbox[sid] = ([], [], [0])
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self.po.van.call_soon(self.flush)
         box[0].append(entry)
         if data is not None:
             box[1].append(data)
@@ -69,6 +74,7 @@ class KVWorker:
 
     def flush(self) -> None:
         with self._lock:
+            self._flush_scheduled = False
             boxes, self._outbox = self._outbox, {}
             for sid, box in boxes.items():
                 self._send(sid, box)

@@ -47,7 +47,9 @@ class Command(enum.IntEnum):
     SERVER_CMD = 11   # worker <-> server: optimizer, learning rate, states... (request/reply)
 
 
-class Op(enum.IntFlag):
+class Op:
+    """Bits of a DATA entry's ``op`` (plain ints: enum arithmetic is slow on the hot path)."""
+
     PUSH = 1
     PULL = 2
     INIT = 4

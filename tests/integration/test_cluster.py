@@ -154,3 +154,21 @@ def test_barrier_and_properties(van):
     with local_cluster(3, 2, van=van) as c:
         props = c.run(lambda kv: (kv.rank, kv.num_workers, kv.num_servers, kv.type, kv.barrier()))
     assert props == [(0, 2, 3, "dist_sync", None), (1, 2, 3, "dist_sync", None)]
+
+
+def test_request_timeout_names_the_servers(van):
+    import time
+
+    def job(kv):
+        kv.init(3, np.ones(4, np.float32))
+        if kv.rank == 0:
+            with pytest.raises(ps.PSTimeoutError, match=r"pushpull of key 3: no complete reply from S\[8\]"):
+                kv.pushpull(3, np.ones(4, np.float32))      # worker 1 has not pushed yet
+        else:
+            time.sleep(1.5)
+            out = kv.pushpull(3, np.ones(4, np.float32))    # completes the round late
+            assert np.all(out == 2.0)
+        kv.barrier(timeout=10)      # rank 0's timed-out request completed meanwhile
+        return float(kv.pull(3)[0])
+    with local_cluster(1, 2, van=van, request_timeout=0.5) as c:
+        assert c.run(job) == [2.0, 2.0]

@@ -97,3 +97,19 @@ def test_scheduler_port_taken_is_a_clear_error(procs, port):
         s.listen()
         code, _, err = procs.finish(procs.role("scheduler", cluster_env(port)), timeout=30)
     assert code == 1 and f"cannot bind 127.0.0.1:{port}" in err
+
+
+def test_ipc_transport_and_port_range(procs, port):
+    """DMLC_LOCAL=1: servers and workers talk over ipc://; PS_PORT_RANGE bounds tcp ports."""
+    env = cluster_env(port, DMLC_LOCAL="1")
+    others, workers = start_job(procs, env, "sync")
+    assert results(procs, workers) == [[3.0] * 4] * 2
+    all_exit_zero(procs, others)
+    lo = port + 1 if port < 60000 else port - 200
+    env = cluster_env(port, PS_PORT_RANGE=f"{lo}-{lo + 150}", PS_VERBOSE="1")
+    others, workers = start_job(procs, env, "sync")
+    assert results(procs, workers) == [[3.0] * 4] * 2
+    for p in others[1:]:
+        code, _, err = procs.finish(p)
+        bound = [int(line.rsplit(":", 1)[1].split(",")[0]) for line in err.splitlines() if "bound tcp://" in line]
+        assert code == 0 and bound and all(lo <= b <= lo + 150 for b in bound), err

@@ -1,0 +1,62 @@
+"""`python -m ps.bench --quick` completes and writes its CSV (a smoke test: no speed asserts)."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+COLUMNS = {"row", "impl", "workers", "servers", "case", "keys", "key_bytes", "round_bytes", "rep", "rounds",
+           "round_ms", "round_ms_p90", "worker_gbps", "aggregate_gbps", "speedup", "cpu_busy_pct",
+           "foreign_pct", "server_rss_mb", "stored_mb", "limit_mb", "ok"}
+QUICK_CASES = {"1x4K", "1x1M", "20x16K"}
+
+
+def run_bench(tmp_path: Path, *extra: str, timeout: float = 55) -> list[dict[str, str]]:
+    out = tmp_path / "out.csv"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MXNET_KVSTORE"))}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.Popen([sys.executable, "-m", "ps.bench", "--quick", "--csv", str(out), *extra],
+                            cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)      # the bench kills its own children on SIGTERM/^C, not on SIGKILL
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"ps.bench --quick did not finish within {timeout}s\n{stdout}\n{stderr}")
+    assert proc.returncode == 0, f"{stdout}\n{stderr}"
+    with open(out, newline="") as fh:
+        reader = csv.DictReader(fh)
+        assert COLUMNS <= set(reader.fieldnames or []), reader.fieldnames
+        return list(reader)
+
+
+def check_times(rows: list[dict[str, str]], impls: set[str]) -> None:
+    reps = [r for r in rows if r["row"] == "rep"]
+    assert {r["case"] for r in reps} == QUICK_CASES
+    assert {r["impl"] for r in reps} == impls
+    for r in reps + [r for r in rows if r["row"] == "median"]:
+        assert float(r["round_ms"]) > 0 and float(r["round_ms_p90"]) > 0, r
+        assert int(r["rounds"]) > 0 and float(r["aggregate_gbps"]) > 0, r
+    mem = [r for r in rows if r["row"] == "memory" and r["impl"] == "ps"]
+    assert mem and all(float(r["server_rss_mb"]) > 0 and float(r["stored_mb"]) > 0 for r in mem), mem
+
+
+def test_quick_ps_only(tmp_path):
+    rows = run_bench(tmp_path)
+    check_times(rows, {"ps"})
+
+
+@pytest.mark.mxnet
+@pytest.mark.skipif(importlib.util.find_spec("mxnet") is None, reason="mxnet is not installed")
+def test_quick_vs_native(tmp_path):
+    rows = run_bench(tmp_path, "--vs-native")
+    check_times(rows, {"ps", "native"})
+    medians = [r for r in rows if r["row"] == "median" and r["impl"] == "ps"]
+    assert all(float(r["speedup"]) > 0 for r in medians), medians

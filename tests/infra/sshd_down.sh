@@ -1,1 +1,0 @@
-kill "$SSHD_PID" 2>/dev/null; rm -rf "$SSHD_DIR"

@@ -78,6 +78,7 @@ def test_async_without_optimizer_is_a_clear_error_and_cluster_keeps_serving(van)
         kv.init(3, np.ones(4, np.float32))
         with pytest.raises(ps.RemoteError, match="set_optimizer"):
             kv.push(3, np.ones(4, np.float32), block=True)
+        kv.barrier()       # both pushes were refused before anyone sets the optimizer
         kv.set_optimizer(ps.optim.SGD(learning_rate=1.0))
         kv.barrier()
         return kv.pull(3)

@@ -20,6 +20,7 @@ if role_from_env() != "worker":        # must happen before anything imports mxn
     sys.exit(_run_role())
 
 import contextlib  # noqa: E402
+import ctypes  # noqa: E402
 import logging  # noqa: E402
 import types  # noqa: E402
 from typing import Any, Iterator  # noqa: E402
@@ -47,11 +48,37 @@ def _store(kvtype: str) -> KVStore:
     return _shared
 
 
-def _numpy(value: Any) -> Any:
-    """NDArray (or nested lists of them) -> numpy; one copy, which MXNet makes too."""
+def _numpy(value: Any, write: bool = False) -> Any:
+    """NDArray (or nested lists of them) -> numpy, as a zero-copy view when it can be."""
     if isinstance(value, (list, tuple)):
-        return [_numpy(v) for v in value]
-    return value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
+        return [_numpy(v, write) for v in value]
+    if not hasattr(value, "asnumpy"):
+        return np.asarray(value)
+    view = _view(value, write)
+    return view if view is not None else value.asnumpy()
+
+
+def _view(nd: Any, write: bool) -> np.ndarray | None:
+    """A numpy array over a dense CPU NDArray's own memory (no copy), once MXNet's engine
+    has finished every pending operation on it; None where that is not possible.
+
+    The caller keeps ``nd`` alive while the view is in use and issues no MXNet op on it
+    meanwhile: inside a Trainer step nothing else touches parameters or gradients.
+    """
+    if getattr(nd, "stype", "default") != "default" or nd.context.device_type != "cpu":
+        return None
+    from mxnet.base import _LIB, check_call
+    check_call((_LIB.MXNDArrayWaitToWrite if write else _LIB.MXNDArrayWaitToRead)(nd.handle))
+    ptr = ctypes.c_void_p()
+    check_call(_LIB.MXNDArrayGetData(nd.handle, ctypes.byref(ptr)))
+    dtype = np.dtype(nd.dtype)
+    if not ptr.value or not nd.size:
+        return None
+    buf = (ctypes.c_char * (nd.size * dtype.itemsize)).from_address(ptr.value)
+    view = np.frombuffer(buf, dtype=dtype).reshape(nd.shape)
+    if not write:
+        view.flags.writeable = False
+    return view
 
 
 def _as_list(value: Any) -> list:
@@ -101,32 +128,37 @@ class PSKVStore(mx.kvstore.KVStoreBase):
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
         self._sync_optimizer_params()
         self._reap()
-        self._pending.append((self._kv.push(key, _numpy(value)), []))
+        self._pending.append((self._kv.push(key, _numpy(value)), [None, value]))   # keeps value alive
 
     def _reap(self) -> None:
         """Surface errors of finished pushes without waiting for the others."""
         if any(h.done for h, _ in self._pending):
             keep = []
             for handle, target in self._pending:
-                if handle.done and not target:
+                if handle.done and target[0] is None:
                     handle.wait()
                 else:
                     keep.append((handle, target))
             self._pending = keep
 
     def pull(self, key: Any, out: Any = None, priority: int = 0, ignore_sparse: bool = True) -> None:
-        result = self._kv.pull(key)
-        _write(result, out, key)
+        if out is None:
+            raise ValueError(f"pull of key {key!r} needs out=")
+        self._kv.pull(key, out=_numpy(out, write=True))
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
-        """Push gradients, write the new values into ``out`` (into ``value`` if None)."""
+        """Push gradients, write the new values into ``out`` (into ``value`` if None).
+
+        Values go out of, and come back into, the NDArrays' own memory (no copies):
+        in sync mode a reply only comes after the server has all of this push.
+        """
         self._sync_optimizer_params()
-        handle = self._kv.pushpull(key, _numpy(value), block=False)
         targets = value if out is None else out
+        handle = self._kv.pushpull(key, _numpy(value), out=_numpy(targets, write=True), block=False)
         if self._defer:
-            self._pending.append((handle, [key, targets]))
+            self._pending.append((handle, [key, (value, targets)]))   # keeps the arrays alive
         else:
-            _write(handle.wait(), targets, key)
+            handle.wait()
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> None:
         """Pull the dense value and keep the requested rows (ps stores dense values)."""
@@ -151,10 +183,8 @@ class PSKVStore(mx.kvstore.KVStoreBase):
 
     def _wait_pending(self) -> None:
         pending, self._pending = self._pending, []
-        for handle, target in pending:
-            result = handle.wait()
-            if target:
-                _write(result, target[1], target[0])
+        for handle, _ in pending:
+            handle.wait()
 
     # -- optimizer, compression, states ----------------------------------------------------
     def set_optimizer(self, optimizer: Any) -> None:
@@ -245,18 +275,6 @@ def _first(value: Any, key: Any) -> Any:
     if isinstance(key, (list, tuple)):
         return [_first(v, None) for v in value]
     return value[0] if isinstance(value, list) else value
-
-
-def _write(result: Any, out: Any, key: Any) -> None:
-    """Copy pulled numpy values into NDArray outputs (one list per key for list keys)."""
-    if out is None:
-        return
-    if isinstance(key, (list, tuple)):
-        for r, o, k in zip(result, out, key):
-            _write(r, o, k)
-        return
-    for o in _as_list(out):
-        o[:] = result
 
 
 def _register() -> None:

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import compression as comp
 from . import keys as keys_mod
+from ._timing import Deadline
 from .config import Config
 from .customer import Customer, Handle, Request
 from .errors import ClosedError, ConfigError, PSError, PSTimeoutError
@@ -331,7 +332,6 @@ class KVStore:
 
     def wait_all(self, timeout: float | None = None) -> None:
         """Wait for every outstanding push/pull of this worker."""
-        from ._timing import Deadline
         deadline = Deadline(self._timeout if timeout is None else timeout)
         for req in self._customer.pending():
             req.wait(deadline, lambda: self._po.failure)

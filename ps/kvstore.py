@@ -12,7 +12,7 @@ import functools
 import logging
 import weakref
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

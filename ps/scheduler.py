@@ -12,7 +12,6 @@ from typing import Any, Callable
 
 from . import _netutil
 from .config import Config
-from .errors import PSError
 from .message import Command, Message, Role, node_name, server_id, worker_id
 from .van import Van, for_config, reliable
 

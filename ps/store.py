@@ -90,7 +90,7 @@ class Store:
 
     # -- entry point ---------------------------------------------------------------------
     def handle(self, sender: int, entry: list, data: np.ndarray | None) -> list[Reply]:
-        ts, op, key = entry[0], entry[1], entry[2]
+        op, key = entry[1], entry[2]
         try:
             if op & Op.INIT:
                 return self.init(sender, entry, data)

@@ -8,7 +8,8 @@ PS = Path(__file__).resolve().parents[2] / "ps"
 ALLOWED = {
     "errors": set(), "_timing": {"errors"}, "config": {"errors"}, "keys": set(),
     "message": {"errors"}, "compression": set(), "_security": {"errors"}, "_logging": set(),
-    "_netutil": {"config", "errors"}, "optim": {"lr_scheduler"}, "lr_scheduler": set(),
+    "_netutil": {"config", "errors"}, "optim": {"lr_scheduler", "_mxnumerics"}, "lr_scheduler": set(),
+    "_mxnumerics": set(),
     "van": {"van.base", "van.zmq_van", "van.inproc_van", "van.reliable", "_security"},
     "van.base": {"message"}, "van.zmq_van": {"errors", "message", "van.base"},
     "van.inproc_van": {"errors", "message", "van.base"}, "van.reliable": {"message", "van.base"},

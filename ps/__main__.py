@@ -17,7 +17,7 @@ def main(environ=None) -> int:
     except PSError as exc:
         print(f"ps: {exc}", file=sys.stderr)
         return 2
-    _logging.setup(cfg.verbose, f"[{cfg.role}] ")
+    _logging.setup(cfg.verbose)     # logger names (ps.server, ps.scheduler) say which role
     try:
         if cfg.is_scheduler:
             from .scheduler import Scheduler

@@ -76,16 +76,19 @@ class Scheduler:
         return self.code if self.code is not None else 1
 
     def close(self) -> None:
-        self._finish(1, "the scheduler was stopped")
+        """Stop now (Ctrl-C, or the launcher ending the job): not itself an error to report."""
+        self._finish(1, "the scheduler was stopped", quiet=True)
         self.van.stop(linger=0.5)
 
-    def _finish(self, code: int, error: str | None = None) -> None:
+    def _finish(self, code: int, error: str | None = None, quiet: bool = False) -> None:
         with self._lock:
             if self._done.is_set():
                 return
             self.code, self.error = code, error
             self._done.set()
-        if error and code:
+        if quiet:
+            logger.info("scheduler: %s", error)
+        elif error and code:
             logger.error("scheduler: %s", error)
         else:
             logger.info("scheduler: job finished")

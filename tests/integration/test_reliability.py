@@ -73,3 +73,44 @@ def test_garbage_on_scheduler_and_server_ports_does_not_hurt(procs, port):
         assert result["bad"] == 0
     for p in others:
         assert procs.finish(p, timeout=30)[0] == 0
+
+
+def job_processes(port):
+    """pids of every live process whose environment names this job's scheduler port."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if f"DMLC_PS_ROOT_PORT={port}".encode() in env and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+def test_killed_worker_through_the_launcher_ends_the_job(procs):
+    import re
+    from tests.conftest import PYTHON
+    env = cluster_env(0)
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local",
+                            PYTHON, SCRIPT, "long"], env)
+    port, victim = None, None
+    deadline = time.time() + 60
+    while victim is None and time.time() < deadline:
+        line = launcher.stdout.readline()
+        assert line, "the launcher ended before the job started"
+        m = re.search(r"scheduler [\d.]+:(\d+)", line)
+        port = int(m.group(1)) if m else port
+        if line.startswith("[worker 1]") and '"started"' in line:
+            victim = json.loads(line.split("] ", 1)[1])["pid"]
+    assert port and victim, "never saw the job start"
+    assert len(job_processes(port)) >= 4
+    os.kill(victim, signal.SIGKILL)
+    code, out, err = procs.finish(launcher, timeout=40)
+    assert code != 0
+    wait_for(lambda: not job_processes(port), timeout=10, what="every process of the job to be gone")

@@ -1,0 +1,3 @@
+from launcher.launch import main
+
+raise SystemExit(main())

@@ -1,0 +1,236 @@
+"""``python -m ps.launch`` / ``ps-launch``: MXNet ``tools/launch.py``'s command line for ps.
+
+    python -m ps.launch -n 2 [-s 2] [-H hosts] [--launcher ssh] python train.py --lr 0.1
+
+Everything from the first positional word on is the command, verbatim. The launcher
+starts the scheduler in this process, then servers (``<python> -m ps``) and workers (the
+command) through the chosen backend, prefixes their output, and returns the first non-zero
+exit status of the job after stopping every process of it.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shlex
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from . import local, mpi, sge, slurm, ssh, yarn
+from .hosts import HostfileError, read_hostfile
+from .output import Output, OutputHandler
+from .process import Command, Job, StopSignal, become_subreaper, supervise
+from .spec import (
+    LAUNCHERS,
+    LaunchSpec,
+    SpecError,
+    default_server_command,
+    parse_env_pair,
+)
+from .tracker import SchedulerRunner, job_env, scheduler_env, scheduler_ip
+
+logger = logging.getLogger("launcher")
+
+BACKENDS: dict[str, Any] = {"local": local, "ssh": ssh, "mpi": mpi, "slurm": slurm, "sge": sge, "yarn": yarn}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ps.launch", allow_abbrev=False,
+        description="Launch a ps (parameter server) job: a scheduler, servers and workers.",
+        epilog="Everything from COMMAND on is passed to the workers unchanged. See docs/launcher.md.")
+    p.add_argument("-n", "--num-workers", type=int, required=True, help="number of worker processes")
+    p.add_argument("-s", "--num-servers", type=int, help="number of server processes (default: -n)")
+    p.add_argument("-H", "--hostfile", help="hosts, one per line: host, host:sshport or 'host slots=N'")
+    p.add_argument("--launcher", choices=LAUNCHERS,
+                   help="how to start processes (default: ssh with -H, else local)")
+    p.add_argument("--sync-dst-dir", help="ssh: rsync the working directory to DIR on every host, run there")
+    p.add_argument("--env", action="append", default=[], metavar="NAME:VALUE",
+                   help="set NAME for every process (repeatable; a bare NAME forwards the launcher's value)")
+    p.add_argument("--env-server", action="append", default=[], metavar="NAME:VALUE", help="same, servers only")
+    p.add_argument("--env-worker", action="append", default=[], metavar="NAME:VALUE", help="same, workers only")
+    p.add_argument("--log-dir", help="also write each process's output to DIR/<role>-<rank>.log")
+    p.add_argument("--dry-run", action="store_true", help="print the commands that would run; start nothing")
+    p.add_argument("--timeout", type=float, help="stop the job (exit 124) after this many seconds")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v: commands, scheduler)")
+    p.add_argument("--host-ip", help="address the scheduler binds and everyone connects to (default: auto)")
+    p.add_argument("--slurm-server-nodes", type=int, help="slurm: srun -N for the servers")
+    p.add_argument("--slurm-worker-nodes", type=int, help="slurm: srun -N for the workers")
+    p.add_argument("--sge-queue", help="sge: qsub -q QUEUE")
+    p.add_argument("--yarn-queue", help="yarn: -queue QUEUE")
+    p.add_argument("--p3", action="store_true", help=argparse.SUPPRESS)  # MXNet's P3 van: not in ps
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the worker command and its arguments")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str],
+               python: str = sys.executable) -> LaunchSpec:
+    """Command line -> LaunchSpec. Raises SpecError (or HostfileError) naming the bad option."""
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if unknown:  # MXNet: unknown options are the program's, appended in order
+        logger.warning("passing option(s) %s given before the command to the command", " ".join(unknown))
+        command += unknown
+    if not command:
+        raise SpecError("no command given: e.g. python -m ps.launch -n 2 python train.py")
+    if args.num_workers < 1:
+        raise SpecError(f"-n/--num-workers must be >= 1, got {args.num_workers}")
+    num_servers = args.num_workers if args.num_servers is None else args.num_servers
+    if num_servers < 1:
+        raise SpecError(f"-s/--num-servers must be >= 1, got {num_servers}")
+    launcher = args.launcher or ("ssh" if args.hostfile else "local")
+    hosts = tuple(read_hostfile(args.hostfile)) if args.hostfile else ()
+    if launcher == "ssh" and not hosts:
+        raise SpecError("--launcher ssh needs -H/--hostfile")
+    if hosts and launcher not in ("ssh", "mpi"):
+        raise SpecError(f"-H/--hostfile is for --launcher ssh or mpi, not {launcher}")
+    if args.sync_dst_dir and launcher != "ssh":
+        raise SpecError("--sync-dst-dir only works with --launcher ssh")
+    if args.timeout is not None and args.timeout <= 0:
+        raise SpecError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.p3:
+        logger.warning("--p3 (MXNet's P3 van) is not supported by ps; ignored")
+    return LaunchSpec(
+        num_workers=args.num_workers, num_servers=num_servers, command=tuple(command),
+        launcher=launcher, hosts=hosts, hostfile=args.hostfile,
+        env=tuple(parse_env_pair(e, environ, "--env") for e in args.env),
+        env_server=tuple(parse_env_pair(e, environ, "--env-server") for e in args.env_server),
+        env_worker=tuple(parse_env_pair(e, environ, "--env-worker") for e in args.env_worker),
+        sync_dst_dir=args.sync_dst_dir, log_dir=args.log_dir, dry_run=args.dry_run,
+        timeout=args.timeout, verbose=args.verbose, host_ip=args.host_ip,
+        server_command=default_server_command(command, python),
+        slurm_server_nodes=args.slurm_server_nodes, slurm_worker_nodes=args.slurm_worker_nodes,
+        sge_queue=args.sge_queue, yarn_queue=args.yarn_queue)
+
+
+@contextlib.contextmanager
+def _logging(output: Output, spec: LaunchSpec, environ: Mapping[str, str]) -> Iterator[None]:
+    """Launcher records as [launcher] lines, the in-process scheduler's ("ps") as [scheduler]."""
+    ours = OutputHandler(output, "launcher")
+    ours.setFormatter(logging.Formatter("%(message)s"))
+    sched = OutputHandler(output, "scheduler")
+    sched.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    verbose_ps = spec.verbose > 0 or environ.get("PS_VERBOSE", "0") not in ("", "0")
+    saved = []
+    for name, handler, level in (("launcher", ours, logging.DEBUG if spec.verbose else logging.INFO),
+                                 ("ps", sched, logging.INFO if verbose_ps else logging.WARNING)):
+        log = logging.getLogger(name)
+        saved.append((log, handler, log.level, log.propagate))
+        log.addHandler(handler)
+        log.propagate = False
+        if log.level == logging.NOTSET or log.level > level:
+            log.setLevel(level)
+    try:
+        yield
+    finally:
+        for log, handler, level, propagate in saved:
+            log.removeHandler(handler)
+            log.setLevel(level)
+            log.propagate = propagate
+
+
+def render(cmd: Command, base_env: Mapping[str, str]) -> str:
+    """A Command as one shell line: ``env [-u NAME] K=V ... argv`` for what differs from ``base_env``."""
+    env = cmd.env if cmd.env is not None else base_env
+    unset = [a for k in base_env if k not in env for a in ("-u", k)]
+    extra = [f"{k}={v}" for k, v in env.items() if base_env.get(k) != v]
+    prefix = ["env", *unset, *extra] if unset or extra else []
+    return shlex.join(prefix + list(cmd.argv))
+
+
+def _commands(backend: Any, spec: LaunchSpec, job: Mapping[str, str], environ: Mapping[str, str],
+              dry_run: bool = False) -> list[Command]:
+    if backend in (sge, yarn):
+        return backend.commands(spec, job, environ, dry_run=dry_run)
+    return backend.commands(spec, job, environ)
+
+
+def _summary(spec: LaunchSpec, backend: Any, ip: str, port: Any) -> str:
+    hosts = backend.host_count(spec)
+    where = f"on {hosts} host{'s' if hosts != 1 else ''}" if hosts else f"via {spec.launcher}"
+    return (f"{spec.num_servers} server{'s' if spec.num_servers != 1 else ''}, "
+            f"{spec.num_workers} worker{'s' if spec.num_workers != 1 else ''} {where}; scheduler {ip}:{port}")
+
+
+def run(spec: LaunchSpec, environ: Mapping[str, str] | None = None, *, stop: StopSignal | None = None,
+        scheduler_factory: Callable[[Mapping[str, str]], Any] | None = None,
+        output: Output | None = None, owns_descendants: bool = False) -> int:
+    """Run the job described by ``spec``; return its exit status."""
+    environ = dict(os.environ if environ is None else environ)
+    own_output = output is None
+    output = output or Output(spec.log_dir)
+    try:
+        with _logging(output, spec, environ):
+            return _run(spec, environ, output, stop, scheduler_factory, owns_descendants)
+    finally:
+        if own_output:
+            output.close()
+
+
+def _dry_run(spec: LaunchSpec, backend: Any, ip: str, environ: Mapping[str, str], output: Output) -> int:
+    output.raw(f"# {_summary(spec, backend, ip, '<port>')} (port chosen at start)")
+    for cmd in _commands(backend, spec, job_env(spec, ip, "<port>"), environ, dry_run=True):
+        output.raw(f"[{cmd.name}] {render(cmd, environ)}")
+    for line in getattr(backend, "describe", lambda s: [])(spec):
+        output.raw(line)
+    return 0
+
+
+def _run(spec: LaunchSpec, environ: dict[str, str], output: Output, stop: StopSignal | None,
+         scheduler_factory: Callable[[Mapping[str, str]], Any] | None, owns_descendants: bool) -> int:
+    backend = BACKENDS[spec.launcher]
+    try:
+        ip = scheduler_ip(spec, environ)
+        if spec.dry_run:
+            return _dry_run(spec, backend, ip, environ, output)
+        getattr(backend, "prepare", lambda s, e: None)(spec, environ)
+        runner = SchedulerRunner.start(scheduler_env(spec, ip, environ), scheduler_factory)
+    except Exception as exc:  # bad host IP, rsync failed, scheduler could not bind...
+        logger.error("%s", exc)
+        return 1
+    logger.info("%s", _summary(spec, backend, ip, runner.port))
+    job = Job(output, owns_descendants=owns_descendants)
+    try:
+        cmds = _commands(backend, spec, job_env(spec, ip, runner.port), environ)
+        for cmd in cmds:
+            logger.debug("[%s] %s", cmd.name, render(cmd, environ))
+        start = getattr(backend, "start", None)
+        if start:
+            start(spec, job, cmds)
+        else:
+            for cmd in cmds:
+                job.spawn(cmd)
+    except Exception as exc:  # mpirun not found, a script could not be written...
+        logger.error("could not start the job: %s", exc)
+        job.stop()
+        runner.close()
+        job.close()
+        return 1
+    return supervise(job, runner, stop, spec.timeout)
+
+
+def main(argv: Sequence[str] | None = None, *, owns_process: bool = True) -> int:
+    """CLI entry point. ``owns_process``: this process exists for the job (subreaper, signals)."""
+    try:
+        spec = parse_args(argv, os.environ)
+    except (SpecError, HostfileError, OSError) as exc:
+        sys.stderr.write(f"ps.launch: error: {exc}\n")
+        return 2
+    if not owns_process or spec.dry_run:
+        return run(spec)
+    become_subreaper()
+    stop = StopSignal()
+    restore = stop.install()
+    try:
+        return run(spec, stop=stop, owns_descendants=True)
+    finally:
+        restore()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

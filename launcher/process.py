@@ -1,0 +1,375 @@
+"""The only place that starts processes.
+
+Every process gets its own session (so its own process group), its output lines are
+prefixed with their source (``[worker 1] ...``), and a job is stopped as a whole: SIGTERM
+to every process group, a grace period, SIGKILL, then a sweep of ``/proc`` for anything
+still in one of the job's groups. Nothing is ever killed by name.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import IO
+
+from .output import Labeler, Output, deliver
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One process to start: argv (never a shell string), env and where it runs."""
+
+    name: str  # output prefix and log file stem: "worker 1", "mpirun workers"
+    argv: tuple[str, ...]
+    env: Mapping[str, str] | None = None  # complete environment; None inherits the launcher's
+    host: str | None = None
+    keep_stdin: bool = False  # ssh: an open stdin pipe; closing it stops the remote side
+    stop_delay: float = 0.0  # a stop lets it end on its own this long before SIGTERM (mpirun)
+    label: Labeler | None = field(default=None, compare=False, repr=False)
+
+
+class Proc:
+    """A started Command: the Popen, its reader threads, its exit code once known."""
+
+    def __init__(self, cmd: Command, popen: subprocess.Popen, output: Output,
+                 on_exit: Callable[[str, int], None]):
+        self.cmd, self.popen, self.output, self.on_exit = cmd, popen, output, on_exit
+        self.pgid = popen.pid  # start_new_session: the child leads its own group
+        self.code: int | None = None
+        self.readers = [self._reader(popen.stdout, False), self._reader(popen.stderr, True)]
+
+    def _reader(self, stream: IO[bytes] | None, err: bool) -> threading.Thread:
+        t = threading.Thread(target=self._pump, args=(stream, err), daemon=True,
+                             name=f"ps-launch-out[{self.cmd.name}]")
+        t.start()
+        return t
+
+    def _pump(self, stream: IO[bytes] | None, err: bool) -> None:
+        if stream is None:
+            return
+        with stream:
+            for raw in iter(stream.readline, b""):
+                text = raw.decode("utf-8", "replace").rstrip("\r\n")
+                for source, line in (self.cmd.label(text) if self.cmd.label else [(self.cmd.name, text)]):
+                    deliver(self.output, self.on_exit, source, line, err)
+
+    def poll(self) -> int | None:
+        if self.code is None:
+            rc = self.popen.poll()
+            if rc is not None:
+                self.code = exit_status(rc)
+        return self.code
+
+    def close_stdin(self) -> None:
+        if self.popen.stdin and not self.popen.stdin.closed:
+            try:
+                self.popen.stdin.close()
+            except OSError:
+                pass
+
+
+def exit_status(returncode: int) -> int:
+    """A shell-style status: killed by signal N -> 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def group_members(pgids: Iterable[int]) -> dict[int, list[int]]:
+    """pgid -> live (non-zombie) pids in that process group, for the given groups (Linux /proc)."""
+    wanted, found = set(pgids), {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != b"Z" and int(fields[2]) in wanted:
+            found.setdefault(int(fields[2]), []).append(int(entry))
+    return found
+
+
+def _proc_stat(pid: str) -> tuple[bytes, int] | None:
+    """(state, ppid) of a pid, None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[1])
+
+
+def descendants(root: int) -> list[int]:
+    """Live (non-zombie) descendants of ``root`` (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = _proc_stat(entry)
+            if st is not None and st[0] != b"Z":
+                children.setdefault(st[1], []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants (a daemonizing child, ranks of a killed mpirun) are re-parented
+    to this process instead of init, so the final sweep still finds them. Linux only."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def run_quiet(argv: list[str], timeout: float, env: Mapping[str, str] | None = None,
+              ) -> subprocess.CompletedProcess:
+    """A short helper command (rsync, mpirun --version, qdel): output captured, bounded wait."""
+    logger.debug("run: %s", " ".join(argv))
+    return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          check=False, timeout=timeout, env=dict(env) if env is not None else None)
+
+
+def killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Job:
+    """A set of processes that live and die together."""
+
+    def __init__(self, output: Output, grace: float = 4.0, kill_wait: float = 3.0,
+                 owns_descendants: bool = False):
+        """``owns_descendants``: every descendant of this process belongs to the job (the
+        CLI, a subreaper); the final sweep then kills all of them, not only the groups."""
+        self.output, self.grace, self.kill_wait = output, grace, kill_wait
+        self.owns_descendants = owns_descendants
+        self.procs: list[Proc] = []
+        self._events: queue.SimpleQueue = queue.SimpleQueue()  # (name, code) from non-Popen sources
+        self._stop_hooks: list[Callable[[], None]] = []
+        self._cleanups: list[Callable[[], None]] = []
+
+    def spawn(self, cmd: Command) -> Proc:
+        logger.debug("start %s: %s", cmd.name, " ".join(cmd.argv))
+        popen = subprocess.Popen(
+            list(cmd.argv), env=dict(cmd.env) if cmd.env is not None else None,
+            stdin=subprocess.PIPE if cmd.keep_stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        proc = Proc(cmd, popen, self.output, self.report_exit)
+        self.procs.append(proc)
+        return proc
+
+    def add_stop_hook(self, hook: Callable[[], None]) -> None:
+        """Called once at the start of stop() (e.g. qdel of a batch job)."""
+        self._stop_hooks.append(hook)
+
+    def add_cleanup(self, fn: Callable[[], None]) -> None:
+        """Called by close(), once every process has ended (remove a scratch directory)."""
+        self._cleanups.append(fn)
+
+    def report_exit(self, name: str, code: int) -> None:
+        """An exit observed by other means (a batch task's status file)."""
+        self._events.put((name, code))
+
+    def poll(self) -> list[tuple[str, int]]:
+        """(name, exit status) of everything that ended since the last poll."""
+        ended = []
+        for proc in self.procs:
+            if proc.code is None and proc.poll() is not None:
+                ended.append((proc.cmd.name, proc.code))
+        while True:
+            try:
+                ended.append(self._events.get_nowait())
+            except queue.Empty:
+                return ended
+
+    @property
+    def running(self) -> list[Proc]:
+        return [p for p in self.procs if p.poll() is None]
+
+    def stop(self, after_failure: bool = False) -> None:
+        """TERM everything, wait ``grace``, KILL what is left, sweep the job's groups.
+
+        ``after_failure``: a process failed, so a Command with ``stop_delay`` may already be
+        tearing its own processes down (mpirun); it gets that long before the TERM."""
+        hooks, self._stop_hooks = self._stop_hooks, []
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:
+                logger.exception("stop hook failed")
+        running = self.running
+        delayed = [p for p in running if p.cmd.stop_delay and after_failure]
+        self._terminate([p for p in running if p not in delayed])
+        if delayed:
+            self._wait(max(p.cmd.stop_delay for p in delayed), delayed)
+            self._terminate([p for p in delayed if p.poll() is None])
+        self._wait(self.grace)
+        for proc in self.running:
+            logger.debug("%s did not stop within %.1fs: SIGKILL", proc.cmd.name, self.grace)
+            killpg(proc.pgid, signal.SIGKILL)
+        self._wait(self.kill_wait)
+        self.sweep()
+
+    def sweep(self) -> None:
+        """KILL stray members of the job's process groups (children of exited processes)."""
+        # a group with a live member keeps its id, so killpg cannot hit a recycled group
+        for pgid, pids in group_members(p.pgid for p in self.procs).items():
+            logger.debug("killing leftover process(es) %s of group %d", pids, pgid)
+            killpg(pgid, signal.SIGKILL)
+        if self.owns_descendants:
+            own = {p.popen.pid for p in self.procs}
+            for pid in descendants(os.getpid()):
+                logger.debug("killing leftover process %d", pid)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                if pid not in own:  # an orphan re-parented to us: reap it (never a Popen's child)
+                    _reap_later(pid)
+
+    @staticmethod
+    def _terminate(procs: list[Proc]) -> None:
+        for proc in procs:
+            if proc.cmd.keep_stdin:
+                proc.close_stdin()  # the remote watchdog TERMs, then KILLs, the remote group
+            else:
+                killpg(proc.pgid, signal.SIGTERM)
+
+    def _wait(self, timeout: float, procs: list[Proc] | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in (self.procs if procs is None else procs)) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Join the output readers (after the processes ended)."""
+        deadline = time.monotonic() + timeout
+        for proc in self.procs:
+            proc.close_stdin()
+            for t in proc.readers:
+                t.join(max(0.0, deadline - time.monotonic()))
+        cleanups, self._cleanups = self._cleanups, []
+        for fn in cleanups:
+            try:
+                fn()
+            except Exception:
+                logger.exception("cleanup failed")
+
+
+def _reap_later(pid: int, timeout: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.02)
+
+
+class StopSignal:
+    """Set by SIGINT/SIGTERM (or a test); the supervisor then stops the job."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signum: int | None = None
+
+    def set(self, signum: int = signal.SIGTERM) -> None:
+        if self.signum is None:
+            self.signum = signum
+        self.event.set()
+
+    def install(self) -> Callable[[], None]:
+        """Route SIGINT/SIGTERM/SIGHUP here (main thread only); returns a restore function."""
+        def handler(signum: int, frame: object) -> None:
+            self.set(signum)  # no logging here: the main thread may hold the output lock
+        old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+        def restore() -> None:
+            for sig, previous in old.items():
+                signal.signal(sig, previous)
+        return restore
+
+    @property
+    def code(self) -> int:
+        return 128 + (self.signum or signal.SIGTERM)
+
+
+def supervise(job: Job, sched: object | None = None, stop: StopSignal | None = None,
+              timeout: float | None = None, settle: float = 10.0) -> int:
+    """Wait for the job; return the first non-zero exit status (0 if none), then stop the rest.
+
+    ``sched`` is the in-process scheduler runner (``done``, ``code``, ``error``, ``close()``).
+    A failing process wins over the scheduler's own failure report, which usually follows it.
+    """
+    stop = stop or StopSignal()
+    start = time.monotonic()
+    idle_since: float | None = None
+    code, failed = 0, False
+    try:
+        while True:
+            code = _first_failure(job.poll())
+            if code:
+                failed = True
+                break
+            if sched is not None and sched.done and sched.code:
+                code, failed = _scheduler_failure(job, sched), True
+                break
+            now = time.monotonic()
+            if not job.running:
+                if sched is None or sched.done:
+                    break
+                idle_since = idle_since or now
+                if now - idle_since > settle:
+                    logger.warning("every process exited but the scheduler did not finish within %.0fs", settle)
+                    break
+            if timeout is not None and now - start > timeout:
+                logger.error("the job ran longer than --timeout %gs: stopping it", timeout)
+                code = 124
+                break
+            if stop.event.wait(0.1):
+                logger.warning("%s: stopping the job", signal.Signals(stop.signum or signal.SIGTERM).name)
+                code = stop.code
+                break
+    finally:
+        job.stop(after_failure=failed)
+        if sched is not None:
+            sched.close()
+        job.close()
+    return code
+
+
+def _first_failure(ended: list[tuple[str, int]]) -> int:
+    for name, status in ended:
+        if status:
+            logger.error("%s exited with status %d: stopping the job", name, status)
+            return status
+        logger.debug("%s exited with status 0", name)
+    return 0
+
+
+def _scheduler_failure(job: Job, sched: object, wait: float = 1.0) -> int:
+    """The scheduler saw a node fail: prefer that node's own exit status if it shows up."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        code = _first_failure(job.poll())
+        if code:
+            return code
+        time.sleep(0.05)
+    logger.error("scheduler: %s", getattr(sched, "error", None) or "the job failed")
+    return int(getattr(sched, "code", 1) or 1)

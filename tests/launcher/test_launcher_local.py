@@ -1,0 +1,115 @@
+"""--launcher local against the real ps core: results, prefixes, exit status, stopping."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from .launch_util import PY, ROOT, marked_pids, poll_for, worker_cmd
+
+pytestmark = pytest.mark.launcher
+
+
+def ranks_ok(lines: list[str]) -> dict[int, str]:
+    """{rank: sum} from '[worker r] rank=r sum=...' lines; asserts prefix == kv.rank."""
+    out = {}
+    for line in lines:
+        m = re.match(r"^\[worker (\d+)\] rank=(\d+) sum=(\S+)", line)
+        if m:
+            assert m.group(1) == m.group(2), line
+            out[int(m.group(1))] = m.group(3)
+    return out
+
+
+def test_numpy_example_2x2(launch):
+    job = launch(["-n", "2", "-s", "2", "--launcher", "local", PY, "examples/numpy_sync.py"])
+    assert job.wait(60) == 0, job.output
+    lines = job.matching("[worker ")
+    assert sorted(lines) == [
+        "[worker 0] worker 0/2: key 3 = 3 (expected 3), sharded key ok = True",
+        "[worker 1] worker 1/2: key 3 = 3 (expected 3), sharded key ok = True"], job.output
+    assert re.search(r"^\[launcher\] 2 servers, 2 workers on 1 host; scheduler 127\.0\.0\.1:\d+$",
+                     job.output, re.MULTILINE), job.output
+
+
+def test_prefixes_match_rank_and_env_per_role(launch, tmp_path):
+    job = launch(["-n", "3", "-s", "2", "--log-dir", str(tmp_path),
+                  "--env", "PS_TEST_SHOW:ALL_ROLES,SRV_ONLY,WRK_ONLY,DMLC_TASK_ID,DMLC_ROLE",
+                  "--env", "ALL_ROLES:a b 'c' \"d\" $HOME", "--env-server", "SRV_ONLY:1",
+                  "--env-worker", "WRK_ONLY:x:y", *worker_cmd()])
+    assert job.wait(60) == 0, job.output
+    assert ranks_ok(job.lines) == {0: "6.0", 1: "6.0", 2: "6.0"}, job.output
+    for r in range(3):
+        mine = job.matching(f"[worker {r}] env ")
+        assert mine == [f"[worker {r}] env ALL_ROLES='a b \\'c\\' \"d\" $HOME'",
+                        f"[worker {r}] env SRV_ONLY=None",
+                        f"[worker {r}] env WRK_ONLY='x:y'",
+                        f"[worker {r}] env DMLC_TASK_ID='{2 + r}'",
+                        f"[worker {r}] env DMLC_ROLE='worker'"], job.output
+        log = (tmp_path / f"worker-{r}.log").read_text()
+        assert f"rank={r} sum=6.0" in log
+    assert sorted(os.listdir(tmp_path)) == ["launcher.log", "worker-0.log", "worker-1.log", "worker-2.log"]
+
+
+def test_worker_exit_status_stops_the_job(launch):
+    t0 = time.monotonic()
+    job = launch(["-n", "2", "-s", "2", "--env", "PS_TEST_FAIL:1:3", *worker_cmd()])
+    assert job.wait(30) == 3, job.output
+    assert time.monotonic() - t0 < 15
+    assert "[worker 1] rank=1 failing" in job.lines
+    assert "[launcher] worker 1 exited with status 3: stopping the job" in job.lines
+    assert poll_for(lambda: not marked_pids(job.marker), 10), marked_pids(job.marker)
+
+
+def test_sigint_leaves_no_process(launch):
+    job = launch(["-n", "2", "-s", "2", "--env", "PS_TEST_HANG:1", *worker_cmd()])
+    job.wait_for(lambda j: j.ready() == 2)
+    assert len(marked_pids(job.marker)) == 4  # 2 servers + 2 workers (the scheduler is in the launcher)
+    t0 = time.monotonic()
+    os.kill(job.proc.pid, signal.SIGINT)
+    assert job.wait(10) == 130, job.output
+    assert poll_for(lambda: not marked_pids(job.marker), 10 - (time.monotonic() - t0)), marked_pids(job.marker)
+    assert "[launcher] SIGINT: stopping the job" in job.lines
+
+
+def test_sigterm_and_stray_children_are_killed(launch):
+    """A worker that leaves a child in another process group behind: the sweep still gets it."""
+    script = ("import os, subprocess, sys, time; "
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True); "
+              "print('spawned', flush=True); time.sleep(600)")
+    job = launch(["-n", "1", "-s", "1", PY, "-c", script])
+    job.wait_for(lambda j: "[worker 0] spawned" in j.lines)
+    assert poll_for(lambda: len(marked_pids(job.marker)) == 3, 5)  # server, worker, its child
+    os.kill(job.proc.pid, signal.SIGTERM)
+    assert job.wait(10) == 143, job.output
+    assert poll_for(lambda: not marked_pids(job.marker), 5), marked_pids(job.marker)
+
+
+def test_timeout_and_dry_run(launch):
+    job = launch(["-n", "1", "-s", "1", "--timeout", "1", PY, "-c", "import time; time.sleep(60)"])
+    assert job.wait(15) == 124, job.output
+    assert poll_for(lambda: not marked_pids(job.marker), 5)
+    dry = launch(["-n", "1", "--dry-run", PY, "train.py", "--lr", "0.1"], env={"PYTHONUNBUFFERED": "1"})
+    assert dry.wait(15) == 0
+    assert dry.matching("[worker 0] ") == [(
+        f"[worker 0] env DMLC_NUM_WORKER=1 DMLC_NUM_SERVER=1 DMLC_PS_ROOT_URI=127.0.0.1 "
+        f"'DMLC_PS_ROOT_PORT=<port>' DMLC_JOB_CLUSTER=local DMLC_ROLE=worker DMLC_TASK_ID=1 DMLC_RANK=0 "
+        f"PS_TEST_JOB={dry.marker} {PY} train.py --lr 0.1")]
+    assert dry.matching("[server 0] ")[0].endswith(f"{PY} -m ps")
+
+
+def test_entry_points_run():
+    """python -m launcher, python -m ps.launch and the installed ps-launch are the same CLI."""
+    import subprocess
+    commands = [[PY, "-m", "launcher"], [PY, "-m", "ps.launch"]]
+    script = os.path.join(os.path.dirname(PY), "ps-launch")
+    if os.path.exists(script):  # installed (pip install -e .): console_scripts entry point
+        commands.append([script])
+    for cmd in commands:
+        res = subprocess.run([*cmd, "-n", "1", "--dry-run", "true"], cwd=ROOT, capture_output=True,
+                             text=True, check=False, timeout=30)
+        assert res.returncode == 0, (cmd, res.stderr)
+        assert "[worker 0] " in res.stdout

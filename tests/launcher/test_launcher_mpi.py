@@ -1,0 +1,93 @@
+"""--launcher mpi with the real Open MPI mpirun and MPICH (hydra), and --launcher slurm
+against a real single-node slurmctld + slurmd (testinfra §4, §6)."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+
+import pytest
+
+from .launch_util import ROOT, marked_pids, need_root, poll_for, worker_cmd
+
+pytestmark = pytest.mark.launcher
+
+SHOW = ["--env", "PS_TEST_SHOW:DMLC_RANK,DMLC_TASK_ID,DMLC_ROLE,W_ONLY,S_ONLY",
+        "--env-worker", "W_ONLY:a b", "--env-server", "S_ONLY:1"]
+
+
+@pytest.fixture(params=["openmpi", "mpich"])
+def mpi_path(request, tmp_path):
+    """PATH on which `mpirun` is the requested MPI (with both installed, mpirun is Open MPI)."""
+    if request.param == "openmpi":
+        if not shutil.which("mpirun.openmpi"):
+            pytest.skip("needs openmpi-bin")
+        target = shutil.which("mpirun.openmpi")
+    else:
+        if not shutil.which("mpirun.mpich"):
+            pytest.skip("needs mpich")
+        target = shutil.which("mpirun.mpich")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # a wrapper, not a symlink: hydra looks for hydra_pmi_proxy next to argv[0]
+    (bin_dir / "mpirun").write_text(f'#!/bin/sh\nexec {target} "$@"\n')
+    (bin_dir / "mpirun").chmod(0o755)
+    return request.param, f"{bin_dir}:{os.environ['PATH']}"
+
+
+def check_job(job, n: int) -> None:
+    assert job.wait(60) == 0, job.output
+    for r in range(n):
+        assert job.worker_lines(r) == [
+            f"[worker {r}] env DMLC_RANK='{r}'", f"[worker {r}] env DMLC_TASK_ID='{n + r}'",
+            f"[worker {r}] env DMLC_ROLE='worker'", f"[worker {r}] env W_ONLY='a b'",
+            f"[worker {r}] env S_ONLY=None", f"[worker {r}] rank={r} sum={n * (n + 1) / 2} task={n + r}"], job.output
+
+
+def test_mpi_job(launch, mpi_path):
+    _, path = mpi_path
+    job = launch(["--launcher", "mpi", "-n", "2", "-s", "2", *SHOW, *worker_cmd()],
+                 env={"PATH": path, "PYTHONPATH": ROOT})
+    check_job(job, 2)
+
+
+def test_mpi_failure_and_sigint(launch, mpi_path):
+    _, path = mpi_path
+    env = {"PATH": path, "PYTHONPATH": ROOT}
+    job = launch(["--launcher", "mpi", "-n", "2", "-s", "1", "--env", "PS_TEST_FAIL:1:3", *worker_cmd()], env=env)
+    assert job.wait(30) == 3, job.output  # the rank's own status, not mpirun's (MPICH ORs them)
+    assert "[launcher] worker 1 exited with status 3: stopping the job" in job.lines
+    assert poll_for(lambda: not marked_pids(job.marker), 10), marked_pids(job.marker)
+    job = launch(["--launcher", "mpi", "-n", "2", "-s", "1", "--env", "PS_TEST_HANG:1", *worker_cmd()], env=env)
+    job.wait_for(lambda j: j.ready() == 2)
+    t0 = time.monotonic()
+    os.kill(job.proc.pid, signal.SIGINT)
+    assert job.wait(10) == 130, job.output
+    assert poll_for(lambda: not marked_pids(job.marker), 10 - (time.monotonic() - t0)), marked_pids(job.marker)
+
+
+def test_openmpi_on_two_ssh_hosts(launch, sshd, tmp_path):
+    """Open MPI starts the 127.0.0.2 ranks through ssh (orted): only -x variables get there."""
+    need_root("mpirun.openmpi")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 slots=2\n127.0.0.2 slots=2\n")
+    env = {"PATH": sshd["PATH"], "PYTHONPATH": ROOT, "OMPI_MCA_oob_tcp_if_include": "127.0.0.0/8",
+           "OMPI_MCA_btl_tcp_if_include": "127.0.0.0/8", "OMPI_MCA_plm_rsh_agent": "ssh"}
+    job = launch(["--launcher", "mpi", "-H", str(hosts), "-n", "2", "-s", "2", *SHOW, *worker_cmd()], env=env)
+    check_job(job, 2)
+
+
+def test_slurm_job_failure_and_sigint(launch, slurm):
+    env = {"SLURM_CONF": slurm["SLURM_CONF"], "PYTHONPATH": ROOT}
+    base = ["--launcher", "slurm", "--host-ip", "127.0.0.1", "-n", "2", "-s", "2"]
+    check_job(launch(base + SHOW + worker_cmd(), env=env), 2)
+    job = launch(base + ["--env", "PS_TEST_FAIL:0:3", *worker_cmd()], env=env)
+    assert job.wait(30) == 3, job.output
+    assert "[launcher] worker 0 exited with status 3: stopping the job" in job.lines
+    job = launch(base + ["--env", "PS_TEST_HANG:1", *worker_cmd()], env=env)
+    job.wait_for(lambda j: j.ready() == 2)
+    t0 = time.monotonic()
+    os.kill(job.proc.pid, signal.SIGINT)
+    assert job.wait(10) == 130, job.output
+    assert poll_for(lambda: not marked_pids(job.marker), 10 - (time.monotonic() - t0)), marked_pids(job.marker)

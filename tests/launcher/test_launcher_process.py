@@ -1,0 +1,170 @@
+"""process.py and launch.run() with plain `python -c` processes and a stub scheduler:
+prefixes, exit status, fail-fast, stop on a signal, TERM -> KILL, leftovers."""
+from __future__ import annotations
+
+import io
+import os
+import sys
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from launcher.launch import parse_args, run
+from launcher.output import EXIT_MARKER, Output
+from launcher.process import Command, Job, StopSignal, group_members, supervise
+
+from .launch_util import poll_for
+
+pytestmark = pytest.mark.launcher
+
+PY = sys.executable
+
+
+class StubScheduler:
+    """Stands in for ps.scheduler.Scheduler: run() blocks until close() or finish()."""
+
+    def __init__(self, env):
+        self.env, self.error, self.code = dict(env), None, 0
+        self._done = threading.Event()
+
+    def start(self) -> int:
+        return 45678
+
+    def run(self, timeout=None) -> int:
+        self._done.wait(60)
+        return self.code
+
+    def finish(self, code: int, error: str | None = None) -> None:
+        self.code, self.error = code, error
+        self._done.set()
+
+    def close(self) -> None:
+        if not self._done.is_set():
+            self.finish(1, "the scheduler was stopped")
+
+
+def py(code: str) -> tuple[str, ...]:
+    return (PY, "-c", code)
+
+
+def make_job(grace: float = 4.0):
+    out, err = io.StringIO(), io.StringIO()
+    return Job(Output(stdout=out, stderr=err), grace=grace, kill_wait=2.0), out, err
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def test_prefixed_output_log_files_and_success(tmp_path):
+    out, err = io.StringIO(), io.StringIO()
+    job = Job(Output(str(tmp_path), out, err))
+    job.spawn(Command("worker 0", py("import sys; print('a'); print('b', file=sys.stderr); print('c')")))
+    job.spawn(Command("server 0", py("print('s')")))
+    assert supervise(job) == 0
+    assert sorted(out.getvalue().splitlines()) == ["[server 0] s", "[worker 0] a", "[worker 0] c"]
+    assert err.getvalue() == "[worker 0] b\n"
+    assert sorted((tmp_path / "worker-0.log").read_text().splitlines()) == ["a", "b", "c"]
+
+
+def test_first_failure_wins_and_the_rest_is_stopped():
+    job, _, _ = make_job()
+    sleeper = job.spawn(Command("server 0", py("import time; time.sleep(60)")))
+    job.spawn(Command("worker 1", py("import time; time.sleep(0.3); raise SystemExit(3)")))
+    job.spawn(Command("worker 0", py("import time; time.sleep(1.5); raise SystemExit(4)")))
+    t0 = time.monotonic()
+    assert supervise(job) == 3
+    assert time.monotonic() - t0 < 5
+    assert sleeper.code == 128 + 15 and not alive(sleeper.popen.pid)
+
+
+def test_stop_signal_term_then_kill():
+    job, _, _ = make_job(grace=0.5)
+    stubborn = job.spawn(Command("worker 0", py(
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
+        "time.sleep(60)")))
+    stop = StopSignal()
+    threading.Timer(0.5, stop.set, args=(2,)).start()
+    t0 = time.monotonic()
+    assert supervise(job, stop=stop) == 130
+    assert time.monotonic() - t0 < 4
+    assert stubborn.code == 128 + 9
+
+
+def test_leftover_child_in_the_group_is_swept():
+    job, out, _ = make_job()
+    proc = job.spawn(Command("worker 0", py(
+        "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "print(p.pid, flush=True)")))
+    assert supervise(job) == 0
+    child = int(out.getvalue().split()[-1])
+    assert poll_for(lambda: group_members([proc.pgid]) == {} and not alive(child), 2)
+
+
+def test_exit_marker_reports_a_task_status():
+    job, _, _ = make_job()
+    job.spawn(Command("mpirun workers", py(f"import sys, time; print('{EXIT_MARKER} 9', file=sys.stderr, "
+                                           "flush=True); time.sleep(60)"),
+                      label=lambda line: [("worker 2", line)]))
+    assert supervise(job) == 9
+
+
+def test_timeout():
+    job, _, _ = make_job()
+    job.spawn(Command("worker 0", py("import time; time.sleep(60)")))
+    assert supervise(job, timeout=0.5) == 124
+
+
+def spec(*argv):
+    s = parse_args(["-n", "2", "-s", "1", *argv], os.environ, python=PY)
+    return replace(s, server_command=py("import time; time.sleep(60)"))
+
+
+def test_run_with_stub_scheduler_scheduler_failure():
+    """The scheduler ends the job with an error while every process still runs: status 1."""
+    scheds = []
+
+    def factory(env):
+        scheds.append(StubScheduler(env))
+        threading.Timer(0.5, scheds[-1].finish, args=(1, "worker 1 died")).start()
+        return scheds[-1]
+    out, err = io.StringIO(), io.StringIO()
+    code = run(spec(*py("import time; time.sleep(60)")), scheduler_factory=factory, output=Output(None, out, err))
+    assert code == 1
+    assert "[launcher] scheduler: worker 1 died" in err.getvalue()
+    assert scheds[0].env["DMLC_ROLE"] == "scheduler" and scheds[0].env["DMLC_PS_ROOT_PORT"] == "0"
+    assert "[launcher] 1 server, 2 workers on 1 host; scheduler 127.0.0.1:45678" in out.getvalue()
+
+
+def test_run_with_stub_scheduler_success_and_env():
+    scheds = []
+
+    def factory(env):
+        scheds.append(StubScheduler(env))
+        return scheds[-1]
+    out, err = io.StringIO(), io.StringIO()
+    worker = py("import os; print(os.environ['DMLC_PS_ROOT_PORT'], os.environ['DMLC_RANK'], "
+                "os.environ.get('ONLY_S'))")
+    s = replace(spec("--env-server", "ONLY_S:1", *worker), server_command=py("print('server done')"))
+    threading.Timer(1.0, lambda: scheds[0].finish(0)).start()
+    assert run(s, scheduler_factory=factory, output=Output(None, out, err)) == 0
+    assert sorted(out.getvalue().splitlines()) == [
+        "[launcher] 1 server, 2 workers on 1 host; scheduler 127.0.0.1:45678",
+        "[server 0] server done", "[worker 0] 45678 0 None", "[worker 1] 45678 1 None"]
+
+
+def test_dry_run_starts_nothing():
+    out = io.StringIO()
+
+    def factory(env):
+        raise AssertionError("dry run started the scheduler")
+    assert run(spec("--dry-run", "python", "x.py"), scheduler_factory=factory, output=Output(None, out, out)) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "# 1 server, 2 workers on 1 host; scheduler 127.0.0.1:<port> (port chosen at start)"
+    assert [ln.split("] ")[0] + "]" for ln in lines[1:]] == ["[server 0]", "[worker 0]", "[worker 1]"]

@@ -1,0 +1,81 @@
+"""--launcher ssh against a real sshd listening on 127.0.0.1 and 127.0.0.2 (testinfra §2)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import time
+
+import pytest
+
+from .launch_util import PY, ROOT, marked_pids, poll_for, worker_cmd
+
+pytestmark = pytest.mark.launcher
+
+
+def ssh_env(sshd) -> dict:
+    # remote shells get no venv: PYTHONPATH is forwarded so that `import ps` works there
+    return {"PATH": sshd["PATH"], "PYTHONPATH": ROOT}
+
+
+def test_job_on_two_hosts_with_ports_and_quoted_env(launch, sshd):
+    value = "a b 'single' \"double\" $HOME `x` \\ ; |"
+    job = launch(["-n", "2", "-s", "2", "-H", f'{sshd["SSHD_DIR"]}/hosts',
+                  "--env", "PS_TEST_SHOW:TRICKY,DMLC_NODE_HOST,SRV_ONLY", "--env", f"TRICKY:{value}",
+                  "--env-server", "SRV_ONLY:1", *worker_cmd()], env=ssh_env(sshd))
+    assert job.wait(60) == 0, job.output
+    assert re.search(r"^\[launcher\] 2 servers, 2 workers on 2 hosts; scheduler 127\.0\.0\.1:\d+$",
+                     job.output, re.MULTILINE), job.output
+    # placement: servers first, process i on hosts[i % 2]: workers 0, 1 on 127.0.0.1, 127.0.0.2
+    for rank, host in ((0, "127.0.0.1"), (1, "127.0.0.2")):
+        assert job.worker_lines(rank) == [
+            f"[worker {rank}] env TRICKY={value!r}",
+            f"[worker {rank}] env DMLC_NODE_HOST='{host}'",
+            f"[worker {rank}] env SRV_ONLY=None",
+            f"[worker {rank}] rank={rank} sum=3.0 task={2 + rank}"], job.output
+    assert poll_for(lambda: not marked_pids(job.marker), 10)  # remote watchdogs end too
+
+
+def test_sigint_stops_remote_processes(launch, sshd):
+    job = launch(["-n", "2", "-s", "2", "-H", f'{sshd["SSHD_DIR"]}/hosts', "--env", "PS_TEST_HANG:1",
+                  *worker_cmd()], env=ssh_env(sshd))
+    job.wait_for(lambda j: j.ready() == 2)
+    pids = marked_pids(job.marker)
+    assert len(pids) >= 4  # servers and workers (plus their remote shells' watchdogs)
+    t0 = time.monotonic()
+    os.kill(job.proc.pid, signal.SIGINT)
+    assert job.wait(10) == 130, job.output
+    assert poll_for(lambda: not marked_pids(job.marker), 10 - (time.monotonic() - t0)), marked_pids(job.marker)
+
+
+def test_remote_failure_exit_status(launch, sshd):
+    job = launch(["-n", "2", "-s", "1", "-H", f'{sshd["SSHD_DIR"]}/hosts', "--env", "PS_TEST_FAIL:0:5",
+                  *worker_cmd()], env=ssh_env(sshd))
+    assert job.wait(30) == 5, job.output
+    assert "[launcher] worker 0 exited with status 5: stopping the job" in job.lines
+    assert poll_for(lambda: not marked_pids(job.marker), 10), marked_pids(job.marker)
+
+
+def test_sync_dst_dir_fewer_hosts_than_processes(launch, sshd, tmp_path):
+    """MXNet #17470: 2 hosts, 4 processes; one rsync per host, the job runs in the copy."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    shutil.copy(worker_cmd()[1], src / "train.py")
+    job = launch(["-n", "3", "-s", "1", "-H", f'{sshd["SSHD_DIR"]}/hosts', "--sync-dst-dir", str(dst),
+                  "-v", PY, "train.py"], env=ssh_env(sshd), cwd=str(src))
+    assert job.wait(60) == 0, job.output
+    assert (dst / "train.py").exists()
+    assert len(job.matching("[launcher] run: rsync ")) == 2, job.output
+    assert sorted(ln.split(" task=")[0] for ln in job.matching("[worker ")
+                  if " sum=" in ln) == [f"[worker {r}] rank={r} sum=6.0" for r in range(3)], job.output
+
+
+def test_remote_processes_stop_when_the_launcher_is_killed(launch, sshd):
+    """SIGKILL leaves the launcher no chance to clean up: the closed ssh connections do it."""
+    job = launch(["-n", "1", "-s", "1", "-H", f'{sshd["SSHD_DIR"]}/hosts', "--env", "PS_TEST_HANG:1",
+                  *worker_cmd()], env=ssh_env(sshd))
+    job.wait_for(lambda j: j.ready() == 1)
+    os.kill(job.proc.pid, signal.SIGKILL)
+    assert job.wait(10) == -signal.SIGKILL
+    assert poll_for(lambda: not marked_pids(job.marker), 10), marked_pids(job.marker)

@@ -97,6 +97,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         self._sent: dict[str, float] = {}
         self._defer = 0
         self._pending: list[tuple[Any, list]] = []
+        self._queued: list[tuple[Any, Any, Any]] = []
 
     # -- properties MXNet reads ------------------------------------------------------------
     @property
@@ -154,11 +155,10 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         """
         self._sync_optimizer_params()
         targets = value if out is None else out
-        handle = self._kv.pushpull(key, _numpy(value), out=_numpy(targets, write=True), block=False)
-        if self._defer:
-            self._pending.append((handle, [key, (value, targets)]))   # keeps the arrays alive
-        else:
-            handle.wait()
+        if self._defer:        # started when the step's loop ends, last parameter first
+            self._queued.append((key, value, targets))
+            return
+        self._kv.pushpull(key, _numpy(value), out=_numpy(targets, write=True), block=False).wait()
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> None:
         """Pull the dense value and keep the requested rows (ps stores dense values)."""
@@ -179,6 +179,13 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         finally:
             self._defer -= 1
             if not self._defer:
+                queued, self._queued = self._queued, []
+                # Gluon lists parameters input first, but backward finishes the last layers
+                # first: taking them in reverse, each waits only for its own gradient and its
+                # traffic overlaps the rest of the backward pass.
+                for key, value, targets in reversed(queued):
+                    handle = self._kv.pushpull(key, _numpy(value), out=_numpy(targets, write=True), block=False)
+                    self._pending.append((handle, [key, (value, targets)]))   # keeps the arrays alive
                 self._wait_pending()
 
     def _wait_pending(self) -> None:

@@ -28,6 +28,18 @@ FORMATION_GRACE = 3.0   # extra seconds a registered node waits for the schedule
 Handler = Callable[[Message], None]
 
 
+def _machine_id() -> str:
+    """Same host *and* same network namespace: only then may a peer's ipc:// twin replace
+    its tcp:// address (namespaced test hosts share a filesystem but not a network)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+        netns = os.readlink("/proc/self/ns/net")
+    except OSError:
+        return ""
+    return f"{socket.gethostname()}/{boot}/{netns}"
+
+
 class Postoffice:
     def __init__(self, config: Config, van: Van | None = None, clock: Callable[[], float] = time.monotonic):
         if config.is_scheduler:
@@ -105,6 +117,9 @@ class Postoffice:
         body = {"role": int(self.role), "host": host, "port": port, "addr": address,
                 "rank_hint": cfg.rank_hint, "pid": os.getpid(), "hostname": socket.gethostname(),
                 **(info or {})}
+        local = getattr(self.van, "local_address", None)
+        if local and self.role == Role.SERVER:
+            body["local"] = [local, _machine_id()]
         self.van.send(Message(Command.ADD_NODE, 0, SCHEDULER, body))
         if cfg.verbose:
             logger.info("%s bound %s, registering with the scheduler at %s",
@@ -145,13 +160,23 @@ class Postoffice:
         self.node_id = table["you"]
         self.rank = id_to_rank(self.node_id)
         self.sync = table.get("sync", True)
-        for node_id, role, rank, host, port, addr in table["nodes"]:
-            self.nodes[node_id] = dict(role=Role(role), rank=rank, host=host, port=port, addr=addr)
+        for node_id, role, rank, host, port, addr, *rest in table["nodes"]:
+            self.nodes[node_id] = dict(role=Role(role), rank=rank, host=host, port=port, addr=addr,
+                                       local=rest[0] if rest else None)
         self.server_ids = sorted(i for i, n in self.nodes.items() if n["role"] == Role.SERVER)
         self.worker_ids = sorted(i for i, n in self.nodes.items() if n["role"] == Role.WORKER)
         if self.role == Role.WORKER:
             for sid in self.server_ids:
-                self.van.connect(sid, self.nodes[sid]["addr"])
+                self.van.connect(sid, self._data_address(self.nodes[sid]))
+
+    @staticmethod
+    def _data_address(node: dict[str, Any]) -> str:
+        """The server's ipc:// twin when it runs on this machine (same boot, path visible), else its address."""
+        local = node.get("local")
+        if local and local[1] and node["addr"].startswith("tcp://") and local[1] == _machine_id() \
+                and os.path.exists(local[0][len("ipc://"):]):
+            return local[0]
+        return node["addr"]
 
     # -- messages from the van's I/O thread ---------------------------------------------
     def _on_message(self, msg: Message) -> None:

@@ -219,7 +219,7 @@ class Scheduler:
             for rank, info in enumerate(assign_ranks(members)):
                 info.update(rank=rank, last_seen=now)
                 self._nodes[to_id(rank)] = info
-        table = [[i, int(n["role"]), n["rank"], n["host"], n["port"], n["addr"]]
+        table = [[i, int(n["role"]), n["rank"], n["host"], n["port"], n["addr"], n.get("local")]
                  for i, n in sorted(self._nodes.items())]
         for node_id, info in self._nodes.items():
             self._send_to(node_id, Command.NODE_TABLE, {"you": node_id, "nodes": table, "sync": self._sync})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,8 @@ from .van import Van
 
 logger = logging.getLogger(__name__)
 
+PRUNE_AT = 16           # BufferGuard entries before finished ones are dropped
+SETTLE_WAIT = 0.005     # seconds busy() waits for lagging trackers before saying "busy"
 ZERO_COPY_MIN = 65536   # pyzmq copies smaller frames anyway: no need to track them
 
 
@@ -33,17 +36,31 @@ class BufferGuard:
         self._inflight: dict[int, list] = {}   # id(base) -> [base, tracker, ...]
 
     def mark(self, bases: list[np.ndarray], tracker: Any) -> None:
-        if len(self._inflight) > 256:
+        if len(self._inflight) > PRUNE_AT:    # entries pin their arrays: drop finished ones early
             for key in [k for k, v in self._inflight.items() if all(t.done for t in v[1:])]:
                 del self._inflight[key]
         for base in bases:
             self._inflight.setdefault(id(base), [base]).append(tracker)
 
-    def busy(self, array: np.ndarray) -> bool:
+    def busy(self, array: np.ndarray, wait: float = SETTLE_WAIT) -> bool:
+        """True while a zero-copy send may still read ``array``.
+
+        pyzmq marks a tracker done from its garbage-collector *thread*, which needs the GIL
+        this I/O thread holds, so trackers lag behind the real sends: wait for them briefly
+        (releasing the GIL) before answering True and making the caller copy a large array.
+        """
         entry = self._inflight.get(id(array))
         if entry is None:
             return False
         live = [t for t in entry[1:] if not t.done]
+        if live and wait > 0:
+            end = time.monotonic() + wait
+            for t in live:
+                try:
+                    t.wait(max(0.0, end - time.monotonic()))
+                except Exception:  # noqa: BLE001 - zmq.NotDone: still in flight
+                    break
+            live = [t for t in live if not t.done]
         if live:
             entry[1:] = live
             return True

@@ -34,8 +34,11 @@ class Reply(NamedTuple):
     data: np.ndarray | None
 
 
+SPARE_MAX_BYTES = 256 << 10   # keep a key's free merge buffer across rounds only up to this size
+
+
 class Round:
-    __slots__ = ("merged", "members", "received", "complete", "waiters", "pulls", "writes")
+    __slots__ = ("merged", "members", "received", "complete", "waiters", "pulls", "writes", "frames")
 
     def __init__(self) -> None:
         self.merged: np.ndarray | None = None
@@ -45,6 +48,7 @@ class Round:
         self.waiters: list[tuple[int, int, int]] = []   # (worker, ts, op) answered at close
         self.pulls: list[tuple[int, int, int]] = []     # deferred pulls
         self.writes: dict[int, int] = {}        # chunk offset -> pushes merged into it
+        self.frames: dict[int, list] = {}       # chunk offset -> received arrays not summed yet
 
 
 class KeyState:
@@ -150,7 +154,10 @@ class Store:
             return self._push_async(sender, entry, data, ks)
         ts, op, key, off, n = entry[:5]
         rnd = self._round_for(ks, sender, ts)
-        self._merge(ks, rnd, off, n, data)
+        if data.dtype == ks.value.dtype == ks.merge_dtype:
+            self._gather(ks, rnd, off, n, data)
+        else:
+            self._merge(ks, rnd, off, n, data)
         got = rnd.received.get(sender, 0) + n
         rnd.received[sender] = got
         if got < ks.total:
@@ -180,12 +187,42 @@ class Store:
         ks.rounds.append(rnd)
         return rnd
 
-    def _merge(self, ks: KeyState, rnd: Round, off: int, n: int, data: np.ndarray) -> None:
+    def _gather(self, ks: KeyState, rnd: Round, off: int, n: int, data: np.ndarray) -> None:
+        """Hold each worker's chunk (the received frame, no copy) until every worker sent it,
+        then sum them in one pass: into the value itself without an optimizer (every worker
+        is then a member of this round, so no pull can see the chunk early), else into the
+        round's merge buffer. No second full-size buffer is kept per key."""
+        pend = rnd.frames.get(off)
+        if pend is None:
+            pend = rnd.frames[off] = []
+        elif pend[0].size != n:
+            raise StoreError("ProtocolError", f"key {ks.key}: workers cut the value into different chunks")
+        pend.append(data)
+        if len(pend) < self.num_workers:
+            return
+        del rnd.frames[off]
+        if self.updater is None:
+            self._writable(ks)
+            dst = ks.value[off:off + n]
+        else:
+            dst = self._merge_buffer(ks, rnd)[off:off + n]
+        if len(pend) == 1:
+            np.copyto(dst, pend[0])
+            return
+        np.add(pend[0], pend[1], out=dst)
+        for more in pend[2:]:
+            np.add(dst, more, out=dst)
+
+    def _merge_buffer(self, ks: KeyState, rnd: Round) -> np.ndarray:
         if rnd.merged is None:
             spare, ks.spare = ks.spare, None
             if spare is None or self.busy(spare) or spare.dtype != ks.merge_dtype:
                 spare = np.empty(ks.total, ks.merge_dtype)
             rnd.merged = spare
+        return rnd.merged
+
+    def _merge(self, ks: KeyState, rnd: Round, off: int, n: int, data: np.ndarray) -> None:
+        self._merge_buffer(ks, rnd)
         dst = rnd.merged[off:off + n]
         if rnd.writes.get(off, 0):
             np.add(dst, data, out=dst, casting="unsafe")
@@ -206,17 +243,20 @@ class Store:
 
     def _apply_round(self, ks: KeyState, rnd: Round) -> None:
         merged = rnd.merged
+        if merged is None:                     # summed chunk by chunk into the value already
+            return
+        small = merged.nbytes <= SPARE_MAX_BYTES
         if self.updater is not None:
             self._writable(ks)
             self.updater(ks.key, merged, ks.value)
-            ks.spare = merged
+            ks.spare = merged if small else None
         elif merged.dtype == ks.value.dtype:
             old, ks.value = ks.value, merged   # MXNet assigns the round's sum
-            ks.spare = None if self.busy(old) else old
+            ks.spare = None if self.busy(old) or not small else old
         else:
             self._writable(ks)
             np.copyto(ks.value, merged, casting="unsafe")
-            ks.spare = merged
+            ks.spare = merged if small else None
 
     def _writable(self, ks: KeyState) -> None:
         """Copy-on-write: never change a value while a zero-copy reply still reads it."""
@@ -266,6 +306,8 @@ class Store:
         return replies
 
     def _fail_doomed(self, ks: KeyState) -> list[Reply]:
+        if not self.closed_workers:           # the common case, on every round close
+            return []
         replies: list[Reply] = []
         keep = []
         for rnd in ks.rounds:

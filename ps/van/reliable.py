@@ -64,6 +64,10 @@ class ReliableVan(Van):
     def endpoint(self, host: str, port: int) -> str:
         return self.inner.endpoint(host, port)
 
+    @property
+    def local_address(self) -> str | None:
+        return getattr(self.inner, "local_address", None)
+
     def start(self, on_message: OnMessage, host: str, port: int = 0,
               port_range: tuple[int, int] | None = None, name: str = "") -> str:
         self._deliver = on_message

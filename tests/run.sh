@@ -13,12 +13,15 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
       [ -n "$pkg" ] && ! dpkg -s "$pkg" >/dev/null 2>&1 && wanted+=("$pkg")
     done < tests/infra/apt-packages.txt
   fi
+  updated=""
   if [ ${#wanted[@]} -gt 0 ]; then
     echo "tests/run.sh: apt-get install ${wanted[*]}"
-    apt-get update -qq
+    apt-get update -qq && updated=1
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${wanted[@]}" >/dev/null
   fi
-  if [ -x tests/infra/sge_install.sh ] && ! [ -x /usr/sbin/sge_qmaster ]; then
+  if [ -f tests/infra/sge_install.sh ] && ! [ -x /usr/sbin/sge_qmaster ]; then
+    echo "tests/run.sh: installing gridengine (tests/infra/sge_install.sh)"
+    [ -n "$updated" ] || apt-get update -qq
     bash tests/infra/sge_install.sh >/dev/null
   fi
 fi

@@ -76,7 +76,6 @@ class KVStore:
         self._po.add_failure_listener(self._customer.fail_all)
         self._keys: dict[Any, KeyInfo] = {}
         self._key_kind: type | None = None
-        self._has_optimizer = False
         self._compression: dict[str, Any] | None = None
         self._residuals: dict[int, np.ndarray] = {}
         self._closed = False
@@ -299,7 +298,6 @@ class KVStore:
         if self.rank == 0:
             self._worker.command("set_optimizer", {"spec": spec})
         self._po.barrier("workers", what="every worker to set the optimizer")
-        self._has_optimizer = True
 
     def _set_pickled_optimizer(self, payload: bytes, signature: bytes) -> None:
         """Collective, opt-in (PS_ALLOW_PICKLE on the servers): see ps/_pickled.py."""
@@ -307,7 +305,6 @@ class KVStore:
         if self.rank == 0:
             self._worker.command("set_optimizer_pickle", {"payload": payload, "signature": signature})
         self._po.barrier("workers", what="every worker to set the optimizer")
-        self._has_optimizer = True
 
     def set_gradient_compression(self, params: dict[str, Any]) -> None:
         """Collective: compress pushes of float32 keys (``{'type': '2bit', 'threshold': 0.5}``

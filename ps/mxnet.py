@@ -96,7 +96,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         self._optimizer: Any = None
         self._sent: dict[str, float] = {}
         self._defer = 0
-        self._pending: list[tuple[Any, list]] = []
+        self._pending: list[tuple[Any, Any]] = []   # (handle, the arrays it reads/writes: kept alive)
         self._queued: list[tuple[Any, Any, Any]] = []
 
     # -- properties MXNet reads ------------------------------------------------------------
@@ -129,18 +129,15 @@ class PSKVStore(mx.kvstore.KVStoreBase):
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
         self._sync_optimizer_params()
         self._reap()
-        self._pending.append((self._kv.push(key, _numpy(value)), [None, value]))   # keeps value alive
+        self._pending.append((self._kv.push(key, _numpy(value)), value))
 
     def _reap(self) -> None:
         """Surface errors of finished pushes without waiting for the others."""
-        if any(h.done for h, _ in self._pending):
-            keep = []
-            for handle, target in self._pending:
-                if handle.done and target[0] is None:
-                    handle.wait()
-                else:
-                    keep.append((handle, target))
-            self._pending = keep
+        done = [entry for entry in self._pending if entry[0].done]
+        if done:
+            self._pending = [entry for entry in self._pending if not entry[0].done]
+            for handle, _ in done:
+                handle.wait()
 
     def pull(self, key: Any, out: Any = None, priority: int = 0, ignore_sparse: bool = True) -> None:
         if out is None:
@@ -185,7 +182,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
                 # traffic overlaps the rest of the backward pass.
                 for key, value, targets in reversed(queued):
                     handle = self._kv.pushpull(key, _numpy(value), out=_numpy(targets, write=True), block=False)
-                    self._pending.append((handle, [key, (value, targets)]))   # keeps the arrays alive
+                    self._pending.append((handle, (value, targets)))
                 self._wait_pending()
 
     def _wait_pending(self) -> None:

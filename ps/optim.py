@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -596,5 +595,3 @@ class Updater:
         self.states = {int(k): _unpack(s) for k, s in saved["states"]}
         self._loaded = set(self.states)
 
-
-UpdateFn = Callable[[int, np.ndarray, np.ndarray], None]

@@ -96,9 +96,7 @@ class Postoffice:
         return drop
 
     def _on_peer_lost(self, peer: Any, msg: Message, waited: float) -> None:
-        name = node_name(peer) if isinstance(peer, int) and peer else "a peer"
-        if msg.recver:
-            name = node_name(msg.recver)
+        name = node_name(msg.recver) if msg.recver else "a peer"      # recver is set on every send
         self.fail(PeerLostError(f"{name} did not acknowledge {msg!r} within {waited:.1f}s of resends "
                                 "(PS_RESEND); it is presumed dead", name))
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -95,3 +96,23 @@ def wait_for(pred, timeout: float = 10.0, interval: float = 0.05, what: str = "c
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def read_until(proc: subprocess.Popen, pred, timeout: float, what: str) -> str:
+    """Read ``proc``'s stdout line by line until ``pred(line)``, never blocking past the
+    deadline (``readline`` would). Reads the raw fd, so ``communicate`` later gets the rest."""
+    fd, buf, end = proc.stdout.fileno(), b"", time.monotonic() + timeout
+    while True:
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            text = line.decode(errors="replace")
+            if pred(text):
+                return text
+        left = end - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        if select.select([fd], [], [], min(left, 0.5))[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise AssertionError(f"the process ended before {what}")
+            buf += chunk

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.conftest import cluster_env, wait_for
+from tests.conftest import cluster_env, read_until, wait_for
 
 SCRIPT = "tests/integration/fault_worker.py"
 
@@ -47,8 +47,7 @@ def test_killed_node_is_reported_and_everyone_exits(procs, port, victim):
     others, workers = start(procs, env, "long")
     survivor = workers[0]
     target = workers[1] if victim == "worker" else others[1]
-    wait_for(lambda: any(x["event"] == "started" for x in map(json.loads, [survivor.stdout.readline()])),
-             timeout=30, what="the job to start")
+    read_until(survivor, lambda line: '"started"' in line, timeout=30, what="the job to start")
     killed_at = time.time()
     os.kill(target.pid, signal.SIGKILL)
     code, out, err = procs.finish(survivor, timeout=timeout + 20)
@@ -99,16 +98,11 @@ def test_killed_worker_through_the_launcher_ends_the_job(procs):
     env = cluster_env(0)
     launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local",
                             PYTHON, SCRIPT, "long"], env)
-    port, victim = None, None
-    deadline = time.time() + 60
-    while victim is None and time.time() < deadline:
-        line = launcher.stdout.readline()
-        assert line, "the launcher ended before the job started"
-        m = re.search(r"scheduler [\d.]+:(\d+)", line)
-        port = int(m.group(1)) if m else port
-        if line.startswith("[worker 1]") and '"started"' in line:
-            victim = json.loads(line.split("] ", 1)[1])["pid"]
-    assert port and victim, "never saw the job start"
+    port = int(re.search(r"scheduler [\d.]+:(\d+)",
+                         read_until(launcher, lambda line: "scheduler " in line, 60, "the summary line")).group(1))
+    started = read_until(launcher, lambda line: line.startswith("[worker 1]") and '"started"' in line, 60,
+                         "worker 1 to start")
+    victim = json.loads(started.split("] ", 1)[1])["pid"]
     assert len(job_processes(port)) >= 4
     os.kill(victim, signal.SIGKILL)
     code, out, err = procs.finish(launcher, timeout=40)

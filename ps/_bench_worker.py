@@ -182,7 +182,7 @@ def main(argv: list[str]) -> int:
             if op == "run":
                 result = run_case(driver, cmd)
             elif op == "gluon":
-                result = driver.run(int(cmd["steps"]), int(cmd.get("warmup", 3)))
+                result = driver.run(int(cmd["steps"]), int(cmd.get("warmup", 3)), cmd.get("sync", "loss"))
             elif op == "stats":
                 result = {"servers": driver.stats() if hasattr(driver, "stats") and spec["impl"] == "ps" else {}}
             else:

@@ -66,6 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also time Gluon training steps (at W2 S2 if that is a config, else the first one)")
     p.add_argument("--gluon-only", action="store_true", help="only the Gluon benchmark")
     p.add_argument("--gluon-models", default="mlp,conv", help="mlp, conv (default both)")
+    p.add_argument("--gluon-sync", choices=("loss", "all"), default="loss",
+                   help="after each Gluon step wait for its loss (default; a training loop's metric) "
+                        "or for everything (mx.nd.waitall(): no overlap across steps)")
     p.add_argument("--gluon-steps", type=int, default=20, help="timed Gluon steps per repetition (default 20)")
     p.add_argument("--csv", metavar="FILE", help="write every repetition and the medians here")
     p.add_argument("--plot", metavar="FILE.png", help="chart: throughput vs size, scaling vs workers, speedups")
@@ -292,18 +295,19 @@ def run_gluon(w: int, s: int, args: argparse.Namespace, progress: Progress, rows
         clusters = start_clusters(impls, w, s, spec, args)
         try:
             pids = [p for c in clusters.values() for p in c.pids]
-            case = {"name": f"gluon-{model}", "keys": 0, "key_bytes": 0, "round_bytes": 0}
-            cmd = {"op": "gluon", "steps": args.gluon_steps, "warmup": 3}
+            name = f"gluon-{model}" + ("-waitall" if args.gluon_sync == "all" else "")
+            case = {"name": name, "keys": 0, "key_bytes": 0, "round_bytes": 0}
+            cmd = {"op": "gluon", "steps": args.gluon_steps, "warmup": 3, "sync": args.gluon_sync}
             params = 0
             for rep in range(args.reps):
                 order = impls if rep % 2 == 0 else impls[::-1]
                 for impl, (answers, busy, foreign) in measure(clusters, order, cmd, args, pids).items():
                     rows.append(report.rep_row(impl, w, s, case, rep, answers, busy, foreign))
                     params = answers[0]["params"]
-                progress.step(f"W{w}S{s} gluon-{model} rep {rep + 1}/{args.reps}")
+                progress.step(f"W{w}S{s} {name} rep {rep + 1}/{args.reps}")
             for c in clusters.values():   # SGD momentum: one state array per parameter
                 stats = c.command({"op": "stats"}, ranks=[0])[0]["servers"] if c.kind == "ps" else {}
-                rows += memory_rows(c, stats, {}, w, s, f"gluon-{model}", True,
+                rows += memory_rows(c, stats, {}, w, s, name, True,
                                     stored_total=params * 4 if c.kind == "ps" else None)
         except BaseException:
             _kill(clusters)

@@ -120,6 +120,9 @@ VARIABLES: tuple[Var, ...] = (
         "file holding a shared secret: authenticate and encrypt all traffic (CURVE)"),
     Var("PS_ALLOW_PICKLE", "allow_pickle", _bool, False,
         "1: a server accepts a pickled MXNet optimizer (trusted clusters only)"),
+    Var("PS_MXNET_ENGINE", "mxnet_engine", _bool, True,
+        "ps.mxnet: 1 runs a pushpull of one CPU array as an MXNet engine operation (overlaps "
+        "with compute, like MXNet's own kvstore); 0: calls wait for their replies"),
     Var("MXNET_KVSTORE_BIGARRAY_BOUND", "bigarray_bound", lambda n, r: _int(n, r, 1), 1_000_000,
         "arrays with at least this many elements are split across all servers"),
     Var("MXNET_KVSTORE_REDUCTION_NTHREADS", "reduction_nthreads", lambda n, r: _int(n, r, 1), 4,
@@ -158,6 +161,7 @@ class Config:
     request_timeout: float = 0.0
     secret_file: str | None = None
     allow_pickle: bool = False
+    mxnet_engine: bool = True
     bigarray_bound: int = 1_000_000
     reduction_nthreads: int = 4
 

@@ -6,6 +6,7 @@ the caller's array); the caller's thread only waits on an Event.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from typing import Any, Callable
 
@@ -15,9 +16,11 @@ from ._timing import Deadline
 from .errors import PeerLostError, PSError, PSTimeoutError, RemoteError
 from .message import Message, Op, node_name
 
+logger = logging.getLogger(__name__)
+
 
 class Request:
-    __slots__ = ("ts", "remaining", "out", "starts", "error", "event", "what", "pending")
+    __slots__ = ("ts", "remaining", "out", "starts", "error", "event", "what", "pending", "callbacks")
 
     def __init__(self, ts: int, remaining: int, out: np.ndarray | None, starts: dict[int, int], what: str):
         self.ts = ts
@@ -28,6 +31,7 @@ class Request:
         self.event = threading.Event()
         self.what = what
         self.pending = set(starts)          # servers that have not finished answering
+        self.callbacks: list[Callable[[Request], None]] | None = None
 
     def wait(self, deadline: Deadline, failure: Callable[[], PSError | None]) -> None:
         while not self.event.wait(deadline.remaining(0.5)):
@@ -57,6 +61,16 @@ class Customer:
                 raise self.failure
             self._requests[req.ts] = req
         return req
+
+    def when_done(self, req: Request, fn: Callable[[Request], None]) -> None:
+        """Call ``fn(req)`` once ``req`` has finished (now, if it has already)."""
+        with self._lock:
+            if req.ts in self._requests:
+                if req.callbacks is None:
+                    req.callbacks = []
+                req.callbacks.append(fn)
+                return
+        fn(req)
 
     def pending(self) -> list[Request]:
         with self._lock:
@@ -91,23 +105,40 @@ class Customer:
     def _finish(self, req: Request) -> None:
         with self._lock:
             self._requests.pop(req.ts, None)
+            callbacks, req.callbacks = req.callbacks, None
         req.event.set()
+        _run_callbacks(req, callbacks)
 
     def fail_all(self, exc: PSError) -> None:
         with self._lock:
             self.failure = exc
             requests, self._requests = list(self._requests.values()), {}
+            callbacks = [(req, req.callbacks) for req in requests]
+            for req in requests:
+                req.callbacks = None
         for req in requests:
             req.error = exc
             req.event.set()
+        for req, fns in callbacks:
+            _run_callbacks(req, fns)
+
+
+def _run_callbacks(req: Request, callbacks: list[Callable[[Request], None]] | None) -> None:
+    for fn in callbacks or ():
+        try:
+            fn(req)
+        except Exception:           # on the I/O thread: log, never stop it
+            logger.exception("callback of %s failed", req.what)
 
 
 class Handle:
     """The future of a non-blocking call: ``wait()`` returns its result or raises."""
 
     def __init__(self, requests: list[Request], finalize: Callable[[], Any],
-                 default_timeout: float, failure: Callable[[], PSError | None]):
+                 default_timeout: float, failure: Callable[[], PSError | None],
+                 customer: Customer | None = None):
         self._requests = requests
+        self._customer = customer
         self._finalize = finalize
         self._timeout = default_timeout
         self._failure = failure
@@ -117,6 +148,25 @@ class Handle:
     @property
     def done(self) -> bool:
         return self._done or all(r.event.is_set() for r in self._requests)
+
+    def add_done_callback(self, fn: Callable[[Handle], None]) -> None:
+        """Call ``fn(handle)`` once every reply arrived (or the call failed), usually on the
+        I/O thread; ``handle.wait()`` inside it returns at once (or raises the error)."""
+        if self._customer is None:
+            raise ValueError("this handle cannot take callbacks")
+        left = [len(self._requests)]
+        lock = threading.Lock()
+
+        def one(_req: Request) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                fn(self)
+        if not self._requests:
+            fn(self)
+        for req in self._requests:
+            self._customer.when_done(req, one)
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until every reply arrived (``timeout`` s, default PS_REQUEST_TIMEOUT)."""

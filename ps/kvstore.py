@@ -272,7 +272,7 @@ class KVStore:
     def _finish(self, requests: list[Request], finalize: Any, block: bool) -> Any:
         """Blocking calls send now; non-blocking ones leave with the I/O thread's next
         flush, together with whatever else was issued meanwhile."""
-        handle = Handle(requests, finalize, self._timeout, lambda: self._po.failure)
+        handle = Handle(requests, finalize, self._timeout, lambda: self._po.failure, self._customer)
         if not block:
             return handle
         self._worker.flush()

@@ -22,6 +22,7 @@ if role_from_env() != "worker":        # must happen before anything imports mxn
 import contextlib  # noqa: E402
 import ctypes  # noqa: E402
 import logging  # noqa: E402
+import threading  # noqa: E402
 import types  # noqa: E402
 from typing import Any, Iterator  # noqa: E402
 
@@ -29,6 +30,8 @@ import msgpack  # noqa: E402
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from ._mxengine import Engine  # noqa: E402
+from ._timing import Deadline  # noqa: E402
 from .kvstore import KVStore  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -58,18 +61,21 @@ def _numpy(value: Any, write: bool = False) -> Any:
     return view if view is not None else value.asnumpy()
 
 
-def _view(nd: Any, write: bool) -> np.ndarray | None:
-    """A numpy array over a dense CPU NDArray's own memory (no copy), once MXNet's engine
-    has finished every pending operation on it; None where that is not possible.
+def _view(nd: Any, write: bool, wait: bool = True) -> np.ndarray | None:
+    """A numpy array over a dense CPU NDArray's own memory (no copy); None where that is not
+    possible. With ``wait`` it is usable at once: MXNet's engine has finished every pending
+    operation on ``nd``. Without, only an engine operation that depends on ``nd`` may use it.
 
     The caller keeps ``nd`` alive while the view is in use and issues no MXNet op on it
     meanwhile: inside a Trainer step nothing else touches parameters or gradients.
     """
-    if getattr(nd, "stype", "default") != "default" or nd.context.device_type != "cpu":
+    if not _dense_cpu(nd):
         return None
     from mxnet.base import _LIB, check_call
-    check_call((_LIB.MXNDArrayWaitToWrite if write else _LIB.MXNDArrayWaitToRead)(nd.handle))
+    if wait:
+        check_call((_LIB.MXNDArrayWaitToWrite if write else _LIB.MXNDArrayWaitToRead)(nd.handle))
     ptr = ctypes.c_void_p()
+    # For an array in an MKL-DNN layout this first converts it to the default one (and waits).
     check_call(_LIB.MXNDArrayGetData(nd.handle, ctypes.byref(ptr)))
     dtype = np.dtype(nd.dtype)
     if not ptr.value or not nd.size:
@@ -79,6 +85,18 @@ def _view(nd: Any, write: bool) -> np.ndarray | None:
     if not write:
         view.flags.writeable = False
     return view
+
+
+def _dense_cpu(nd: Any) -> bool:
+    return (hasattr(nd, "handle") and getattr(nd, "stype", "default") == "default"
+            and nd.context.device_type == "cpu")
+
+
+def _single(value: Any) -> Any:
+    """The one NDArray of ``value`` (itself or a one-element list), else None."""
+    if isinstance(value, (list, tuple)):
+        return value[0] if len(value) == 1 else None
+    return value
 
 
 def _as_list(value: Any) -> list:
@@ -98,6 +116,11 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         self._defer = 0
         self._pending: list[tuple[Any, Any]] = []   # (handle, the arrays it reads/writes: kept alive)
         self._queued: list[tuple[Any, Any, Any]] = []
+        self._engine = _engine(self._kv)
+        self._in_engine = 0                  # pushpulls handed to MXNet's engine, not finished
+        self._engine_ops = 0                 # how many were (tests, stats)
+        self._engine_idle = threading.Condition()
+        self._async_errors: list[BaseException] = []
 
     # -- properties MXNet reads ------------------------------------------------------------
     @property
@@ -120,6 +143,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
 
     # -- data ------------------------------------------------------------------------------
     def init(self, key: Any, value: Any) -> None:
+        self._settle()
         self._kv.init(key, _first(_numpy(value), key))
 
     def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> None:
@@ -127,6 +151,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         self.pull(key, out=out, priority=priority)
 
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
+        self._settle()
         self._sync_optimizer_params()
         self._reap()
         self._pending.append((self._kv.push(key, _numpy(value)), value))
@@ -142,16 +167,22 @@ class PSKVStore(mx.kvstore.KVStoreBase):
     def pull(self, key: Any, out: Any = None, priority: int = 0, ignore_sparse: bool = True) -> None:
         if out is None:
             raise ValueError(f"pull of key {key!r} needs out=")
+        self._settle()
         self._kv.pull(key, out=_numpy(out, write=True))
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
         """Push gradients, write the new values into ``out`` (into ``value`` if None).
 
         Values go out of, and come back into, the NDArrays' own memory (no copies):
-        in sync mode a reply only comes after the server has all of this push.
+        in sync mode a reply only comes after the server has all of this push. For one
+        dense CPU array it runs as an operation of MXNet's engine (see ``_engine_pushpull``).
         """
+        self._raise_async_error()
         self._sync_optimizer_params()
         targets = value if out is None else out
+        if self._engine is not None and self._engine_pushpull(key, value, targets, priority):
+            return
+        self._settle()
         if self._defer:        # started when the step's loop ends, last parameter first
             self._queued.append((key, value, targets))
             return
@@ -166,6 +197,73 @@ class PSKVStore(mx.kvstore.KVStoreBase):
                                                                isinstance(row_ids, (list, tuple)) else 1)):
             full = mx.nd.array(dense, dtype=o.dtype).tostype("row_sparse")
             mx.nd.sparse.retain(full, rid).copyto(o)
+
+    def _engine_pushpull(self, key: Any, value: Any, targets: Any, priority: int) -> bool:
+        """Hand the pushpull to MXNet's engine, as MXNet's own dist kvstore does: it starts
+        when backward has written the gradient, and the next forward waits only for the
+        weights it reads, so traffic overlaps computation on both sides of a step.
+        False (nothing done) where this does not apply: the caller takes the plain path."""
+        src, dst = _single(value), _single(targets)
+        if isinstance(key, (list, tuple)) or src is None or dst is None:
+            return False
+        info = self._kv._keys.get(key)
+        if info is None or not (_dense_cpu(src) and _dense_cpu(dst)):
+            return False
+        if any(tuple(a.shape) != info.shape or np.dtype(a.dtype) != info.dtype for a in (src, dst)):
+            return False                     # the plain path raises the error naming them
+        grad, weight = _view(src, write=False, wait=False), _view(dst, write=True, wait=False)
+        if grad is None or weight is None:
+            return False
+        kv, errors = self._kv, self._async_errors
+
+        def start(done: Any) -> None:        # on an engine thread, gradient written
+            def finished(handle: Any) -> None:
+                try:
+                    handle.wait()
+                except BaseException as exc:   # raised by this store's next call
+                    errors.append(exc)
+                finally:
+                    self._engine_done()
+                    done()
+            try:
+                kv.pushpull(key, grad, out=weight, block=False).add_done_callback(finished)
+            except BaseException as exc:
+                errors.append(exc)
+                self._engine_done()
+                done()
+
+        with self._engine_idle:
+            self._in_engine += 1
+            self._engine_ops += 1
+        try:
+            self._engine.push(start, [] if src is dst else [src], [dst], priority)
+        except BaseException:
+            self._engine_done()
+            raise
+        return True
+
+    def _engine_done(self) -> None:
+        with self._engine_idle:
+            self._in_engine -= 1
+            if not self._in_engine:
+                self._engine_idle.notify_all()
+
+    def _settle(self) -> None:
+        """Before any call outside the engine: let the engine's pushpulls finish (they may
+        still wait for a gradient), so requests reach the servers in program order."""
+        if self._in_engine:
+            deadline = Deadline(self._kv._timeout or None)
+            with self._engine_idle:
+                while self._in_engine:
+                    self._engine_idle.wait(deadline.remaining(0.5))
+                    deadline.check(f"{self._in_engine} pushpulls queued in MXNet's engine to finish")
+        self._raise_async_error()
+
+    def _raise_async_error(self) -> None:
+        if self._async_errors:
+            exc = self._async_errors[0]
+            self._async_errors.clear()
+            raise exc
 
     @contextlib.contextmanager
     def _deferred(self) -> Iterator[None]:
@@ -241,6 +339,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         if opt.rescale_grad != self._sent.get("rescale_grad"):
             changed["rescale_grad"] = self._sent["rescale_grad"] = opt.rescale_grad
         if changed:
+            self._settle()        # earlier steps' pushes still use the old values
             self._kv._server_command("set_params", changed)
 
     def set_gradient_compression(self, compression_params: dict[str, Any]) -> None:
@@ -248,6 +347,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Save the servers' optimizer states (MXNet 1.9 raises here for dist stores)."""
+        self._settle()
         self._wait_pending()
         states = self._kv._server_command("get_states")
         blob = {"format": STATES_FORMAT, "version": 1, "num_servers": self._kv.num_servers,
@@ -256,6 +356,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
             f.write(msgpack.packb(blob, use_bin_type=True))
 
     def load_optimizer_states(self, fname: str) -> None:
+        self._settle()
         with open(fname, "rb") as f:
             blob = msgpack.unpackb(f.read(), raw=False)
         if not isinstance(blob, dict) or blob.get("format") != STATES_FORMAT:
@@ -267,11 +368,23 @@ class PSKVStore(mx.kvstore.KVStoreBase):
             self._kv._worker.command("set_states", {"states": data}, servers=[int(sid)])
 
     def _barrier(self) -> None:
+        self._settle()
         self._wait_pending()
         self._kv.barrier()
 
     def close(self) -> None:
-        self._kv.close()
+        try:
+            self._settle()
+        finally:
+            self._kv.close()
+
+
+def _engine(kv: KVStore) -> Engine | None:
+    """PS_MXNET_ENGINE=0 keeps every call outside MXNet's engine (the step then waits for
+    its last reply); so does MXNet's naive engine."""
+    if not kv._po.config.mxnet_engine or not Engine.available():
+        return None
+    return Engine()
 
 
 def _first(value: Any, key: Any) -> Any:

@@ -7,6 +7,8 @@ Interface used by the server (``ps/store.py``)::
 
     updater = Updater(from_spec(spec))
     updater(key, grad, weight)     # flat 1-D numpy arrays; updates ``weight`` in place
+    # or, for elementwise optimizers, one update in slices (see Updater):
+    updater.begin(key, weight); updater.update_chunk(key, off, grad_chunk, weight)
 
 Each update redoes the arithmetic of the MXNet kernel that MXNet's own ``get_updater``
 runs: hyper-parameters turned into numbers as MXNet's op parser does, then the same
@@ -54,6 +56,11 @@ class Optimizer:
     """
 
     _hyper: tuple[str, ...] = ()  # subclass parameters, spec names = attribute names
+    # True when element i of the new weight and states depends only on element i of the
+    # weight, gradient and states (given lr, wd and the update count): the server may then
+    # update each chunk as soon as its gradient is summed (Updater.begin/update_chunk)
+    # instead of keeping a full-size sum per key.
+    elementwise = False
 
     def __init__(self, learning_rate: float | None = None, wd: float = 0.0, rescale_grad: float = 1.0,
                  clip_gradient: float | None = None, lr_mult: dict | None = None,
@@ -156,18 +163,33 @@ class Optimizer:
         return self.create_state(key, weight)
 
     def update(self, key: int, weight: np.ndarray, grad: np.ndarray, state: Any) -> None:
-        self._update_count(key)
-        grad = grad.astype(weight.dtype, copy=False)  # kernels compute in the weight's dtype
-        self._step(key, weight, grad, state, self._get_lr(key), self._get_wd(key))
+        self.step(key, weight, grad, state, *self.begin_update(key))
 
     def update_multi_precision(self, key: int, weight: np.ndarray, grad: np.ndarray, state: Any) -> None:
+        self.step_multi_precision(key, weight, grad, state, *self.begin_update(key))
+
+    def begin_update(self, key: int) -> tuple[float, float]:
+        """Count one update of ``key`` and return its ``(lr, wd)``.
+
+        Split from the arithmetic so that an update applied slice by slice counts once and
+        uses one lr: the count moves the lr schedule and Adam's bias correction.
+        """
+        self._update_count(key)
+        return self._get_lr(key), self._get_wd(key)
+
+    def step(self, key: int, weight: np.ndarray, grad: np.ndarray, state: Any, lr: float, wd: float) -> None:
+        grad = grad.astype(weight.dtype, copy=False)  # kernels compute in the weight's dtype
+        self._step(key, weight, grad, state, lr, wd)
+
+    def step_multi_precision(self, key: int, weight: np.ndarray, grad: np.ndarray, state: Any,
+                             lr: float, wd: float) -> None:
         """Update the fp32 master with an fp32 copy of the gradient, then round it into the weight."""
         if self.multi_precision and weight.dtype == np.float16:
             master, inner = state
-            self.update(key, master, grad.astype(np.float32), inner)
+            self.step(key, master, grad.astype(np.float32), inner, lr, wd)
             np.copyto(weight, master, casting="same_kind")
         else:
-            self.update(key, weight, grad, state)
+            self.step(key, weight, grad, state, lr, wd)
 
     def _step(self, key: int, w: np.ndarray, g: np.ndarray, state: Any, lr: float, wd: float) -> None:
         raise NotImplementedError
@@ -177,6 +199,7 @@ class Optimizer:
 class SGD(Optimizer):
     """SGD with optional momentum: MXNet's ``multi_sgd[_mom]_update`` kernel, which its updater runs."""
 
+    elementwise = True
     _hyper = ("momentum", "lazy_update")  # lazy_update only matters for row-sparse grads
 
     def __init__(self, momentum: float = 0.0, lazy_update: bool = True, **kwargs: Any):
@@ -229,6 +252,7 @@ class NAG(Optimizer):
     ps does the same.
     """
 
+    elementwise = True
     _hyper = ("momentum",)
 
     def __init__(self, momentum: float = 0.0, **kwargs: Any):
@@ -255,6 +279,7 @@ class NAG(Optimizer):
 class Adam(Optimizer):
     """Adam (``adam_update``), bias correction folded into the lr as MXNet does."""
 
+    elementwise = True
     _hyper = ("beta1", "beta2", "epsilon", "lazy_update")
 
     def __init__(self, learning_rate: float | None = 0.001, beta1: float = 0.9, beta2: float = 0.999,
@@ -282,6 +307,7 @@ class Adam(Optimizer):
 class AdaGrad(Optimizer):
     """AdaGrad; MXNet writes it with NDArray ops, so scalars are doubles and clipping always applies."""
 
+    elementwise = True
     _hyper = ("eps",)
 
     def __init__(self, eps: float = 1e-7, **kwargs: Any):
@@ -303,6 +329,7 @@ class AdaGrad(Optimizer):
 class RMSProp(Optimizer):
     """RMSProp: Tieleman & Hinton (``rmsprop_update``) or Graves' centered (``rmspropalex_update``)."""
 
+    elementwise = True
     _hyper = ("gamma1", "gamma2", "epsilon", "centered", "clip_weights")
 
     def __init__(self, learning_rate: float | None = 0.001, gamma1: float = 0.9, gamma2: float = 0.9,
@@ -338,6 +365,7 @@ class RMSProp(Optimizer):
 class AdaDelta(Optimizer):
     """AdaDelta (NDArray ops in MXNet, like AdaGrad; no learning rate involved)."""
 
+    elementwise = True
     _hyper = ("rho", "epsilon")
 
     def __init__(self, rho: float = 0.90, epsilon: float = 1e-5, **kwargs: Any):
@@ -364,6 +392,7 @@ class AdaDelta(Optimizer):
 class Signum(Optimizer):
     """Signum (``signum_update``) or, without momentum, signSGD (``signsgd_update``)."""
 
+    elementwise = True
     _hyper = ("momentum", "wd_lh")
 
     def __init__(self, learning_rate: float | None = 0.01, momentum: float = 0.9, wd_lh: float = 0.0,
@@ -391,6 +420,7 @@ class Signum(Optimizer):
 class Ftrl(Optimizer):
     """FTRL-proximal (``ftrl_update``); state is ``(z, n)`` as in MXNet."""
 
+    elementwise = True
     _hyper = ("lamda1", "beta")
 
     def __init__(self, lamda1: float = 0.01, learning_rate: float | None = 0.1, beta: float = 1,
@@ -423,6 +453,7 @@ class LAMB(Optimizer):
     parameter that was split across servers -- exactly what an MXNet server does.
     """
 
+    elementwise = False   # the trust ratio takes norms over the whole array
     _hyper = ("beta1", "beta2", "epsilon", "lower_bound", "upper_bound", "bias_correction")
 
     def __init__(self, learning_rate: float | None = 0.001, beta1: float = 0.9, beta2: float = 0.999,
@@ -521,20 +552,57 @@ def _layout(state: Any) -> Any:
     return tuple(_layout(s) for s in state)
 
 
+def _slice(state: Any, off: int, n: int) -> Any:
+    if state is None or isinstance(state, np.ndarray):
+        return None if state is None else state[off:off + n]
+    return tuple(_slice(s, off, n) for s in state)
+
+
 class Updater:
-    """Applies one optimizer to many keys, keeping a state per key (MXNet ``get_updater``)."""
+    """Applies one optimizer to many keys, keeping a state per key (MXNet ``get_updater``).
+
+    ``updater(key, grad, weight)`` is one whole update. For an :attr:`elementwise`
+    optimizer the same update can also be done in pieces, which is how a server avoids a
+    full-size gradient sum::
+
+        updater.begin(key, weight)                    # counts the update, fixes lr and wd
+        updater.update_chunk(key, off, grad_chunk, weight)   # any order, each slice once
+
+    and gives bit-identical results.
+    """
 
     def __init__(self, optimizer: Optimizer):
         self.optimizer = optimizer
         self.states: dict[int, Any] = {}
         self._loaded: set[int] = set()  # keys whose state came from set_states, checked on first use
+        self._lr_wd: dict[int, tuple[float, float]] = {}   # key -> (lr, wd) of its update in pieces
+
+    @property
+    def elementwise(self) -> bool:
+        return self.optimizer.elementwise
 
     def __call__(self, key: int, grad: np.ndarray, weight: np.ndarray) -> None:
+        self.optimizer.update_multi_precision(key, weight, grad, self._state(key, weight))
+
+    def begin(self, key: int, weight: np.ndarray) -> None:
+        """Start one update of ``key`` (the full ``weight``), to be done by :meth:`update_chunk`."""
+        if not self.optimizer.elementwise:
+            raise TypeError(f"{type(self.optimizer).__name__} is not elementwise: it cannot update in chunks")
+        self._state(key, weight)
+        self._lr_wd[key] = self.optimizer.begin_update(key)
+
+    def update_chunk(self, key: int, off: int, grad: np.ndarray, weight: np.ndarray) -> None:
+        """Update ``weight[off:off + grad.size]`` (and the same slice of the states) in place."""
+        n = grad.size
+        self.optimizer.step_multi_precision(key, weight[off:off + n], grad, _slice(self.states[key], off, n),
+                                            *self._lr_wd[key])
+
+    def _state(self, key: int, weight: np.ndarray) -> Any:
         if key not in self.states:
             self.states[key] = self.optimizer.create_state_multi_precision(key, weight)
         elif key in self._loaded:
             self._check_loaded(key, weight)
-        self.optimizer.update_multi_precision(key, weight, grad, self.states[key])
+        return self.states[key]
 
     def _check_loaded(self, key: int, weight: np.ndarray) -> None:
         fresh = self.optimizer.create_state_multi_precision(key, weight)

@@ -129,6 +129,7 @@ class KVServer:
             replies += store.handle(msg.sender, entry, data)
         if replies:
             self._send(replies)
+            store.replies_sent()
 
     def _send(self, replies: list[Reply]) -> None:
         """Group replies per worker into messages of about CHUNK_BYTES each."""

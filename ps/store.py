@@ -8,7 +8,9 @@ server only has to send what the store returns. Rules (design §5, MXNet's where
   worker (a second push from the same worker opens the next round). When every worker
   has pushed, the optimizer runs (or the sum *replaces* the value, as MXNet assigns) and
   every push and pushpull of the round is answered. A pull waits only if its worker has a
-  push in an open round; otherwise it is answered at once.
+  push in an open round; otherwise it is answered at once. Without an optimizer or with
+  an elementwise one, each chunk is used as soon as every worker has pushed it, so no
+  full-size sum is kept (see ``_reduce``); other optimizers get the round's full sum.
 * ``dist_async``: each push goes through the optimizer at once.
 * A bad request gets an error reply; nothing else changes.
 """
@@ -35,20 +37,21 @@ class Reply(NamedTuple):
 
 
 SPARE_MAX_BYTES = 256 << 10   # keep a key's free merge buffer across rounds only up to this size
+SCRATCH_MAX_BYTES = 4 << 20   # keep the chunk-sum scratch up to this size (a chunk is ~1 MiB)
 
 
 class Round:
-    __slots__ = ("merged", "members", "received", "complete", "waiters", "pulls", "writes", "frames")
+    __slots__ = ("merged", "members", "received", "complete", "waiters", "pulls", "frames", "started")
 
     def __init__(self) -> None:
-        self.merged: np.ndarray | None = None
+        self.merged: np.ndarray | None = None   # full-size sum, only for non-elementwise optimizers
         self.members: dict[int, int] = {}       # worker -> ts of its push in this round
         self.received: dict[int, int] = {}      # worker -> elements received so far
         self.complete: set[int] = set()
         self.waiters: list[tuple[int, int, int]] = []   # (worker, ts, op) answered at close
         self.pulls: list[tuple[int, int, int]] = []     # deferred pulls
-        self.writes: dict[int, int] = {}        # chunk offset -> pushes merged into it
         self.frames: dict[int, list] = {}       # chunk offset -> received arrays not summed yet
+        self.started = False                    # a chunk sum went into the value already
 
 
 class KeyState:
@@ -91,9 +94,16 @@ class Store:
         self.multi_precision = False
         self.compression: dict[str, Any] | None = None
         self.closed_workers: set[int] = set()
+        self._scratch = np.empty(0, np.uint8)  # reused for chunk sums that go through an optimizer
+        self._lent: set[int] = set()           # keys whose value is in replies not yet sent
 
     # -- entry point ---------------------------------------------------------------------
     def handle(self, sender: int, entry: list, data: np.ndarray | None) -> list[Reply]:
+        """Apply one request entry; the replies it makes due (pull data are views of values).
+
+        Call :meth:`replies_sent` once the replies are handed to the transport: until
+        then the store copies a value rather than change it under an unsent reply.
+        """
         op, key = entry[1], entry[2]
         try:
             if op & Op.INIT:
@@ -154,10 +164,7 @@ class Store:
             return self._push_async(sender, entry, data, ks)
         ts, op, key, off, n = entry[:5]
         rnd = self._round_for(ks, sender, ts)
-        if data.dtype == ks.value.dtype == ks.merge_dtype:
-            self._gather(ks, rnd, off, n, data)
-        else:
-            self._merge(ks, rnd, off, n, data)
+        self._gather(ks, rnd, off, n, data)
         got = rnd.received.get(sender, 0) + n
         rnd.received[sender] = got
         if got < ks.total:
@@ -189,29 +196,56 @@ class Store:
 
     def _gather(self, ks: KeyState, rnd: Round, off: int, n: int, data: np.ndarray) -> None:
         """Hold each worker's chunk (the received frame, no copy) until every worker sent it,
-        then sum them in one pass: into the value itself without an optimizer (every worker
-        is then a member of this round, so no pull can see the chunk early), else into the
-        round's merge buffer. No second full-size buffer is kept per key."""
+        then sum them in one pass (:meth:`_reduce`). A later round's complete chunks wait
+        until it is the first open round: rounds change the value in order."""
         pend = rnd.frames.get(off)
         if pend is None:
             pend = rnd.frames[off] = []
         elif pend[0].size != n:
             raise StoreError("ProtocolError", f"key {ks.key}: workers cut the value into different chunks")
         pend.append(data)
-        if len(pend) < self.num_workers:
+        if len(pend) >= self.num_workers and (rnd is ks.rounds[0] or self._whole_key()):
+            self._reduce(ks, rnd, off, rnd.frames.pop(off))
+
+    def _whole_key(self) -> bool:
+        """The optimizer needs the whole gradient at once (LAMB's norms, MXNet's own updater)."""
+        return self.updater is not None and not getattr(self.updater, "elementwise", False)
+
+    def _reduce(self, ks: KeyState, rnd: Round, off: int, frames: list) -> None:
+        """Sum one chunk's frames and use the sum right away: assign it to the value (no
+        optimizer, as MXNet) or run the elementwise optimizer on this chunk only, so no
+        full-size sum is kept. Safe because every worker pushed this chunk, so every worker
+        is a member of this round and every pull of the key waits for it to close; the round
+        is the first open one, so the value holds the previous round's result. Other
+        optimizers get the chunk summed into the round's full-size buffer."""
+        n = frames[0].size
+        if self._whole_key():
+            _sum(frames, self._merge_buffer(ks, rnd)[off:off + n])
             return
-        del rnd.frames[off]
-        if self.updater is None:
+        if not rnd.started:                    # once per round: copy-on-write, count the update
             self._writable(ks)
-            dst = ks.value[off:off + n]
-        else:
-            dst = self._merge_buffer(ks, rnd)[off:off + n]
-        if len(pend) == 1:
-            np.copyto(dst, pend[0])
+            if self.updater is not None:
+                self.updater.begin(ks.key, ks.value)
+            rnd.started = True
+        dst = ks.value[off:off + n]
+        if self.updater is None and ks.merge_dtype == ks.value.dtype:
+            _sum(frames, dst)
             return
-        np.add(pend[0], pend[1], out=dst)
-        for more in pend[2:]:
-            np.add(dst, more, out=dst)
+        total = _sum(frames, self._scratch_for(n, ks.merge_dtype))
+        if self.updater is None:
+            np.copyto(dst, total, casting="unsafe")
+        else:
+            self.updater.update_chunk(ks.key, off, total, ks.value)
+
+    def _scratch_for(self, n: int, dtype: np.dtype) -> np.ndarray:
+        """Room for one chunk's sum; only used inside :meth:`_reduce`, so one buffer serves all keys."""
+        nbytes = n * dtype.itemsize
+        if nbytes > self._scratch.nbytes:
+            buf = np.empty(nbytes, np.uint8)
+            if nbytes > SCRATCH_MAX_BYTES:
+                return buf.view(dtype)
+            self._scratch = buf
+        return self._scratch[:nbytes].view(dtype)
 
     def _merge_buffer(self, ks: KeyState, rnd: Round) -> np.ndarray:
         if rnd.merged is None:
@@ -220,15 +254,6 @@ class Store:
                 spare = np.empty(ks.total, ks.merge_dtype)
             rnd.merged = spare
         return rnd.merged
-
-    def _merge(self, ks: KeyState, rnd: Round, off: int, n: int, data: np.ndarray) -> None:
-        self._merge_buffer(ks, rnd)
-        dst = rnd.merged[off:off + n]
-        if rnd.writes.get(off, 0):
-            np.add(dst, data, out=dst, casting="unsafe")
-        else:
-            np.copyto(dst, data, casting="unsafe")
-        rnd.writes[off] = rnd.writes.get(off, 0) + 1
 
     def _close_rounds(self, ks: KeyState) -> list[Reply]:
         replies: list[Reply] = []
@@ -239,29 +264,30 @@ class Store:
                 replies += self._answer(ks, worker, ts, op)
             for worker, ts, op in rnd.pulls:
                 replies += self._answer(ks, worker, ts, op)
+            if ks.rounds:                      # chunks the next round completed while it waited
+                nxt = ks.rounds[0]
+                for off in [o for o, pend in nxt.frames.items() if len(pend) >= self.num_workers]:
+                    self._reduce(ks, nxt, off, nxt.frames.pop(off))
         return replies + self._fail_doomed(ks)
 
     def _apply_round(self, ks: KeyState, rnd: Round) -> None:
         merged = rnd.merged
-        if merged is None:                     # summed chunk by chunk into the value already
+        if merged is None:                     # used chunk by chunk already
             return
-        small = merged.nbytes <= SPARE_MAX_BYTES
-        if self.updater is not None:
-            self._writable(ks)
-            self.updater(ks.key, merged, ks.value)
-            ks.spare = merged if small else None
-        elif merged.dtype == ks.value.dtype:
-            old, ks.value = ks.value, merged   # MXNet assigns the round's sum
-            ks.spare = None if self.busy(old) or not small else old
-        else:
-            self._writable(ks)
-            np.copyto(ks.value, merged, casting="unsafe")
-            ks.spare = merged if small else None
+        self._writable(ks)
+        self.updater(ks.key, merged, ks.value)
+        ks.spare = merged if merged.nbytes <= SPARE_MAX_BYTES else None
 
     def _writable(self, ks: KeyState) -> None:
-        """Copy-on-write: never change a value while a zero-copy reply still reads it."""
-        if self.busy(ks.value):
+        """Copy-on-write: never change a value while a zero-copy reply still reads it, or
+        while a reply made from it has not even been handed to the transport yet."""
+        if ks.key in self._lent or self.busy(ks.value):
             ks.value = ks.value.copy()
+            self._lent.discard(ks.key)
+
+    def replies_sent(self) -> None:
+        """The replies returned so far are with the transport, whose ``busy`` now tracks them."""
+        self._lent.clear()
 
     def _push_async(self, sender: int, entry: list, data: np.ndarray, ks: KeyState) -> list[Reply]:
         ts, op, key, off, n, total = entry[:6]
@@ -293,6 +319,7 @@ class Store:
         if not op & Op.PULL:
             return [Reply(dest, [ts, op, ks.key, 0, 0, ks.total, ks.code, None], None)]
         value = ks.value
+        self._lent.add(ks.key)
         return [Reply(dest, [ts, op, ks.key, off, n, ks.total, ks.code, None], value[off:off + n])
                 for off, n in chunks(ks.total, value.itemsize, self.chunk_bytes)]
 
@@ -339,3 +366,17 @@ class Store:
 
     def stats(self) -> dict[str, Any]:
         return {"keys": len(self.keys), "bytes": sum(ks.value.nbytes for ks in self.keys.values())}
+
+
+def _sum(frames: list, dst: np.ndarray) -> np.ndarray:
+    """``dst = frames[0] + frames[1] + ...`` in arrival order, in ``dst``'s dtype (fp16
+    frames of a multi-precision or fp16-compressed push add up in fp32)."""
+    rest = frames[1:]
+    if rest and frames[0].dtype == rest[0].dtype == dst.dtype:
+        np.add(frames[0], rest[0], out=dst)
+        rest = rest[1:]
+    else:
+        np.copyto(dst, frames[0], casting="unsafe")
+    for more in rest:
+        np.add(dst, more, out=dst, casting="unsafe")
+    return dst

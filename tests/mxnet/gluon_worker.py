@@ -16,16 +16,22 @@ import custom_optim  # noqa: F401  (registers "halfsgd")
 B, D, H, C = 8, 20, 32, 5          # per-worker batch, inputs, hidden, classes
 
 
-def data(workers):
+def data(workers, model="mlp"):
     rng = np.random.default_rng(7)
-    x = rng.standard_normal((workers * B, D)).astype(np.float32)
+    shape = (workers * B, 3, 8, 8) if model == "conv" else (workers * B, D)
+    x = rng.standard_normal(shape).astype(np.float32)
     y = rng.integers(0, C, workers * B).astype(np.float32)
     return x, y
 
 
-def net(dtype="float32"):
+def net(dtype="float32", model="mlp"):
     n = gluon.nn.HybridSequential()
-    n.add(gluon.nn.Dense(H, activation="relu", in_units=D), gluon.nn.Dense(C, in_units=H))
+    if model == "conv":     # MKL-DNN convolutions: weights may change layout in inference
+        n.add(gluon.nn.Conv2D(8, 3, padding=1, activation="relu", in_channels=3),
+              gluon.nn.MaxPool2D(2), gluon.nn.Conv2D(8, 3, in_channels=8),
+              gluon.nn.Flatten(), gluon.nn.Dense(C, in_units=8 * 2 * 2))
+    else:
+        n.add(gluon.nn.Dense(H, activation="relu", in_units=D), gluon.nn.Dense(C, in_units=H))
     n.initialize(mx.init.Zero())
     rng = np.random.default_rng(3)
     for p in n.collect_params().values():
@@ -36,13 +42,15 @@ def net(dtype="float32"):
 
 
 def train(kvstore, rank, workers, steps, opt, opt_args, update_on_kvstore=None, compression=None,
-          dtype="float32", lr_after=None, save=None, params=None, states=None, rows=None, lr_mult=None):
+          dtype="float32", lr_after=None, save=None, params=None, states=None, rows=None, lr_mult=None,
+          model="mlp", predict=False):
     """Train on this worker's rows; the reference trains on all workers' rows with
-    step(B), which is what dist_sync computes (sum of per-worker means)."""
-    x, y = data(workers)
+    step(B), which is what dist_sync computes (sum of per-worker means). ``predict``:
+    an inference forward after every step (reads the weights the step is writing)."""
+    x, y = data(workers, model)
     lo, hi = rows or (rank * B, (rank + 1) * B)
     xs, ys = x[lo:hi], y[lo:hi]
-    n = net(dtype)
+    n = net(dtype, model)
     if params is not None:
         n.load_parameters(params)
     if lr_mult:
@@ -62,6 +70,8 @@ def train(kvstore, rank, workers, steps, opt, opt_args, update_on_kvstore=None, 
             loss = loss_fn(n(mx.nd.array(xs, dtype=dtype)), mx.nd.array(ys, dtype=dtype))
         loss.backward()
         trainer.step(B)
+        if predict:
+            n(mx.nd.array(xs, dtype=dtype)).wait_to_read()
         if save and step == save[0] - 1:
             trainer.save_states(save[1])
             n.save_parameters(save[2])
@@ -110,4 +120,5 @@ if __name__ == "__main__":
         fn = module_fit if scenario == "module" else train
         result = fn(kv, kv.rank, kv.num_workers, **kw)
     result["__rank"] = np.array(kv.rank)
+    result["__engine_ops"] = np.array(getattr(kv, "_engine_ops", -1))
     np.savez(out, **result)

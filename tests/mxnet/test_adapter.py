@@ -39,6 +39,7 @@ def run_job(procs, port, tmp_path, scenario, servers=2, workers=2, same_command=
         assert code == 0, err[-3000:]
     for i in range(workers):
         d = dict(np.load(tmp_path / f"w{i}.npz"))
+        d.pop("__engine_ops", None)
         results[int(d.pop("__rank"))] = d
     return [results[r] for r in sorted(results)]
 
@@ -63,6 +64,24 @@ def test_gluon_dist_sync_matches_single_process(procs, port, tmp_path, opt, uok,
     ref = gw.train(None, 0, 2, 10, opt[0], opt[1], rows=(0, 2 * gw.B))
     for worker in got:
         assert_close(worker, ref)
+
+
+def test_conv_net_through_mxnet_engine_matches_blocking_path(procs, port, tmp_path):
+    """Pushpulls run as MXNet engine operations (PS_MXNET_ENGINE=1, the default): the values
+    are bit-identical to the blocking path's, with MKL-DNN convolutions and an inference pass
+    (which may change the weights' layout) after every step, and match one process."""
+    opt = ("sgd", {"learning_rate": 0.02, "momentum": 0.9, "wd": 1e-3})
+    runs = {}
+    for engine in ("1", "0"):
+        runs[engine] = run_job(procs, port, tmp_path, "gluon", env_extra={"PS_MXNET_ENGINE": engine},
+                               steps=6, opt=opt[0], opt_args=opt[1], update_on_kvstore=True,
+                               model="conv", predict=True)
+        ops = [int(np.load(tmp_path / f"w{i}.npz")["__engine_ops"]) for i in range(2)]
+        assert ops == ([6 * 6] * 2 if engine == "1" else [0, 0])    # 6 parameters x 6 steps
+    ref = gw.train(None, 0, 2, 6, opt[0], opt[1], rows=(0, 2 * gw.B), model="conv", predict=True)
+    for with_engine, blocking in zip(runs["1"], runs["0"]):
+        assert_close(with_engine, blocking, atol=0)
+        assert_close(with_engine, ref, atol=2e-5)     # summation order differs from one batch
 
 
 def test_same_command_for_every_role_and_lr_change_reaches_servers(procs, port, tmp_path):

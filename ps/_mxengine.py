@@ -1,0 +1,101 @@
+"""Run a ps request as an operation of MXNet's dependency engine.
+
+MXNet's own dist kvstore pushes each pushpull into its engine: the request starts when the
+gradient is written, and the next forward pass waits only for the weights it reads. A
+Python kvstore gets the same overlap through ``MXEnginePushAsyncND``: the engine calls us
+(on one of its CPU threads) once the arrays are ready, and the operation stays open, the
+written arrays locked, until ps calls the engine's completion callback when the last reply
+has arrived.
+
+The callback struct is ``mxnet::engine::CallbackOnComplete`` of MXNet 1.x (``include/mxnet/
+engine.h``): three pointers, called as ``callback(engine, param, error)``.
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+import logging
+import os
+import threading
+from typing import Any, Callable
+
+logger = logging.getLogger(__name__)
+
+_ASYNC_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+_COMPLETE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+_CPU_PRIORITIZED = 3      # mxnet::FnProperty::kCPUPrioritized: its own threads, not the compute one
+
+
+class _OnComplete(ctypes.Structure):
+    _fields_ = [("callback", ctypes.c_void_p), ("engine", ctypes.c_void_p), ("param", ctypes.c_void_p)]
+
+
+class _Context(ctypes.Structure):
+    _fields_ = [("dev_type", ctypes.c_int), ("dev_id", ctypes.c_int)]
+
+
+Start = Callable[[Callable[[], None]], None]
+
+
+class Engine:
+    """``push(start, reads, writes)``: the engine calls ``start(done)`` once ``reads`` are
+    written and nobody else reads or writes ``writes``; ``done()`` (exactly once, from any
+    thread) releases them."""
+
+    def __init__(self) -> None:
+        from mxnet.base import _LIB
+        self._lib = _LIB
+        self._jobs: dict[int, tuple[Start, tuple]] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._run_cb = _ASYNC_FN(self._run)          # kept alive: the engine holds the pointer
+        self._ctx = _Context(1, 0)                   # cpu(0)
+        self._prop = ctypes.c_int(_CPU_PRIORITIZED)
+
+    @staticmethod
+    def available() -> bool:
+        """The naive engine runs operations inline and must see them finish at once."""
+        engine_type = os.environ.get("MXNET_ENGINE_TYPE", "ThreadedEnginePerDevice")
+        if engine_type.startswith("Naive"):
+            return False
+        from mxnet.base import _LIB
+        return hasattr(_LIB, "MXEnginePushAsyncND")
+
+    def push(self, start: Start, reads: list[Any], writes: list[Any], priority: int = 0,
+             name: bytes = b"ps_pushpull") -> None:
+        from mxnet.base import check_call
+        job = next(self._ids)
+        with self._lock:
+            self._jobs[job] = (start, (reads, writes))   # the NDArrays live until done
+        const = (ctypes.c_void_p * max(len(reads), 1))(*[a.handle.value for a in reads])
+        mutable = (ctypes.c_void_p * max(len(writes), 1))(*[a.handle.value for a in writes])
+        try:
+            check_call(self._lib.MXEnginePushAsyncND(
+                self._run_cb, ctypes.c_void_p(job), None, ctypes.byref(self._ctx),
+                const, len(reads), mutable, len(writes), ctypes.byref(self._prop),
+                ctypes.c_int(priority), ctypes.c_char_p(name), ctypes.c_bool(False)))
+        except BaseException:
+            with self._lock:
+                self._jobs.pop(job, None)
+            raise
+
+    def _run(self, _rctx: int, on_complete: int, param: int) -> None:
+        """On an engine thread. ``on_complete`` points into the caller's frame: copy it."""
+        oc = _OnComplete.from_address(on_complete)
+        callback, engine, cb_param = oc.callback, oc.engine, oc.param
+        with self._lock:
+            start, _keep = self._jobs[param]
+        fired = threading.Lock()
+
+        def done() -> None:
+            if not fired.acquire(blocking=False):
+                return                                  # never complete an operation twice
+            with self._lock:
+                self._jobs.pop(param, None)
+            _COMPLETE_FN(callback)(engine, cb_param, None)
+
+        try:
+            start(done)
+        except BaseException:       # start must record its own errors; never leave the op open
+            logger.exception("ps engine operation failed to start")
+            done()

@@ -313,6 +313,20 @@ class CpuWindow:
         return busy_pct, foreign
 
 
+class RoleCpu:
+    """CPU time each worker and each server of one cluster spends in a window (ms)."""
+
+    def __init__(self, cluster: Any):
+        self.roles = {"worker": [p.pid for p in cluster.workers], "server": list(cluster.server_pids)}
+        self.start = {pid: cpu_ticks(pid) for pids in self.roles.values() for pid in pids}
+
+    def per_process_ms(self) -> dict[str, float]:
+        """Mean over the role's processes of the CPU ms each used since the start."""
+        tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK")
+        return {role: sum(cpu_ticks(p) - self.start[p] for p in pids) * tick_ms / len(pids)
+                for role, pids in self.roles.items() if pids}
+
+
 def settle(pids: list[int], max_foreign: float, timeout: float, sample: float = 0.25) -> float:
     """Wait (at most ``timeout`` s) until other tenants use < ``max_foreign`` % CPU; return last %."""
     deadline = time.monotonic() + timeout

@@ -103,7 +103,8 @@ class GluonDriver:
             t1 = time.perf_counter()
             times.append((t1 - t0) * 1e3)
             t0 = t1
-        return {"times_ms": times, "params": self.params, "kv_type": self.kv_type}
+        return {"times_ms": times, "params": self.params, "kv_type": self.kv_type,
+                "rounds_run": steps + warmup}
 
     def stats(self) -> dict[str, Any]:
         """ps only: bytes each server stores (the adapter's shared ps.KVStore)."""

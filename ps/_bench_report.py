@@ -40,6 +40,8 @@ class Row:
     cpu_busy_pct: Any = ""
     foreign_pct: Any = ""
     variant: str = ""        # native: pushpull or push-pull
+    worker_cpu_ms: Any = ""  # CPU ms one worker / one server used per round (rep and median rows)
+    server_cpu_ms: Any = ""
     server_rss_mb: Any = ""  # memory rows
     server_hwm_mb: Any = ""
     stored_mb: Any = ""
@@ -61,7 +63,18 @@ def rep_row(impl: str, workers: int, servers: int, case: dict[str, Any], rep: in
                round_bytes=case["round_bytes"], rep=rep, rounds=len(rounds), round_ms=round(med, 4),
                round_ms_p90=round(float(np.percentile(rounds, 90)), 4), worker_gbps=round(gbps, 4),
                aggregate_gbps=round(gbps * workers, 4), cpu_busy_pct=round(busy, 1),
-               foreign_pct=round(foreign, 1), variant=answers[0].get("variant", ""))
+               foreign_pct=round(foreign, 1), variant=answers[0].get("variant", ""),
+               worker_cpu_ms=_round(answers[0].get("cpu_ms", {}).get("worker")),
+               server_cpu_ms=_round(answers[0].get("cpu_ms", {}).get("server")))
+
+
+def _round(x: Any) -> Any:
+    return "" if x is None else round(float(x), 3)
+
+
+def _median(values: list[Any]) -> Any:
+    values = [v for v in values if v != ""]
+    return round(statistics.median(values), 3) if values else ""
 
 
 def pair_and_summarize(rows: list[Row]) -> list[Row]:
@@ -82,7 +95,9 @@ def pair_and_summarize(rows: list[Row]) -> list[Row]:
                                 round_ms_p90=round(statistics.median(r.round_ms_p90 for r in reps), 4),
                                 worker_gbps=round(gbps, 4), aggregate_gbps=round(gbps * w, 4),
                                 cpu_busy_pct=round(statistics.median(r.cpu_busy_pct for r in reps), 1),
-                                foreign_pct=round(max(r.foreign_pct for r in reps), 1))
+                                foreign_pct=round(max(r.foreign_pct for r in reps), 1),
+                                worker_cpu_ms=_median([r.worker_cpu_ms for r in reps]),
+                                server_cpu_ms=_median([r.server_cpu_ms for r in reps]))
         for other, attr in (("native", "speedup"), ("ps-b", "ab")):
             if "ps" in by_impl and other in by_impl:
                 ref = {r.rep: r for r in by_impl[other]}
@@ -165,6 +180,23 @@ def table(rows: list[Row], markdown: bool = False) -> str:
             line += [_fmt_ms(b.round_ms) if b else "-", f"{ps.ab:.2f}x" if ps and ps.ab != "" else "-",
                      " ".join(f"{x:.2f}" for x in ab_reps) or "-"]
         lines.append(line)
+    return _render(head, lines, markdown)
+
+
+def cpu_table(rows: list[Row], markdown: bool = False) -> str:
+    """Per config, case and implementation: CPU ms per round of one worker, one server, and
+    of the whole job (W workers + S servers): on a machine with few cores, where the
+    processes share them, this total is what bounds the round time."""
+    med = [r for r in rows if r.row == "median" and r.worker_cpu_ms != ""]
+    if not med:
+        return ""
+    head = ["config", "case", "impl", "worker CPU ms", "server CPU ms", "job CPU ms"]
+    med.sort(key=lambda r: (r.workers, r.servers, _case_order(r.case), r.impl))
+    lines = []
+    for r in med:
+        server = r.server_cpu_ms if r.server_cpu_ms != "" else 0.0
+        lines.append([f"W{r.workers} S{r.servers}", r.case, r.impl, _fmt_ms(r.worker_cpu_ms), _fmt_ms(server),
+                      _fmt_ms(r.workers * r.worker_cpu_ms + r.servers * server)])
     return _render(head, lines, markdown)
 
 

@@ -137,7 +137,8 @@ def run_case(driver: Any, cmd: dict[str, Any]) -> dict[str, Any]:
         pl = timed(driver.round_fn(cmd["case"], "push-pull"), rounds, warmup)
         better = pp if np.median(pp) <= np.median(pl) else pl
         return {"times_ms": better, "variant": "pushpull" if better is pp else "push-pull",
-                "alt_median_ms": float(np.median(pl if better is pp else pp))}
+                "alt_median_ms": float(np.median(pl if better is pp else pp)),
+                "rounds_run": 2 * (rounds + warmup)}
     profile = cmd.get("profile")
     if profile:
         import cProfile
@@ -149,8 +150,8 @@ def run_case(driver: Any, cmd: dict[str, Any]) -> dict[str, Any]:
         times = timed(fn, rounds, 0)
         prof.disable()
         prof.dump_stats(f"{profile}.rank{driver.rank}")
-        return {"times_ms": times}
-    return {"times_ms": timed(driver.round_fn(cmd["case"]), rounds, warmup)}
+        return {"times_ms": times, "rounds_run": rounds + warmup}
+    return {"times_ms": timed(driver.round_fn(cmd["case"]), rounds, warmup), "rounds_run": rounds + warmup}
 
 
 def main(argv: list[str]) -> int:

@@ -28,6 +28,7 @@ from ._bench_cluster import (
     BenchError,
     Cluster,
     CpuWindow,
+    RoleCpu,
     listen_ports,
     proc_status,
     settle,
@@ -184,9 +185,11 @@ def measure(clusters: dict[str, Cluster], order: list[str], cmd: dict[str, Any],
     for impl in order:
         if args.settle > 0:
             settle(all_pids, args.max_foreign, args.settle)
-        win = CpuWindow(all_pids)
+        win, roles = CpuWindow(all_pids), RoleCpu(clusters[impl])
         answers = clusters[impl].command(cmd, timeout=args.timeout)
         busy, foreign = win.close()
+        rounds = max(1, int(answers[0].get("rounds_run", len(answers[0]["times_ms"]))))
+        answers[0]["cpu_ms"] = {role: ms / rounds for role, ms in roles.per_process_ms().items()}
         out[impl] = (answers, busy, foreign)
     return out
 
@@ -342,9 +345,9 @@ def _sigterm(signum: int, frame: Any) -> None:
 def report_only(args: argparse.Namespace) -> int:
     rows = report.read_csv(args.from_csv)
     print(report.table(rows, args.markdown))
-    mem = report.memory_table(rows, args.markdown)
-    if mem:
-        print(f"\n{mem}")
+    for extra in (report.cpu_table(rows, args.markdown), report.memory_table(rows, args.markdown)):
+        if extra:
+            print(f"\n{extra}")
     if args.plot:
         report.plot(rows, args.plot)
     return 0
@@ -399,6 +402,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.csv:
         report.write_csv(args.csv, rows)
     print(report.table(rows, args.markdown))
+    cpu = report.cpu_table(rows, args.markdown)
+    if cpu:
+        print("\n# CPU per round: ms of CPU time one worker / one server used per round (median over repetitions)")
+        print(cpu)
     mem = report.memory_table(rows, args.markdown)
     if mem:
         print("\n# server memory: RSS after the timed rounds vs 1.25 x (stored values + optimizer state) + 64 MB")

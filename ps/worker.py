@@ -73,11 +73,14 @@ class KVWorker:
                 self._send(sid, self._outbox.pop(sid))
 
     def flush(self) -> None:
+        """Send what the boxes hold. The lock only covers taking them: callers on other
+        threads (MXNet's engine) keep filling new boxes meanwhile. Order per server holds:
+        a box that fills up meanwhile goes through the I/O thread's queue, after this."""
         with self._lock:
             self._flush_scheduled = False
             boxes, self._outbox = self._outbox, {}
-            for sid, box in boxes.items():
-                self._send(sid, box)
+        for sid, box in boxes.items():
+            self._send(sid, box)
 
     def _send(self, sid: int, box: tuple[list, list, list]) -> None:
         self.po.send(Message(Command.DATA, recver=sid, body=box[0], frames=box[1]))

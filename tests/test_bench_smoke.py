@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = {"row", "impl", "workers", "servers", "case", "keys", "key_bytes", "round_bytes", "rep", "rounds",
            "round_ms", "round_ms_p90", "worker_gbps", "aggregate_gbps", "speedup", "cpu_busy_pct",
-           "foreign_pct", "server_rss_mb", "stored_mb", "limit_mb", "ok"}
+           "foreign_pct", "worker_cpu_ms", "server_cpu_ms", "server_rss_mb", "stored_mb", "limit_mb", "ok"}
 QUICK_CASES = {"1x4K", "1x1M", "20x16K"}
 
 
@@ -44,6 +44,9 @@ def check_times(rows: list[dict[str, str]], impls: set[str]) -> None:
     for r in reps + [r for r in rows if r["row"] == "median"]:
         assert float(r["round_ms"]) > 0 and float(r["round_ms_p90"]) > 0, r
         assert int(r["rounds"]) > 0 and float(r["aggregate_gbps"]) > 0, r
+    for impl in impls:    # CPU ticks are 10 ms coarse: per row it may be 0, summed over rows it is not
+        cpu = [float(r["worker_cpu_ms"]) for r in reps if r["impl"] == impl]
+        assert all(c >= 0 for c in cpu) and sum(cpu) > 0, (impl, cpu)
     mem = [r for r in rows if r["row"] == "memory" and r["impl"] == "ps"]
     assert mem and all(float(r["server_rss_mb"]) > 0 and float(r["stored_mb"]) > 0 for r in mem), mem
 

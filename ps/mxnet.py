@@ -217,6 +217,12 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         kv, errors = self._kv, self._async_errors
 
         def start(done: Any) -> None:        # on an engine thread, gradient written
+            def issue() -> None:             # on ps's I/O thread: no lock or GIL contention
+                try:                         # between MXNet's engine threads
+                    kv.pushpull(key, grad, out=weight, block=False).add_done_callback(finished)
+                except BaseException as exc:
+                    fail(exc)
+
             def finished(handle: Any) -> None:
                 try:
                     handle.wait()
@@ -225,12 +231,15 @@ class PSKVStore(mx.kvstore.KVStoreBase):
                 finally:
                     self._engine_done()
                     done()
-            try:
-                kv.pushpull(key, grad, out=weight, block=False).add_done_callback(finished)
-            except BaseException as exc:
+
+            def fail(exc: BaseException) -> None:
                 errors.append(exc)
                 self._engine_done()
                 done()
+            try:
+                kv._po.van.call_soon(issue)
+            except BaseException as exc:     # the van has stopped
+                fail(exc)
 
         with self._engine_idle:
             self._in_engine += 1

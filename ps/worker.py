@@ -38,8 +38,10 @@ class KVWorker:
                 encode: Callable[[np.ndarray], np.ndarray] | None = None) -> Request:
         """Queue one operation on a key (flat ``value``/``out``); returns its Request.
 
-        ``encode`` turns each chunk of ``value`` into its wire form (compression).
+        ``encode`` turns each chunk of ``value`` into its wire form (compression). On the
+        I/O thread itself (``ps.mxnet`` issues requests there) it is sent at once.
         """
+        on_io_thread = self.po.van.in_io_thread
         pulls = bool(op & Op.PULL)
         remaining = sum(s.size for s in slices) if pulls else len(slices)
         req = self.customer.new_request(remaining, out, {server_id(s.server): s.start for s in slices}, what)
@@ -49,20 +51,22 @@ class KVWorker:
             for s in slices:
                 sid = server_id(s.server)
                 if value is None:
-                    self._emit(sid, [ts, op, key, 0, s.size, s.size, code, None], None)
+                    self._emit(sid, [ts, op, key, 0, s.size, s.size, code, None], None, not on_io_thread)
                     continue
                 piece = value[s.start:s.start + s.size]
                 for off, n in chunks(s.size, itemsize):   # the key's dtype: same cut for every encoding
                     chunk = piece[off:off + n]
                     self._emit(sid, [ts, op, key, off, n, s.size, code, None],
-                               chunk if encode is None else encode(chunk))
+                               chunk if encode is None else encode(chunk), not on_io_thread)
+        if on_io_thread:
+            self.flush()
         return req
 
-    def _emit(self, sid: int, entry: list, data: np.ndarray | None) -> None:
+    def _emit(self, sid: int, entry: list, data: np.ndarray | None, schedule: bool = True) -> None:
         box = self._outbox.get(sid)
         if box is None:
             box = self._outbox[sid] = ([], [], [0])
-            if not self._flush_scheduled:
+            if schedule and not self._flush_scheduled:
                 self._flush_scheduled = True
                 self.po.van.call_soon(self.flush)
         box[0].append(entry)

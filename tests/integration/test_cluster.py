@@ -173,3 +173,34 @@ def test_request_timeout_names_the_servers(van):
         return float(kv.pull(3)[0])
     with local_cluster(1, 2, van=van, request_timeout=0.5) as c:
         assert c.run(job) == [2.0, 2.0]
+
+
+def test_requests_issued_on_the_io_thread_with_a_done_callback(van):
+    """What ps.mxnet does from MXNet's engine: issue a pushpull on the van's I/O thread and
+    learn from a callback that it finished (a multi-chunk, two-server key)."""
+    import threading
+    rng = np.random.default_rng(1)
+    grads = [rng.standard_normal(600_000).astype(np.float32) for _ in range(2)]
+
+    def job(kv):
+        kv.init(5, np.zeros(600_000, np.float32))
+        out = np.empty(600_000, np.float32)
+        done, seen = threading.Event(), {}
+
+        def finished(handle):
+            seen["thread"] = threading.current_thread().name
+            seen["error"] = None
+            try:
+                handle.wait()
+            except ps.PSError as exc:
+                seen["error"] = exc
+            done.set()
+        kv._po.van.call_soon(lambda: kv.pushpull(5, grads[kv.rank], out=out, block=False)
+                             .add_done_callback(finished))
+        assert done.wait(20), "the done callback never ran"
+        assert seen["error"] is None, seen
+        return out
+    with local_cluster(2, 2, van=van, bigarray_bound=1000) as c:
+        o0, o1 = c.run(job)
+    np.testing.assert_array_equal(o0, grads[0] + grads[1])
+    np.testing.assert_array_equal(o1, o0)

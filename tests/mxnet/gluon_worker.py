@@ -110,11 +110,30 @@ def async_kv():
     return kv, {"w": out.asnumpy()}
 
 
+def engine_error():
+    """A pushpull the servers refuse (dist_async, no optimizer) while it runs in MXNet's
+    engine: waiting does not hang, the next call raises the servers' error."""
+    kv = mx.kv.create("dist_async")
+    kv.init(3, mx.nd.ones((2, 3)))
+    out = mx.nd.zeros((2, 3))
+    kv.pushpull(3, mx.nd.ones((2, 3)), out=out)
+    mx.nd.waitall()
+    try:
+        kv.pull(3, out=out)
+    except Exception as exc:   # noqa: BLE001 - the test checks type and text
+        print(f"raised {type(exc).__name__}: {exc}", flush=True)
+    else:
+        print("no error", flush=True)
+    return kv, {"engine_ops": np.array(kv._engine_ops)}
+
+
 if __name__ == "__main__":
     scenario, out = sys.argv[1], sys.argv[2]
     kw = {k: ast.literal_eval(v) for k, v in (a.split("=", 1) for a in sys.argv[3:])}
     if scenario == "async":
         kv, result = async_kv()
+    elif scenario == "engine_error":
+        kv, result = engine_error()
     else:
         kv = mx.kv.create(kw.pop("kvstore", "dist_sync"))
         fn = module_fit if scenario == "module" else train

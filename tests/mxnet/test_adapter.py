@@ -84,6 +84,18 @@ def test_conv_net_through_mxnet_engine_matches_blocking_path(procs, port, tmp_pa
         assert_close(with_engine, ref, atol=2e-5)     # summation order differs from one batch
 
 
+def test_error_of_a_pushpull_in_the_engine_is_raised_by_the_next_call(procs, port, tmp_path):
+    env = cluster_env(port, servers=1, workers=1)
+    others = [procs.role("scheduler", env), procs.role("server", env)]
+    w = procs.start([PYTHON, WORKER, "engine_error", str(tmp_path / "x.npz")], {**env, "DMLC_ROLE": "worker"})
+    code, out, err = procs.finish(w, timeout=120)
+    assert code == 0, err[-3000:]
+    assert "raised RemoteError" in out and "needs an optimizer" in out, out
+    assert int(np.load(tmp_path / "x.npz")["engine_ops"]) == 1      # it did run in the engine
+    for p in others:
+        assert procs.finish(p, timeout=30)[0] == 0
+
+
 def test_same_command_for_every_role_and_lr_change_reaches_servers(procs, port, tmp_path):
     got = run_job(procs, port, tmp_path, "gluon", same_command=True, steps=8, opt=SGD[0],
                   opt_args=SGD[1], update_on_kvstore=True, lr_after=4, lr_mult=(2, 0.5))

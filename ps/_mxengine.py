@@ -15,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import itertools
 import logging
-import os
 import threading
 from typing import Any, Callable
 
@@ -53,10 +52,9 @@ class Engine:
         self._prop = ctypes.c_int(_CPU_PRIORITIZED)
 
     @staticmethod
-    def available() -> bool:
+    def available(engine_type: str | None) -> bool:
         """The naive engine runs operations inline and must see them finish at once."""
-        engine_type = os.environ.get("MXNET_ENGINE_TYPE", "ThreadedEnginePerDevice")
-        if engine_type.startswith("Naive"):
+        if (engine_type or "").startswith("Naive"):
             return False
         from mxnet.base import _LIB
         return hasattr(_LIB, "MXEnginePushAsyncND")

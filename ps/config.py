@@ -123,6 +123,10 @@ VARIABLES: tuple[Var, ...] = (
     Var("PS_MXNET_ENGINE", "mxnet_engine", _bool, True,
         "ps.mxnet: 1 runs a pushpull of one CPU array as an MXNet engine operation (overlaps "
         "with compute, like MXNet's own kvstore); 0: calls wait for their replies"),
+    Var("MXNET_ENGINE_TYPE", "mxnet_engine_type", _str, None,
+        "MXNet's own; with NaiveEngine ps.mxnet keeps pushpulls outside the engine"),
+    Var("MXNET_MKLDNN_ENABLED", "mxnet_mkldnn", _bool, True,
+        "MXNet's own; 0: ps.mxnet writes pulled weights in place (MKL-DNN changes no layouts)"),
     Var("MXNET_KVSTORE_BIGARRAY_BOUND", "bigarray_bound", lambda n, r: _int(n, r, 1), 1_000_000,
         "arrays with at least this many elements are split across all servers"),
     Var("MXNET_KVSTORE_REDUCTION_NTHREADS", "reduction_nthreads", lambda n, r: _int(n, r, 1), 4,
@@ -162,6 +166,8 @@ class Config:
     secret_file: str | None = None
     allow_pickle: bool = False
     mxnet_engine: bool = True
+    mxnet_engine_type: str | None = None
+    mxnet_mkldnn: bool = True
     bigarray_bound: int = 1_000_000
     reduction_nthreads: int = 4
 

@@ -343,10 +343,14 @@ class KVStore:
             if self._po.failure is None:
                 self.wait_all(self._timeout or CLOSE_WAIT)
         except PSTimeoutError as exc:
-            logger.warning("closing with requests still outstanding: %s", exc)
+            logger.warning("closing with requests still outstanding after %gs: %s",
+                           self._timeout or CLOSE_WAIT, exc)
         except PSError:
             pass
         finally:
+            # whatever is still outstanding ends now, with an error: nobody waits on it forever
+            # (a pushpull in MXNet's engine completes its engine operation on it)
+            self._customer.fail_all(ClosedError("the store was closed before this request was answered"))
             self._po.announce_close()
             self._po.close(linger=1.0)
 

@@ -19,11 +19,13 @@ if role_from_env() != "worker":        # must happen before anything imports mxn
     from .__main__ import main as _run_role
     sys.exit(_run_role())
 
+import atexit  # noqa: E402
 import contextlib  # noqa: E402
 import ctypes  # noqa: E402
 import logging  # noqa: E402
 import threading  # noqa: E402
 import types  # noqa: E402
+import weakref  # noqa: E402
 from typing import Any, Iterator  # noqa: E402
 
 import msgpack  # noqa: E402
@@ -32,11 +34,12 @@ import numpy as np  # noqa: E402
 
 from ._mxengine import Engine  # noqa: E402
 from ._timing import Deadline  # noqa: E402
-from .kvstore import KVStore  # noqa: E402
+from .kvstore import CLOSE_WAIT, KVStore  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
 STATES_FORMAT = "ps-optimizer-states"
+_MKLDNN_BUILD = mx.runtime.Features().is_enabled("MKLDNN")
 _shared: KVStore | None = None
 
 
@@ -121,6 +124,11 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         self._engine_ops = 0                 # how many were (tests, stats)
         self._engine_idle = threading.Condition()
         self._async_errors: list[BaseException] = []
+        self._staging: dict[Any, Any] = {}
+        # MKL-DNN may change a weight's memory layout inside MXNet's engine (_engine_pushpull)
+        self._relayout = _MKLDNN_BUILD and self._kv._po.config.mxnet_mkldnn
+        ref = weakref.ref(self)
+        atexit.register(lambda: ref() is not None and ref()._at_exit())
 
     # -- properties MXNet reads ------------------------------------------------------------
     @property
@@ -202,7 +210,12 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         """Hand the pushpull to MXNet's engine, as MXNet's own dist kvstore does: it starts
         when backward has written the gradient, and the next forward waits only for the
         weights it reads, so traffic overlaps computation on both sides of a step.
-        False (nothing done) where this does not apply: the caller takes the plain path."""
+        False (nothing done) where this does not apply: the caller takes the plain path.
+
+        Where MKL-DNN may change an array's memory layout inside the engine (an inference
+        pass reorders conv/FC weights, asynchronously), replies go into a staging array ps
+        owns and an engine copy (which knows layouts) moves them into the weight, as MXNet's
+        own kvstore copies from its receive buffer. Elsewhere they go straight in."""
         src, dst = _single(value), _single(targets)
         if isinstance(key, (list, tuple)) or src is None or dst is None:
             return False
@@ -211,10 +224,11 @@ class PSKVStore(mx.kvstore.KVStoreBase):
             return False
         if any(tuple(a.shape) != info.shape or np.dtype(a.dtype) != info.dtype for a in (src, dst)):
             return False                     # the plain path raises the error naming them
-        grad, weight = _view(src, write=False, wait=False), _view(dst, write=True, wait=False)
+        recv = self._staging_for(key, dst) if self._relayout and len(info.shape) >= 2 else dst
+        grad, weight = _view(src, write=False, wait=False), _view(recv, write=True, wait=False)
         if grad is None or weight is None:
             return False
-        kv, errors = self._kv, self._async_errors
+        kv = self._kv
 
         def start(done: Any) -> None:        # on an engine thread, gradient written
             def issue() -> None:             # on ps's I/O thread: no lock or GIL contention
@@ -226,14 +240,14 @@ class PSKVStore(mx.kvstore.KVStoreBase):
             def finished(handle: Any) -> None:
                 try:
                     handle.wait()
-                except BaseException as exc:   # raised by this store's next call
-                    errors.append(exc)
+                except BaseException as exc:
+                    self._record_async_error(key, exc)
                 finally:
                     self._engine_done()
                     done()
 
             def fail(exc: BaseException) -> None:
-                errors.append(exc)
+                self._record_async_error(key, exc)
                 self._engine_done()
                 done()
             try:
@@ -245,11 +259,27 @@ class PSKVStore(mx.kvstore.KVStoreBase):
             self._in_engine += 1
             self._engine_ops += 1
         try:
-            self._engine.push(start, [] if src is dst else [src], [dst], priority)
+            self._engine.push(start, [] if src is recv else [src], [recv], priority)
         except BaseException:
             self._engine_done()
             raise
+        if recv is not dst:
+            recv.copyto(dst)                 # an engine operation too: after the replies
         return True
+
+    def _staging_for(self, key: Any, like: Any) -> Any:
+        staging = self._staging.get(key)
+        if staging is None:
+            staging = self._staging[key] = mx.nd.empty(like.shape, ctx=mx.cpu(), dtype=like.dtype)
+        return staging
+
+    def _record_async_error(self, key: Any, exc: BaseException) -> None:
+        """On the I/O thread: keep it for this store's next call, and say so now (the caller
+        may not call again, e.g. after its last step)."""
+        logger.error("pushpull of key %r in MXNet's engine failed: %s", key, exc)
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"(raised by an earlier pushpull of key {key!r} that ran in MXNet's engine)")
+        self._async_errors.append(exc)
 
     def _engine_done(self) -> None:
         with self._engine_idle:
@@ -257,11 +287,11 @@ class PSKVStore(mx.kvstore.KVStoreBase):
             if not self._in_engine:
                 self._engine_idle.notify_all()
 
-    def _settle(self) -> None:
+    def _settle(self, timeout: float | None = None) -> None:
         """Before any call outside the engine: let the engine's pushpulls finish (they may
         still wait for a gradient), so requests reach the servers in program order."""
         if self._in_engine:
-            deadline = Deadline(self._kv._timeout or None)
+            deadline = Deadline(timeout if timeout is not None else (self._kv._timeout or None))
             with self._engine_idle:
                 while self._in_engine:
                     self._engine_idle.wait(deadline.remaining(0.5))
@@ -270,9 +300,16 @@ class PSKVStore(mx.kvstore.KVStoreBase):
 
     def _raise_async_error(self) -> None:
         if self._async_errors:
-            exc = self._async_errors[0]
-            self._async_errors.clear()
-            raise exc
+            errors, self._async_errors = self._async_errors, []
+            raise errors[0]
+
+    def _at_exit(self) -> None:
+        """Before the shared KVStore closes (atexit runs this first): the last steps' pushpulls
+        may still sit in MXNet's engine; send them, or MXNet's shutdown would drop them."""
+        try:
+            self._settle(timeout=self._kv._timeout or CLOSE_WAIT)
+        except Exception as exc:  # noqa: BLE001 - at exit: report, do not raise
+            logger.error("at exit: %s", exc)
 
     @contextlib.contextmanager
     def _deferred(self) -> Iterator[None]:
@@ -383,7 +420,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
 
     def close(self) -> None:
         try:
-            self._settle()
+            self._settle(timeout=self._kv._timeout or CLOSE_WAIT)
         finally:
             self._kv.close()
 
@@ -391,7 +428,8 @@ class PSKVStore(mx.kvstore.KVStoreBase):
 def _engine(kv: KVStore) -> Engine | None:
     """PS_MXNET_ENGINE=0 keeps every call outside MXNet's engine (the step then waits for
     its last reply); so does MXNet's naive engine."""
-    if not kv._po.config.mxnet_engine or not Engine.available():
+    cfg = kv._po.config
+    if not cfg.mxnet_engine or not Engine.available(cfg.mxnet_engine_type):
         return None
     return Engine()
 

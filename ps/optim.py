@@ -579,14 +579,16 @@ class Updater:
 
     @property
     def elementwise(self) -> bool:
-        return self.optimizer.elementwise
+        """Only a class that says so itself: a subclass inheriting ``elementwise = True`` may
+        have changed the arithmetic (and would then be updated chunk by chunk wrongly)."""
+        return bool(type(self.optimizer).__dict__.get("elementwise", False))
 
     def __call__(self, key: int, grad: np.ndarray, weight: np.ndarray) -> None:
         self.optimizer.update_multi_precision(key, weight, grad, self._state(key, weight))
 
     def begin(self, key: int, weight: np.ndarray) -> None:
         """Start one update of ``key`` (the full ``weight``), to be done by :meth:`update_chunk`."""
-        if not self.optimizer.elementwise:
+        if not self.elementwise:
             raise TypeError(f"{type(self.optimizer).__name__} is not elementwise: it cannot update in chunks")
         self._state(key, weight)
         self._lr_wd[key] = self.optimizer.begin_update(key)

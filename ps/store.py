@@ -358,6 +358,12 @@ class Store:
 
     # -- server commands -----------------------------------------------------------------
     def set_updater(self, updater: UpdateFn | None, multi_precision: bool = False) -> None:
+        """Raises RuntimeError while a sync round has been applied in part (chunk by chunk):
+        the rest of it would go through a different optimizer."""
+        started = sorted(ks.key for ks in self.keys.values() if any(r.started for r in ks.rounds))
+        if started:
+            raise RuntimeError(f"cannot change the optimizer while sync rounds of keys {started} are "
+                               "half applied; set it before training or between steps")
         self.updater = updater
         self.multi_precision = multi_precision
         for ks in self.keys.values():   # fp16 keys sum in fp32 under multi_precision

@@ -77,14 +77,13 @@ class KVWorker:
                 self._send(sid, self._outbox.pop(sid))
 
     def flush(self) -> None:
-        """Send what the boxes hold. The lock only covers taking them: callers on other
-        threads (MXNet's engine) keep filling new boxes meanwhile. Order per server holds:
-        a box that fills up meanwhile goes through the I/O thread's queue, after this."""
+        """Send what the boxes hold, under the lock: messages leave (or enter the I/O
+        thread's queue) in the order their entries were made, whichever thread flushes."""
         with self._lock:
             self._flush_scheduled = False
             boxes, self._outbox = self._outbox, {}
-        for sid, box in boxes.items():
-            self._send(sid, box)
+            for sid, box in boxes.items():
+                self._send(sid, box)
 
     def _send(self, sid: int, box: tuple[list, list, list]) -> None:
         self.po.send(Message(Command.DATA, recver=sid, body=box[0], frames=box[1]))

@@ -66,6 +66,8 @@ class InprocVan(Van):
     def call_soon(self, fn: Callable[[], None]) -> None:
         if self.in_io_thread:
             fn()
+        elif self._stopping:
+            raise TransportError("the van is not running")
         else:
             self._inbox.put((fn, (None, 0)))
 

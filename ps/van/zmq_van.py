@@ -41,6 +41,8 @@ class ZmqVan(Van):
         self._monitors: dict[zmq.Socket, tuple[int, zmq.Socket, Callable[[int, bool], None]]] = {}
         self._identity = b"ps-" + uuid.uuid4().hex[:16].encode()
         self._queue: collections.deque = collections.deque()
+        self._queue_lock = threading.Lock()    # enqueue vs the last look at the queue on stop
+        self._closed = False
         self._wake_pending = False
         self._wake_r, self._wake_w = -1, -1
         self._thread: threading.Thread | None = None
@@ -179,9 +181,10 @@ class ZmqVan(Van):
             self._enqueue(fn)
 
     def _enqueue(self, item: Any) -> None:
-        if self._thread is None or self._stopping:
-            raise TransportError("the van is not running")
-        self._queue.append(item)
+        with self._queue_lock:
+            if self._thread is None or self._stopping or self._closed:
+                raise TransportError("the van is not running")
+            self._queue.append(item)
         if not self._wake_pending:
             self._wake_pending = True
             try:
@@ -226,6 +229,20 @@ class ZmqVan(Van):
             logger.exception("ps van I/O thread crashed")
         finally:
             self._close_sockets()
+            self._run_leftovers()
+
+    def _run_leftovers(self) -> None:
+        """Callables queued while the van stopped still run (they find it stopped and fail
+        their request, e.g. a pushpull that MXNet's engine waits on); messages are dropped."""
+        with self._queue_lock:
+            self._closed = True
+            left, self._queue = list(self._queue), collections.deque()
+        for item in left:
+            if not isinstance(item, Message):
+                try:
+                    item()
+                except Exception:  # noqa: BLE001
+                    logger.debug("callable queued on a stopped van failed", exc_info=True)
 
     def _drain_wake(self) -> None:
         try:

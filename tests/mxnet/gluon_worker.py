@@ -18,7 +18,7 @@ B, D, H, C = 8, 20, 32, 5          # per-worker batch, inputs, hidden, classes
 
 def data(workers, model="mlp"):
     rng = np.random.default_rng(7)
-    shape = (workers * B, 3, 8, 8) if model == "conv" else (workers * B, D)
+    shape = (workers * B, 16, 16, 16) if model == "conv" else (workers * B, D)
     x = rng.standard_normal(shape).astype(np.float32)
     y = rng.integers(0, C, workers * B).astype(np.float32)
     return x, y
@@ -27,15 +27,15 @@ def data(workers, model="mlp"):
 def net(dtype="float32", model="mlp"):
     n = gluon.nn.HybridSequential()
     if model == "conv":     # MKL-DNN convolutions: weights may change layout in inference
-        n.add(gluon.nn.Conv2D(8, 3, padding=1, activation="relu", in_channels=3),
-              gluon.nn.MaxPool2D(2), gluon.nn.Conv2D(8, 3, in_channels=8),
-              gluon.nn.Flatten(), gluon.nn.Dense(C, in_units=8 * 2 * 2))
+        n.add(gluon.nn.Conv2D(32, 3, padding=1, activation="relu", in_channels=16),
+              gluon.nn.MaxPool2D(2), gluon.nn.Conv2D(32, 3, in_channels=32),
+              gluon.nn.Flatten(), gluon.nn.Dense(C, in_units=32 * 6 * 6))
     else:
         n.add(gluon.nn.Dense(H, activation="relu", in_units=D), gluon.nn.Dense(C, in_units=H))
     n.initialize(mx.init.Zero())
     rng = np.random.default_rng(3)
     for p in n.collect_params().values():
-        p.set_data(mx.nd.array(rng.standard_normal(p.shape) * 0.3))
+        p.set_data(mx.nd.array(rng.standard_normal(p.shape) * (0.05 if model == "conv" else 0.3)))
     if dtype != "float32":
         n.cast(dtype)
     return n
@@ -43,10 +43,12 @@ def net(dtype="float32", model="mlp"):
 
 def train(kvstore, rank, workers, steps, opt, opt_args, update_on_kvstore=None, compression=None,
           dtype="float32", lr_after=None, save=None, params=None, states=None, rows=None, lr_mult=None,
-          model="mlp", predict=False):
+          model="mlp", predict=False, exit_early=False):
     """Train on this worker's rows; the reference trains on all workers' rows with
     step(B), which is what dist_sync computes (sum of per-worker means). ``predict``:
-    an inference forward after every step (reads the weights the step is writing)."""
+    an inference forward after every step, not waited for (reads the weights the step is
+    writing; MKL-DNN reorders conv weights for it). ``exit_early``: rank 0 returns right
+    after its last step, its pushpulls possibly still in MXNet's engine."""
     x, y = data(workers, model)
     lo, hi = rows or (rank * B, (rank + 1) * B)
     xs, ys = x[lo:hi], y[lo:hi]
@@ -71,10 +73,12 @@ def train(kvstore, rank, workers, steps, opt, opt_args, update_on_kvstore=None, 
         loss.backward()
         trainer.step(B)
         if predict:
-            n(mx.nd.array(xs, dtype=dtype)).wait_to_read()
+            n(mx.nd.array(xs, dtype=dtype))
         if save and step == save[0] - 1:
             trainer.save_states(save[1])
             n.save_parameters(save[2])
+    if exit_early and rank == 0:
+        return {}
     # by position: Gluon's name prefixes differ between processes
     return {f"p{i}": v.data().asnumpy().astype(np.float32) for i, v in enumerate(n.collect_params().values())}
 

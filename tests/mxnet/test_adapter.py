@@ -84,6 +84,17 @@ def test_conv_net_through_mxnet_engine_matches_blocking_path(procs, port, tmp_pa
         assert_close(with_engine, ref, atol=2e-5)     # summation order differs from one batch
 
 
+def test_a_worker_that_exits_right_after_its_last_step_still_sends_it(procs, port, tmp_path):
+    """Its last pushpulls may still wait in MXNet's engine at exit: they must reach the
+    servers (the other worker's last round needs them), not be dropped by MXNet's shutdown."""
+    opt = ("sgd", {"learning_rate": 0.02, "momentum": 0.9, "wd": 1e-3})
+    got = run_job(procs, port, tmp_path, "gluon", steps=6, opt=opt[0], opt_args=opt[1],
+                  update_on_kvstore=True, model="conv", exit_early=True)
+    assert got[0] == {}                         # rank 0 left without reading anything
+    ref = gw.train(None, 0, 2, 6, opt[0], opt[1], rows=(0, 2 * gw.B), model="conv")
+    assert_close(got[1], ref, atol=2e-5)
+
+
 def test_error_of_a_pushpull_in_the_engine_is_raised_by_the_next_call(procs, port, tmp_path):
     env = cluster_env(port, servers=1, workers=1)
     others = [procs.role("scheduler", env), procs.role("server", env)]

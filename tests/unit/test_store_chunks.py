@@ -197,3 +197,21 @@ def test_lr_is_fixed_when_the_update_begins():
     parts.update_chunk(3, CHUNK, ga[CHUNK:], pa)
     np.testing.assert_array_equal(bits(pa), bits(wa))
     np.testing.assert_array_equal(bits(pb), bits(wb))
+
+
+def test_optimizer_cannot_change_while_a_round_is_half_applied():
+    s = new_store(spec("sgd", {"momentum": 0.9}), np.float32)
+    for w in (W0, W1):
+        s.handle(w, entry(1, Op.INIT if w == W0 else Op.PULL, 3, 0, TOTAL, np.float32),
+                 np.zeros(TOTAL, np.float32) if w == W0 else None)
+    for w in (W0, W1):          # both workers send the first chunk only: it is applied, the round stays open
+        s.handle(w, entry(2, Op.PUSH, 3, 0, CHUNK, np.float32), np.ones(CHUNK, np.float32))
+    with pytest.raises(RuntimeError, match=r"half applied"):
+        s.set_updater(Updater(from_spec(spec("lamb", {}))))
+
+
+def test_a_subclass_must_declare_itself_elementwise():
+    class Scaled(REGISTRY["sgd"]):           # inherits elementwise = True, but says nothing itself
+        pass
+    assert Updater(REGISTRY["sgd"]()).elementwise
+    assert not Updater(Scaled()).elementwise

@@ -213,9 +213,10 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         False (nothing done) where this does not apply: the caller takes the plain path.
 
         Where MKL-DNN may change an array's memory layout inside the engine (an inference
-        pass reorders conv/FC weights, asynchronously), replies go into a staging array ps
-        owns and an engine copy (which knows layouts) moves them into the weight, as MXNet's
-        own kvstore copies from its receive buffer. Elsewhere they go straight in."""
+        pass reorders (de)convolution weights, 3-D and up, asynchronously; among fp32 ops
+        only those), replies go into a staging array ps owns and an engine copy (which knows
+        layouts) moves them into the weight, as MXNet's own kvstore copies from its receive
+        buffer. Elsewhere they go straight in."""
         src, dst = _single(value), _single(targets)
         if isinstance(key, (list, tuple)) or src is None or dst is None:
             return False
@@ -224,7 +225,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
             return False
         if any(tuple(a.shape) != info.shape or np.dtype(a.dtype) != info.dtype for a in (src, dst)):
             return False                     # the plain path raises the error naming them
-        recv = self._staging_for(key, dst) if self._relayout and len(info.shape) >= 2 else dst
+        recv = self._staging_for(key, dst) if self._relayout and len(info.shape) >= 3 else dst
         grad, weight = _view(src, write=False, wait=False), _view(recv, write=True, wait=False)
         if grad is None or weight is None:
             return False

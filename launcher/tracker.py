@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 EXTRA_FORWARD = ("OMP_NUM_THREADS", "KMP_AFFINITY", "LD_LIBRARY_PATH", "PYTHONPATH")
 NOT_FORWARDED = frozenset({"PORT", "DMLC_PORT", "DMLC_NODE_HOST", "DMLC_ROLE", "DMLC_PS_ROOT_URI",
                            "DMLC_PS_ROOT_PORT", "DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "DMLC_RANK"})
+MXNET_OWN = frozenset({"MXNET_ENGINE_TYPE", "MXNET_MKLDNN_ENABLED"})   # read by ps.mxnet workers only
 
 
 def config_names() -> list[str]:
@@ -144,7 +145,7 @@ def scheduler_ip(spec: LaunchSpec, environ: Mapping[str, str]) -> str:
 
 def scheduler_env(spec: LaunchSpec, ip: str, environ: Mapping[str, str]) -> dict[str, str]:
     """Config mapping of the in-process scheduler: the launcher's ps tunables, --env, DMLC_*."""
-    env = {n: environ[n] for n in config_names() if n in environ and n not in NOT_FORWARDED}
+    env = {n: environ[n] for n in config_names() if n in environ and n not in NOT_FORWARDED | MXNET_OWN}
     env.update(dict(spec.env))
     env.update({"DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_URI": ip, "DMLC_PS_ROOT_PORT": "0",
                 "DMLC_NUM_SERVER": str(spec.num_servers), "DMLC_NUM_WORKER": str(spec.num_workers)})

@@ -181,9 +181,10 @@ class PSKVStore(mx.kvstore.KVStoreBase):
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
         """Push gradients, write the new values into ``out`` (into ``value`` if None).
 
-        Values go out of, and come back into, the NDArrays' own memory (no copies):
-        in sync mode a reply only comes after the server has all of this push. For one
-        dense CPU array it runs as an operation of MXNet's engine (see ``_engine_pushpull``).
+        Gradients go out of the NDArrays' own memory and pulled values come back into it
+        (in sync mode a reply only comes after the server has all of this push); for one
+        dense CPU array it runs as an operation of MXNet's engine, which may stage the
+        values of convolution weights first (see ``_engine_pushpull``).
         """
         self._raise_async_error()
         self._sync_optimizer_params()

@@ -3,8 +3,8 @@
 Each operation gets a timestamp; its value is cut by the key's slices (``keys.plan``)
 and each slice into ~1 MiB chunks; entries for one server are packed into messages of
 about ``CHUNK_BYTES`` so that large tensors stream while many small keys share messages.
-A full box leaves at once; the rest is flushed by the van's I/O thread the next time it
-runs, so a burst of small calls travels together without waiting on a timer.
+A full box leaves at once; the rest is flushed by the van's I/O thread once it has run what
+was queued before, so a burst of small calls travels together without waiting on a timer.
 """
 from __future__ import annotations
 
@@ -38,10 +38,8 @@ class KVWorker:
                 encode: Callable[[np.ndarray], np.ndarray] | None = None) -> Request:
         """Queue one operation on a key (flat ``value``/``out``); returns its Request.
 
-        ``encode`` turns each chunk of ``value`` into its wire form (compression). On the
-        I/O thread itself (``ps.mxnet`` issues requests there) it is sent at once.
+        ``encode`` turns each chunk of ``value`` into its wire form (compression).
         """
-        on_io_thread = self.po.van.in_io_thread
         pulls = bool(op & Op.PULL)
         remaining = sum(s.size for s in slices) if pulls else len(slices)
         req = self.customer.new_request(remaining, out, {server_id(s.server): s.start for s in slices}, what)
@@ -51,24 +49,24 @@ class KVWorker:
             for s in slices:
                 sid = server_id(s.server)
                 if value is None:
-                    self._emit(sid, [ts, op, key, 0, s.size, s.size, code, None], None, not on_io_thread)
+                    self._emit(sid, [ts, op, key, 0, s.size, s.size, code, None], None)
                     continue
                 piece = value[s.start:s.start + s.size]
                 for off, n in chunks(s.size, itemsize):   # the key's dtype: same cut for every encoding
                     chunk = piece[off:off + n]
                     self._emit(sid, [ts, op, key, off, n, s.size, code, None],
-                               chunk if encode is None else encode(chunk), not on_io_thread)
-        if on_io_thread:
-            self.flush()
+                               chunk if encode is None else encode(chunk))
         return req
 
-    def _emit(self, sid: int, entry: list, data: np.ndarray | None, schedule: bool = True) -> None:
+    def _emit(self, sid: int, entry: list, data: np.ndarray | None) -> None:
         box = self._outbox.get(sid)
         if box is None:
             box = self._outbox[sid] = ([], [], [0])
-            if schedule and not self._flush_scheduled:
+            if not self._flush_scheduled:
                 self._flush_scheduled = True
-                self.po.van.call_soon(self.flush)
+                # after what the I/O thread already has queued (on it too): requests that
+                # MXNet's engine hands over in one burst leave together, one message per server
+                self.po.van.call_later(self.flush)
         box[0].append(entry)
         if data is not None:
             box[1].append(data)

@@ -50,6 +50,11 @@ class Van(abc.ABC):
         """Run ``fn`` on the I/O thread (after the messages already queued)."""
 
     @abc.abstractmethod
+    def call_later(self, fn: Callable[[], None]) -> None:
+        """Like ``call_soon``, but on the I/O thread too it runs after what is already
+        queued, not inline: work queued in one burst can be batched by the last of it."""
+
+    @abc.abstractmethod
     def stop(self, linger: float = 0.0, timeout: float = 5.0) -> None:
         """Stop the I/O thread and close sockets; ``linger`` seconds to flush queued sends."""
 

@@ -71,6 +71,11 @@ class InprocVan(Van):
         else:
             self._inbox.put((fn, (None, 0)))
 
+    def call_later(self, fn: Callable[[], None]) -> None:
+        if self._stopping:
+            raise TransportError("the van is not running")
+        self._inbox.put((fn, (None, 0)))
+
     def send(self, msg: Message) -> None:
         if self._stopping:
             raise TransportError("the van is not running")

@@ -82,6 +82,9 @@ class ReliableVan(Van):
     def call_soon(self, fn: Callable[[], None]) -> None:
         self.inner.call_soon(fn)
 
+    def call_later(self, fn: Callable[[], None]) -> None:
+        self.inner.call_later(fn)
+
     def watch(self, node_id: int, address: str, on_event: Callable[[int, bool], None]) -> None:
         self.inner.watch(node_id, address, on_event)
 

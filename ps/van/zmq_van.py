@@ -180,11 +180,16 @@ class ZmqVan(Van):
         else:
             self._enqueue(fn)
 
+    def call_later(self, fn: Callable[[], None]) -> None:
+        self._enqueue(fn)
+
     def _enqueue(self, item: Any) -> None:
         with self._queue_lock:
             if self._thread is None or self._stopping or self._closed:
                 raise TransportError("the van is not running")
             self._queue.append(item)
+        if self.in_io_thread:
+            return                  # _drain_queue runs it in this loop iteration: no wake-up
         if not self._wake_pending:
             self._wake_pending = True
             try:

@@ -204,3 +204,28 @@ def test_requests_issued_on_the_io_thread_with_a_done_callback(van):
         o0, o1 = c.run(job)
     np.testing.assert_array_equal(o0, grads[0] + grads[1])
     np.testing.assert_array_equal(o1, o0)
+
+
+def test_requests_issued_together_on_the_io_thread_share_a_message(van):
+    """A burst of small pushpulls issued on the I/O thread (MXNet's engine hands a step's
+    gradients over together) leaves as one message per server, not one per key."""
+    import threading
+
+    def job(kv):
+        for k in range(4):
+            kv.init(k, np.zeros(8, np.float32))
+        sent = []
+        real_send = kv._worker._send
+        kv._worker._send = lambda sid, box: (sent.append(len(box[0])), real_send(sid, box))
+        handles, issued = [], threading.Event()
+
+        def burst():
+            handles.extend(kv.pushpull(k, np.full(8, k + 1.0, np.float32), block=False) for k in range(4))
+            issued.set()
+        kv._po.van.call_soon(burst)
+        assert issued.wait(10)
+        return [h.wait(10)[0] for h in handles], sent
+    with local_cluster(1, 2, van=van) as c:
+        for values, sent in c.run(job):
+            assert values == [2.0, 4.0, 6.0, 8.0]
+            assert sent == [4], f"entries per message sent: {sent}"

@@ -181,15 +181,19 @@ class ZmqVan(Van):
             self._enqueue(fn)
 
     def call_later(self, fn: Callable[[], None]) -> None:
-        self._enqueue(fn)
+        if not self.in_io_thread:
+            self._enqueue(fn)
+            return
+        with self._queue_lock:      # no wake-up: the loop drains its queue before it polls again,
+            if self._closed:        # and a stopping loop runs what is left (_run_leftovers)
+                raise TransportError("the van is not running")
+            self._queue.append(fn)
 
     def _enqueue(self, item: Any) -> None:
         with self._queue_lock:
             if self._thread is None or self._stopping or self._closed:
                 raise TransportError("the van is not running")
             self._queue.append(item)
-        if self.in_io_thread:
-            return                  # _drain_queue runs it in this loop iteration: no wake-up
         if not self._wake_pending:
             self._wake_pending = True
             try:

@@ -23,6 +23,7 @@ import atexit  # noqa: E402
 import contextlib  # noqa: E402
 import ctypes  # noqa: E402
 import logging  # noqa: E402
+import os  # noqa: E402
 import threading  # noqa: E402
 import types  # noqa: E402
 import weakref  # noqa: E402
@@ -41,6 +42,7 @@ logger = logging.getLogger(__name__)
 STATES_FORMAT = "ps-optimizer-states"
 _MKLDNN_BUILD = mx.runtime.Features().is_enabled("MKLDNN")
 _shared: KVStore | None = None
+_live_stores: "weakref.WeakSet[PSKVStore]" = weakref.WeakSet()
 
 
 def _store(kvtype: str) -> KVStore:
@@ -129,6 +131,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         self._relayout = _MKLDNN_BUILD and self._kv._po.config.mxnet_mkldnn
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref()._at_exit())
+        _live_stores.add(self)
 
     # -- properties MXNet reads ------------------------------------------------------------
     @property
@@ -244,14 +247,14 @@ class PSKVStore(mx.kvstore.KVStoreBase):
                     handle.wait()
                 except BaseException as exc:
                     self._record_async_error(key, exc)
-                finally:
+                finally:                     # MXNet's operation first: whoever _settle
+                    done()                   # releases (e.g. a fork) finds it complete
                     self._engine_done()
-                    done()
 
             def fail(exc: BaseException) -> None:
                 self._record_async_error(key, exc)
-                self._engine_done()
                 done()
+                self._engine_done()
             try:
                 kv._po.van.call_soon(issue)
             except BaseException as exc:     # the van has stopped
@@ -289,7 +292,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
             if not self._in_engine:
                 self._engine_idle.notify_all()
 
-    def _settle(self, timeout: float | None = None) -> None:
+    def _settle(self, timeout: float | None = None, raise_errors: bool = True) -> None:
         """Before any call outside the engine: let the engine's pushpulls finish (they may
         still wait for a gradient), so requests reach the servers in program order."""
         if self._in_engine:
@@ -298,7 +301,8 @@ class PSKVStore(mx.kvstore.KVStoreBase):
                 while self._in_engine:
                     self._engine_idle.wait(deadline.remaining(0.5))
                     deadline.check(f"{self._in_engine} pushpulls queued in MXNet's engine to finish")
-        self._raise_async_error()
+        if raise_errors:
+            self._raise_async_error()
 
     def _raise_async_error(self) -> None:
         if self._async_errors:
@@ -443,6 +447,18 @@ def _first(value: Any, key: Any) -> Any:
     return value[0] if isinstance(value, list) else value
 
 
+def _settle_before_fork() -> None:
+    """MXNet's own fork handler waits for every engine operation to finish, and it runs while
+    the forking thread holds the GIL, which ps's I/O thread needs to finish ours: a fork with
+    a pushpull in the engine (a DataLoader starting its worker processes) would hang. So
+    let them finish first; waiting here releases the GIL."""
+    for store in list(_live_stores):
+        try:
+            store._settle(timeout=store._kv._timeout or CLOSE_WAIT, raise_errors=False)
+        except Exception as exc:  # noqa: BLE001 - a fork must go on; say why it may stall
+            logger.error("before fork: %s", exc)
+
+
 def _register() -> None:
     for name in ("dist_sync", "dist_async", "dist_sync_device", "dist_device_sync",
                  "dist_async_device", "dist"):
@@ -473,3 +489,4 @@ def _patch_step_pipelining() -> None:
 
 _register()
 _patch_step_pipelining()
+os.register_at_fork(before=_settle_before_fork)

@@ -61,12 +61,13 @@ class KVWorker:
     def _emit(self, sid: int, entry: list, data: np.ndarray | None) -> None:
         box = self._outbox.get(sid)
         if box is None:
-            box = self._outbox[sid] = ([], [], [0])
             if not self._flush_scheduled:
-                self._flush_scheduled = True
                 # after what the I/O thread already has queued (on it too): requests that
-                # MXNet's engine hands over in one burst leave together, one message per server
+                # MXNet's engine hands over in one burst leave together, one message per
+                # server. (The flush takes self._lock, held here: it cannot run before the flag.)
                 self.po.van.call_later(self.flush)
+                self._flush_scheduled = True
+            box = self._outbox[sid] = ([], [], [0])
         box[0].append(entry)
         if data is not None:
             box[1].append(data)

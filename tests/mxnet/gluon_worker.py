@@ -4,6 +4,7 @@ Imports ps.mxnet before mxnet, so the same command works for every DMLC_ROLE.
 Usage: gluon_worker.py SCENARIO OUT.npz [name=python-literal ...]
 """
 import ast
+import os
 import sys
 
 import ps.mxnet  # noqa: F401  (server/scheduler roles run here and exit)
@@ -43,12 +44,13 @@ def net(dtype="float32", model="mlp"):
 
 def train(kvstore, rank, workers, steps, opt, opt_args, update_on_kvstore=None, compression=None,
           dtype="float32", lr_after=None, save=None, params=None, states=None, rows=None, lr_mult=None,
-          model="mlp", predict=False, exit_early=False):
+          model="mlp", predict=False, exit_early=False, fork=False):
     """Train on this worker's rows; the reference trains on all workers' rows with
     step(B), which is what dist_sync computes (sum of per-worker means). ``predict``:
     an inference forward after every step, not waited for (reads the weights the step is
     writing; MKL-DNN reorders conv weights for it). ``exit_early``: rank 0 returns right
-    after its last step, its pushpulls possibly still in MXNet's engine."""
+    after its last step, its pushpulls possibly still in MXNet's engine. ``fork``: the
+    process forks right after every step (a DataLoader starting its workers would)."""
     x, y = data(workers, model)
     lo, hi = rows or (rank * B, (rank + 1) * B)
     xs, ys = x[lo:hi], y[lo:hi]
@@ -74,6 +76,11 @@ def train(kvstore, rank, workers, steps, opt, opt_args, update_on_kvstore=None, 
         trainer.step(B)
         if predict:
             n(mx.nd.array(xs, dtype=dtype))
+        if fork:
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
         if save and step == save[0] - 1:
             trainer.save_states(save[1])
             n.save_parameters(save[2])

@@ -95,6 +95,17 @@ def test_a_worker_that_exits_right_after_its_last_step_still_sends_it(procs, por
     assert_close(got[1], ref, atol=2e-5)
 
 
+def test_forking_while_pushpulls_are_in_the_engine_does_not_hang(procs, port, tmp_path):
+    """MXNet's fork handler waits for every engine operation while the forking thread holds
+    the GIL; ps lets its pushpulls finish first (a DataLoader forks its workers)."""
+    opt = ("sgd", {"learning_rate": 0.02, "momentum": 0.9, "wd": 1e-3})
+    got = run_job(procs, port, tmp_path, "gluon", steps=4, opt=opt[0], opt_args=opt[1],
+                  update_on_kvstore=True, model="conv", fork=True)
+    ref = gw.train(None, 0, 2, 4, opt[0], opt[1], rows=(0, 2 * gw.B), model="conv")
+    for g in got:
+        assert_close(g, ref, atol=2e-5)
+
+
 def test_error_of_a_pushpull_in_the_engine_is_raised_by_the_next_call(procs, port, tmp_path):
     env = cluster_env(port, servers=1, workers=1)
     others = [procs.role("scheduler", env), procs.role("server", env)]

@@ -235,9 +235,9 @@ class PSKVStore(mx.kvstore.KVStoreBase):
             return False
         kv = self._kv
 
-        def start(done: Any) -> None:        # on an engine thread, gradient written
-            def issue() -> None:             # on ps's I/O thread: no lock or GIL contention
-                try:                         # between MXNet's engine threads
+        def start(done: Any) -> None:        # on MXNet's CPU worker thread, gradient written:
+            def issue() -> None:             # only hand over; the I/O thread builds and sends,
+                try:                         # so MXNet's compute waits no longer than that
                     kv.pushpull(key, grad, out=weight, block=False).add_done_callback(finished)
                 except BaseException as exc:
                     fail(exc)

@@ -33,9 +33,9 @@ def worker(rounds: int) -> None:
             big = kv.pushpull("big", base * (kv.rank + 1) + (i % 7))
             bad += not np.all(small == (i % 100 + 1) * tri)
             bad += not np.array_equal(big, base * tri + (i % 7) * k)
-        stats = getattr(kv._po.van, "stats", {})
+        stats = kv.transport_stats()
         print(json.dumps({"rank": kv.rank, "bad": bad, "seconds": time.time() - started,
-                          "dropped": kv._po.dropped, **stats}), flush=True)
+                          **stats}), flush=True)
 
 
 def rss_kb(pid: int) -> int:

@@ -142,6 +142,29 @@ def run_quiet(argv: list[str], timeout: float, env: Mapping[str, str] | None = N
                           check=False, timeout=timeout, env=dict(env) if env is not None else None)
 
 
+def start_group(argv: list[str], env: Mapping[str, str] | None = None, **popen_kw) -> subprocess.Popen:
+    """Start ``argv`` as the leader of a new process group, so :func:`stop_group` (or a
+    launcher stop) reaches everything it starts, and nothing else."""
+    return subprocess.Popen(list(argv), env=dict(env) if env is not None else None,
+                            start_new_session=True, **popen_kw)
+
+
+def stop_group(popen: subprocess.Popen, grace: float = 5.0, sig: int = signal.SIGTERM) -> int:
+    """``sig`` to ``popen``'s process group, ``grace`` seconds, then SIGKILL to the group;
+    returns the leader's exit status. Only for processes :func:`start_group` started."""
+    if popen.poll() is None:
+        killpg(popen.pid, sig)
+        try:
+            popen.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    killpg(popen.pid, signal.SIGKILL)     # stragglers of the group, even if the leader is gone
+    try:
+        return exit_status(popen.wait(5))
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"process {popen.pid} ({popen.args!r:.80}) survived SIGKILL for 5s") from None
+
+
 def killpg(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -165,10 +188,8 @@ class Job:
 
     def spawn(self, cmd: Command) -> Proc:
         logger.debug("start %s: %s", cmd.name, " ".join(cmd.argv))
-        popen = subprocess.Popen(
-            list(cmd.argv), env=dict(cmd.env) if cmd.env is not None else None,
-            stdin=subprocess.PIPE if cmd.keep_stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        popen = start_group(cmd.argv, cmd.env, stdin=subprocess.PIPE if cmd.keep_stdin else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         proc = Proc(cmd, popen, self.output, self.report_exit)
         self.procs.append(proc)
         return proc

@@ -112,7 +112,7 @@ class GluonDriver:
         if shared is None:
             return {}
         replies = shared._server_command("stats")
-        nodes = shared._po.nodes
+        nodes = shared.nodes
         return {str(sid): {"bytes": r["bytes"], "keys": r["keys"], "port": nodes[sid]["port"]}
                 for sid, r in replies.items()}
 

@@ -64,8 +64,8 @@ class PsDriver:
         return one_round
 
     def stats(self) -> dict[str, Any]:
-        replies = self.kv._server_command("stats")
-        nodes = self.kv._po.nodes
+        replies = self.kv.server_command("stats")
+        nodes = self.kv.nodes
         return {str(sid): {"bytes": r["bytes"], "keys": r["keys"], "port": nodes[sid]["port"]}
                 for sid, r in replies.items()}
 

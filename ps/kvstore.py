@@ -109,6 +109,41 @@ class KVStore:
     def _timeout(self) -> float:
         return self._po.config.request_timeout
 
+    # -- the adapter surface (ps.mxnet, benchmarks, tests) ---------------------------------
+    @property
+    def config(self) -> Config:
+        return self._po.config
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def key_kind(self) -> type | None:
+        """``int`` or ``str`` once a key is initialized (a store never mixes them)."""
+        return self._key_kind
+
+    def key_info(self, key: Any) -> KeyInfo | None:
+        """What init recorded for ``key`` (shape, dtype, placement); None if not initialized."""
+        return self._keys.get(key)
+
+    @property
+    def nodes(self) -> dict[int, Any]:
+        """The node table: node id -> the node's role, rank and addresses."""
+        return self._po.nodes
+
+    @property
+    def server_ids(self) -> list[int]:
+        return self._po.server_ids
+
+    def call_soon(self, fn: Any) -> None:
+        """Run ``fn`` on this worker's I/O thread (an adapter hands work over without waiting)."""
+        self._po.call_soon(fn)
+
+    def transport_stats(self) -> dict[str, int]:
+        """Counters of the transport: messages dropped on purpose (PS_DROP_MSG), resent, ..."""
+        return self._po.transport_stats()
+
     def __enter__(self) -> "KVStore":
         return self
 
@@ -299,7 +334,7 @@ class KVStore:
             self._worker.command("set_optimizer", {"spec": spec})
         self._po.barrier("workers", what="every worker to set the optimizer")
 
-    def _set_pickled_optimizer(self, payload: bytes, signature: bytes) -> None:
+    def set_pickled_optimizer(self, payload: bytes, signature: bytes) -> None:
         """Collective, opt-in (PS_ALLOW_PICKLE on the servers): see ps/_pickled.py."""
         self._check_open()
         if self.rank == 0:
@@ -317,9 +352,12 @@ class KVStore:
         self._compression = parsed
         self._residuals = {}
 
-    def _server_command(self, cmd: str, payload: dict[str, Any] | None = None) -> dict[int, Any]:
+    def server_command(self, cmd: str, payload: dict[str, Any] | None = None,
+                       servers: list[int] | None = None) -> dict[int, Any]:
+        """Run a server command (``stats``, ``get_states``, ...) on ``servers`` (default all)
+        and wait for every answer: {server id: result}. Raises RemoteError if one fails."""
         self._check_open()
-        return self._worker.command(cmd, payload)
+        return self._worker.command(cmd, payload, servers=servers)
 
     def barrier(self, timeout: float | None = None) -> None:
         """Block until every worker reaches its barrier."""

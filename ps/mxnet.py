@@ -48,7 +48,7 @@ _live_stores: "weakref.WeakSet[PSKVStore]" = weakref.WeakSet()
 def _store(kvtype: str) -> KVStore:
     """One ps worker per process: every registered kvstore instance shares it."""
     global _shared
-    if _shared is None or _shared._closed:
+    if _shared is None or _shared.closed:
         _shared = KVStore(kvtype)
     elif ("async" in _shared.type) != ("async" in kvtype):
         raise ValueError(f"this process already joined the cluster as {_shared.type!r}; "
@@ -128,7 +128,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         self._async_errors: list[BaseException] = []
         self._staging: dict[Any, Any] = {}
         # MKL-DNN may change a weight's memory layout inside MXNet's engine (_engine_pushpull)
-        self._relayout = _MKLDNN_BUILD and self._kv._po.config.mxnet_mkldnn
+        self._relayout = _MKLDNN_BUILD and self._kv.config.mxnet_mkldnn
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref()._at_exit())
         _live_stores.add(self)
@@ -224,7 +224,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         src, dst = _single(value), _single(targets)
         if isinstance(key, (list, tuple)) or src is None or dst is None:
             return False
-        info = self._kv._keys.get(key)
+        info = self._kv.key_info(key)
         if info is None or not (_dense_cpu(src) and _dense_cpu(dst)):
             return False
         if any(tuple(a.shape) != info.shape or np.dtype(a.dtype) != info.dtype for a in (src, dst)):
@@ -256,7 +256,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
                 done()
                 self._engine_done()
             try:
-                kv._po.van.call_soon(issue)
+                kv.call_soon(issue)
             except BaseException as exc:     # the van has stopped
                 fail(exc)
 
@@ -296,7 +296,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         """Before any call outside the engine: let the engine's pushpulls finish (they may
         still wait for a gradient), so requests reach the servers in program order."""
         if self._in_engine:
-            deadline = Deadline(timeout if timeout is not None else (self._kv._timeout or None))
+            deadline = Deadline(timeout if timeout is not None else (self._kv.config.request_timeout or None))
             with self._engine_idle:
                 while self._in_engine:
                     self._engine_idle.wait(deadline.remaining(0.5))
@@ -313,7 +313,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         """Before the shared KVStore closes (atexit runs this first): the last steps' pushpulls
         may still sit in MXNet's engine; send them, or MXNet's shutdown would drop them."""
         try:
-            self._settle(timeout=self._kv._timeout or CLOSE_WAIT)
+            self._settle(timeout=self._kv.config.request_timeout or CLOSE_WAIT)
         except Exception as exc:  # noqa: BLE001 - at exit: report, do not raise
             logger.error("at exit: %s", exc)
 
@@ -350,7 +350,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
             self._set_pickled(optimizer, unknown)
             return
         idx2name = getattr(optimizer, "idx2name", None) or {}
-        if idx2name and self._kv._key_kind is not int:    # Module: str keys are param names
+        if idx2name and self._kv.key_kind is not int:    # Module: str keys are param names
             for name in ("lr_mult", "wd_mult"):
                 mult = spec["params"].get(name) or {}
                 spec["params"][name] = {idx2name.get(k, k): v for k, v in mult.items()}
@@ -366,13 +366,13 @@ class PSKVStore(mx.kvstore.KVStoreBase):
 
         from . import _pickled, _security
         from .errors import RemoteError
-        secret_file = self._kv._po.config.secret_file
+        secret_file = self._kv.config.secret_file
         if not secret_file:
             raise unknown
         payload = pickle.dumps(optimizer)
         signature = _pickled.sign(payload, _security.hmac_key(_security.read_secret(secret_file)))
         try:
-            self._kv._set_pickled_optimizer(payload, signature)
+            self._kv.set_pickled_optimizer(payload, signature)
         except RemoteError as refused:
             raise ValueError(f"{unknown}; the servers refused the pickled optimizer: {refused}") from None
         self._optimizer = optimizer
@@ -392,7 +392,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
             changed["rescale_grad"] = self._sent["rescale_grad"] = opt.rescale_grad
         if changed:
             self._settle()        # earlier steps' pushes still use the old values
-            self._kv._server_command("set_params", changed)
+            self._kv.server_command("set_params", changed)
 
     def set_gradient_compression(self, compression_params: dict[str, Any]) -> None:
         self._kv.set_gradient_compression(compression_params)
@@ -401,7 +401,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         """Save the servers' optimizer states (MXNet 1.9 raises here for dist stores)."""
         self._settle()
         self._wait_pending()
-        states = self._kv._server_command("get_states")
+        states = self._kv.server_command("get_states")
         blob = {"format": STATES_FORMAT, "version": 1, "num_servers": self._kv.num_servers,
                 "servers": {str(sid): data for sid, data in states.items()}}
         with open(fname, "wb") as f:
@@ -417,7 +417,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
             raise ValueError(f"{fname} holds states of {blob['num_servers']} servers; this job has "
                              f"{self._kv.num_servers}")
         for sid, data in blob["servers"].items():
-            self._kv._worker.command("set_states", {"states": data}, servers=[int(sid)])
+            self._kv.server_command("set_states", {"states": data}, servers=[int(sid)])
 
     def _barrier(self) -> None:
         self._settle()
@@ -426,7 +426,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
 
     def close(self) -> None:
         try:
-            self._settle(timeout=self._kv._timeout or CLOSE_WAIT)
+            self._settle(timeout=self._kv.config.request_timeout or CLOSE_WAIT)
         finally:
             self._kv.close()
 
@@ -434,7 +434,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
 def _engine(kv: KVStore) -> Engine | None:
     """PS_MXNET_ENGINE=0 keeps every call outside MXNet's engine (the step then waits for
     its last reply); so does MXNet's naive engine."""
-    cfg = kv._po.config
+    cfg = kv.config
     if not cfg.mxnet_engine or not Engine.available(cfg.mxnet_engine_type):
         return None
     return Engine()
@@ -454,7 +454,7 @@ def _settle_before_fork() -> None:
     let them finish first; waiting here releases the GIL."""
     for store in list(_live_stores):
         try:
-            store._settle(timeout=store._kv._timeout or CLOSE_WAIT, raise_errors=False)
+            store._settle(timeout=store._kv.config.request_timeout or CLOSE_WAIT, raise_errors=False)
         except Exception as exc:  # noqa: BLE001 - a fork must go on; say why it may stall
             logger.error("before fork: %s", exc)
 

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from . import _netutil
+from . import netutil
 from ._timing import Deadline
 from .config import Config
 from .errors import ClosedError, PeerLostError, PSError, PSTimeoutError
@@ -105,8 +105,8 @@ class Postoffice:
         """Register with the scheduler, wait for the node table, then barrier with everyone."""
         cfg = self.config
         deadline = Deadline(cfg.connect_timeout, self.clock)
-        sched_ip = _netutil.resolve(cfg.root_uri)
-        host = _netutil.announce_host(cfg, sched_ip)
+        sched_ip = netutil.resolve(cfg.root_uri)
+        host = netutil.announce_host(cfg, sched_ip)
         address = self.van.start(self._on_message, host, cfg.port, cfg.port_range,
                                  name=f"{self.role.name.lower()}@{host}")
         port = int(address.rsplit(":", 1)[1]) if address.startswith(("tcp", "inproc")) else os.getpid()
@@ -207,6 +207,13 @@ class Postoffice:
     def on(self, cmd: Command, handler: Handler) -> None:
         """Route messages of ``cmd`` (DATA, SERVER_CMD, ...) to the role's handler."""
         self.handlers[cmd] = handler
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the I/O thread, after what is already queued there."""
+        self.van.call_soon(fn)
+
+    def transport_stats(self) -> dict[str, int]:
+        return {"dropped": self.dropped, **getattr(self.van, "stats", {})}
 
     def send(self, msg: Message) -> None:
         if self.failure is not None:

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from . import _netutil
+from . import netutil
 from .config import Config
 from .message import Command, Message, Role, node_name, server_id, worker_id
 from .van import Van, for_config, reliable
@@ -57,7 +57,7 @@ class Scheduler:
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> int:
         cfg = self.config
-        host = _netutil.resolve(cfg.root_uri)
+        host = netutil.resolve(cfg.root_uri)
         address = self.van.start(self._on_message, host, cfg.root_port or 0, name="scheduler")
         self.port = int(address.rsplit(":", 1)[1])
         self._started_at = self.clock()

@@ -65,15 +65,14 @@ if __name__ == "__main__":
         with ps.KVStore("dist_sync") as kv:
             if scenario == "drops":
                 bad = rounds(kv, int(sys.argv[2]))
-                van = kv._po.van
-                say(event="result", rank=kv.rank, bad=bad, dropped=kv._po.dropped,
-                    stats=getattr(van, "stats", {}))
+                stats = kv.transport_stats()
+                say(event="result", rank=kv.rank, bad=bad, dropped=stats.pop("dropped"), stats=stats)
             elif scenario == "long":
                 rounds(kv, 100000, sleep=0.01)
             elif scenario == "garbage":
                 stop = threading.Event()
-                targets = [f"tcp://{kv._po.config.root_uri}:{kv._po.config.root_port}"] + \
-                    [kv._po.nodes[s]["addr"] for s in kv._po.server_ids]
+                targets = [f"tcp://{kv.config.root_uri}:{kv.config.root_port}"] + \
+                    [kv.nodes[s]["addr"] for s in kv.server_ids]
                 t = threading.Thread(target=garbage, args=(targets, stop), daemon=True)
                 if kv.rank == 0:
                     t.start()

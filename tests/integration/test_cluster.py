@@ -195,7 +195,7 @@ def test_requests_issued_on_the_io_thread_with_a_done_callback(van):
             except ps.PSError as exc:
                 seen["error"] = exc
             done.set()
-        kv._po.van.call_soon(lambda: kv.pushpull(5, grads[kv.rank], out=out, block=False)
+        kv.call_soon(lambda: kv.pushpull(5, grads[kv.rank], out=out, block=False)
                              .add_done_callback(finished))
         assert done.wait(20), "the done callback never ran"
         assert seen["error"] is None, seen
@@ -222,7 +222,7 @@ def test_requests_issued_together_on_the_io_thread_share_a_message(van):
         def burst():
             handles.extend(kv.pushpull(k, np.full(8, k + 1.0, np.float32), block=False) for k in range(4))
             issued.set()
-        kv._po.van.call_soon(burst)
+        kv.call_soon(burst)
         assert issued.wait(10)
         return [h.wait(10)[0] for h in handles], sent
     with local_cluster(2, 2, van=van) as c:      # keys 0 and 2 live on one server, 1 and 3 on the other

@@ -57,12 +57,12 @@ def test_every_variable_maps_to_a_field():
 
 
 def test_interface_and_node_host():
-    from ps import _netutil
+    from ps import netutil
     cfg = Config.from_env({**BASE, "DMLC_INTERFACE": "lo"})
-    assert _netutil.announce_host(cfg, "127.0.0.1") == "127.0.0.1"
+    assert netutil.announce_host(cfg, "127.0.0.1") == "127.0.0.1"
     cfg = Config.from_env({**BASE, "DMLC_INTERFACE": "nosuchnic"})
     with pytest.raises(ConfigError, match="DMLC_INTERFACE='nosuchnic'"):
-        _netutil.announce_host(cfg, "127.0.0.1")
+        netutil.announce_host(cfg, "127.0.0.1")
     cfg = Config.from_env({**BASE, "DMLC_NODE_HOST": "localhost", "DMLC_INTERFACE": "nosuchnic"})
-    assert _netutil.announce_host(cfg, "127.0.0.1") == "127.0.0.1"
-    assert _netutil.announce_host(Config.from_env(BASE), "127.0.0.1") == "127.0.0.1"
+    assert netutil.announce_host(cfg, "127.0.0.1") == "127.0.0.1"
+    assert netutil.announce_host(Config.from_env(BASE), "127.0.0.1") == "127.0.0.1"

@@ -1,4 +1,4 @@
-"""Addresses: resolve the scheduler's name, pick the address this node announces."""
+"""Addresses: resolve the scheduler's name, pick the address this node announces, the\naddress of an interface, a free port. The one place for these (ps and the launcher)."""
 from __future__ import annotations
 
 import fcntl
@@ -51,3 +51,11 @@ def announce_host(cfg: Config, scheduler_ip: str) -> str:
     if cfg.interface:
         return interface_ip(cfg.interface)
     return route_source(scheduler_ip, cfg.root_port or 0)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago. Only for a process that cannot bind port 0 itself
+    and report it (MXNet's native scheduler); anything of ours binds port 0."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

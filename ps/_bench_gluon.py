@@ -113,7 +113,7 @@ class GluonDriver:
             return {}
         replies = shared._server_command("stats")
         nodes = shared.nodes
-        return {str(sid): {"bytes": r["bytes"], "keys": r["keys"], "port": nodes[sid]["port"]}
+        return {str(sid): {"bytes": r["bytes"], "keys": r["keys"], "port": nodes[sid].port}
                 for sid, r in replies.items()}
 
     def close(self) -> None:

@@ -66,7 +66,7 @@ class PsDriver:
     def stats(self) -> dict[str, Any]:
         replies = self.kv.server_command("stats")
         nodes = self.kv.nodes
-        return {str(sid): {"bytes": r["bytes"], "keys": r["keys"], "port": nodes[sid]["port"]}
+        return {str(sid): {"bytes": r["bytes"], "keys": r["keys"], "port": nodes[sid].port}
                 for sid, r in replies.items()}
 
     def close(self) -> None:

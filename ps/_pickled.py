@@ -43,6 +43,8 @@ def _import_mxnet() -> Any:
 class MXNetUpdater:
     """MXNet's own updater behind the server's ``updater(key, grad, weight)`` call."""
 
+    elementwise = False     # MXNet's updater takes whole arrays
+
     def __init__(self, optimizer: Any):
         self.mx = _import_mxnet()
         self.optimizer = optimizer

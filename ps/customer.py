@@ -79,9 +79,10 @@ class Customer:
     def on_reply(self, msg: Message) -> None:
         arrays = iter(msg.frames)
         requests = self._requests
-        for ts, op, key, off, n, total, code, error in msg.body:
-            data = next(arrays) if (op & Op.PULL and error is None) else None
-            req = requests.get(ts)
+        for entry in msg.body:
+            error = entry.error
+            data = next(arrays) if (entry.op & Op.PULL and error is None) else None
+            req = requests.get(entry.ts)
             if req is None:
                 continue                      # late reply to a request that already failed
             if error is not None:
@@ -91,10 +92,11 @@ class Customer:
                 self._finish(req)
                 continue
             if data is not None:
-                start = req.starts[msg.sender] + off
+                n = entry.length
+                start = req.starts[msg.sender] + entry.offset
                 req.out[start:start + n] = data
                 req.remaining -= n
-                if off + n == total:
+                if entry.offset + n == entry.total:
                     req.pending.discard(msg.sender)
             else:
                 req.remaining -= 1
@@ -131,6 +133,22 @@ def _run_callbacks(req: Request, callbacks: list[Callable[[Request], None]] | No
             logger.exception("callback of %s failed", req.what)
 
 
+class _Countdown:
+    """Calls ``fn`` once ``tick`` was called ``n`` times, from whichever threads."""
+
+    __slots__ = ("left", "fn", "lock")
+
+    def __init__(self, n: int, fn: Callable[[], None]):
+        self.left, self.fn, self.lock = n, fn, threading.Lock()
+
+    def tick(self, _req: Request) -> None:
+        with self.lock:
+            self.left -= 1
+            last = self.left == 0
+        if last:
+            self.fn()
+
+
 class Handle:
     """The future of a non-blocking call: ``wait()`` returns its result or raises."""
 
@@ -154,19 +172,12 @@ class Handle:
         I/O thread; ``handle.wait()`` inside it returns at once (or raises the error)."""
         if self._customer is None:
             raise ValueError("this handle cannot take callbacks")
-        left = [len(self._requests)]
-        lock = threading.Lock()
-
-        def one(_req: Request) -> None:
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                fn(self)
         if not self._requests:
             fn(self)
+            return
+        countdown = _Countdown(len(self._requests), lambda: fn(self))
         for req in self._requests:
-            self._customer.when_done(req, one)
+            self._customer.when_done(req, countdown.tick)
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until every reply arrived (``timeout`` s, default PS_REQUEST_TIMEOUT)."""

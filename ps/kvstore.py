@@ -20,10 +20,10 @@ from . import compression as comp
 from . import keys as keys_mod
 from ._timing import Deadline
 from .config import Config
-from .customer import Customer, Handle, Request
+from .customer import Handle, Request
 from .errors import ClosedError, ConfigError, PSError, PSTimeoutError
 from .keys import Slice
-from .message import Command, Op, dtype_code
+from .message import Op, dtype_code
 from .postoffice import Postoffice
 from .van import Van
 from .worker import KVWorker
@@ -42,7 +42,7 @@ class KeyInfo:
     key: int
     shape: tuple[int, ...]
     dtype: np.dtype
-    code: int
+    dtype_code: int
     slices: tuple[Slice, ...]
 
     @property
@@ -70,10 +70,7 @@ class KVStore:
         self._type = type
         self._sync = "async" not in type
         self._po = Postoffice(cfg, van)
-        self._customer = Customer()
-        self._worker = KVWorker(self._po, self._customer)
-        self._po.on(Command.DATA, self._customer.on_reply)
-        self._po.add_failure_listener(self._customer.fail_all)
+        self._worker = KVWorker(self._po)
         self._keys: dict[Any, KeyInfo] = {}
         self._key_kind: type | None = None
         self._compression: dict[str, Any] | None = None
@@ -302,12 +299,12 @@ class KVStore:
                 op, encode = op | Op.TWO_BIT, comp.pack_2bit
             else:
                 op, value = op | Op.FP16, value.astype(np.float16)
-        return self._worker.request(op, info.key, info.slices, info.code, value, out, what, encode)
+        return self._worker.request(op, info.key, info.slices, info.dtype_code, value, out, what, encode)
 
     def _finish(self, requests: list[Request], finalize: Any, block: bool) -> Any:
         """Blocking calls send now; non-blocking ones leave with the I/O thread's next
         flush, together with whatever else was issued meanwhile."""
-        handle = Handle(requests, finalize, self._timeout, lambda: self._po.failure, self._customer)
+        handle = self._worker.handle(requests, finalize)
         if not block:
             return handle
         self._worker.flush()
@@ -367,9 +364,7 @@ class KVStore:
 
     def wait_all(self, timeout: float | None = None) -> None:
         """Wait for every outstanding push/pull of this worker."""
-        deadline = Deadline(self._timeout if timeout is None else timeout)
-        for req in self._customer.pending():
-            req.wait(deadline, lambda: self._po.failure)
+        self._worker.wait_all(Deadline(self._timeout if timeout is None else timeout))
 
     def close(self) -> None:
         """Finish outstanding requests, tell the scheduler, disconnect. Idempotent."""
@@ -388,7 +383,7 @@ class KVStore:
         finally:
             # whatever is still outstanding ends now, with an error: nobody waits on it forever
             # (a pushpull in MXNet's engine completes its engine operation on it)
-            self._customer.fail_all(ClosedError("the store was closed before this request was answered"))
+            self._worker.fail_all(ClosedError("the store was closed before this request was answered"))
             self._po.announce_close()
             self._po.close(linger=1.0)
 

@@ -18,7 +18,7 @@ from . import netutil
 from ._timing import Deadline
 from .config import Config
 from .errors import ClosedError, PeerLostError, PSError, PSTimeoutError
-from .message import Command, Message, Role, id_to_rank, node_name
+from .message import Command, Message, Node, Role, id_to_rank, node_name
 from .van import Van, for_config, reliable
 
 logger = logging.getLogger(__name__)
@@ -48,15 +48,14 @@ class Postoffice:
         self.role = Role.SERVER if config.is_server else Role.WORKER
         self.dropped = 0
         self.van = reliable(van, config) if van is not None else for_config(config, self._dropper())
-        if hasattr(self.van, "on_peer_lost"):
-            self.van.on_peer_lost = self._on_peer_lost
+        self.van.on_peer_lost = self._on_peer_lost
         self.clock = clock
         self.node_id = 0
         self.rank = -1
         self.sync = True
         self.server_ids: list[int] = []
         self.worker_ids: list[int] = []
-        self.nodes: dict[int, dict[str, Any]] = {}
+        self.nodes: dict[int, Node] = {}
         self.failure: PSError | None = None
         self.handlers: dict[Command, Handler] = {}
         self._cond = threading.Condition()
@@ -115,7 +114,7 @@ class Postoffice:
         body = {"role": int(self.role), "host": host, "port": port, "addr": address,
                 "rank_hint": cfg.rank_hint, "pid": os.getpid(), "hostname": socket.gethostname(),
                 **(info or {})}
-        local = getattr(self.van, "local_address", None)
+        local = self.van.local_address
         if local and self.role == Role.SERVER:
             body["local"] = [local, _machine_id()]
         self.van.send(Message(Command.ADD_NODE, 0, SCHEDULER, body))
@@ -158,23 +157,23 @@ class Postoffice:
         self.node_id = table["you"]
         self.rank = id_to_rank(self.node_id)
         self.sync = table.get("sync", True)
-        for node_id, role, rank, host, port, addr, *rest in table["nodes"]:
-            self.nodes[node_id] = dict(role=Role(role), rank=rank, host=host, port=port, addr=addr,
-                                       local=rest[0] if rest else None)
-        self.server_ids = sorted(i for i, n in self.nodes.items() if n["role"] == Role.SERVER)
-        self.worker_ids = sorted(i for i, n in self.nodes.items() if n["role"] == Role.WORKER)
+        for row in table["nodes"]:
+            node = Node.from_row(row)
+            self.nodes[node.node_id] = node
+        self.server_ids = sorted(i for i, n in self.nodes.items() if n.role == Role.SERVER)
+        self.worker_ids = sorted(i for i, n in self.nodes.items() if n.role == Role.WORKER)
         if self.role == Role.WORKER:
             for sid in self.server_ids:
                 self.van.connect(sid, self._data_address(self.nodes[sid]))
 
     @staticmethod
-    def _data_address(node: dict[str, Any]) -> str:
+    def _data_address(node: Node) -> str:
         """The server's ipc:// twin when it runs on this machine (same boot, path visible), else its address."""
-        local = node.get("local")
-        if local and local[1] and node["addr"].startswith("tcp://") and local[1] == _machine_id() \
+        local = node.local
+        if local and local[1] and node.addr.startswith("tcp://") and local[1] == _machine_id() \
                 and os.path.exists(local[0][len("ipc://"):]):
             return local[0]
-        return node["addr"]
+        return node.addr
 
     # -- messages from the van's I/O thread ---------------------------------------------
     def _on_message(self, msg: Message) -> None:
@@ -209,11 +208,17 @@ class Postoffice:
         self.handlers[cmd] = handler
 
     def call_soon(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the I/O thread, after what is already queued there."""
+        """Run ``fn`` on the I/O thread, after what is already queued there (inline when
+        called on it)."""
         self.van.call_soon(fn)
 
+    def call_later(self, fn: Callable[[], None]) -> None:
+        """Like :meth:`call_soon`, but never inline: work queued in one burst can be
+        batched by the last of it."""
+        self.van.call_later(fn)
+
     def transport_stats(self) -> dict[str, int]:
-        return {"dropped": self.dropped, **getattr(self.van, "stats", {})}
+        return {"dropped": self.dropped, **self.van.transport_stats()}
 
     def send(self, msg: Message) -> None:
         if self.failure is not None:

@@ -8,11 +8,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import netutil
 from .config import Config
-from .message import Command, Message, Role, node_name, server_id, worker_id
+from .message import Command, Message, Node, Role, node_name, server_id, worker_id
 from .van import Van, for_config, reliable
 
 logger = logging.getLogger(__name__)
@@ -23,22 +24,58 @@ TERMINATE_GRACE = 10.0   # seconds servers get to acknowledge the end of the job
 DISCONNECT_GRACE = 2.0   # a node whose connection stays down this long is dead
 
 
+@dataclass
+class Member:
+    """A node as the scheduler knows it: what it registered with, then its rank and liveness."""
+
+    role: Role
+    host: str
+    port: int
+    addr: str
+    route: bytes | None = None        # the ROUTER identity its messages arrive from: replies go there
+    rank_hint: int | None = None
+    sync: bool = True
+    local: list | None = None
+    pid: int | None = None
+    hostname: str = ""
+    rank: int = -1
+    last_seen: float = 0.0
+
+    @classmethod
+    def from_registration(cls, body: Any, route: bytes | None) -> "Member":
+        """Raises ValueError naming what is wrong with a registration."""
+        if not isinstance(body, dict):
+            raise ValueError(f"registration is not a map: {body!r:.100}")
+        try:
+            role = Role(body["role"])
+            member = cls(role, str(body["host"]), int(body["port"]), str(body["addr"]), route,
+                         body.get("rank_hint"), bool(body.get("sync", True)), body.get("local"),
+                         body.get("pid"), str(body.get("hostname", "")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{type(exc).__name__}: {exc}") from None
+        if role == Role.SCHEDULER:
+            raise ValueError("a second scheduler")
+        return member
+
+    def node(self, node_id: int) -> Node:
+        return Node(node_id, self.role, self.rank, self.host, self.port, self.addr, self.local)
+
+
 class Scheduler:
     """``port = s.start(); code = s.run()``; ``close()`` from any thread stops it."""
 
     def __init__(self, config: Config, van: Van | None = None, clock: Callable[[], float] = time.monotonic):
         self.config = config
         self.van = reliable(van, config) if van is not None else for_config(config)
-        if hasattr(self.van, "on_peer_lost"):
-            self.van.on_peer_lost = self._on_peer_lost
+        self.van.on_peer_lost = self._on_peer_lost
         self.clock = clock
         self.error: str | None = None
-        self.code: int | None = None
+        self.exit_code: int | None = None
         self.port = 0
         self._lock = threading.RLock()
         self._done = threading.Event()
-        self._pending: list[dict[str, Any]] = []     # registrations before formation
-        self._nodes: dict[int, dict[str, Any]] = {}   # id -> node after formation
+        self._pending: list[Member] = []         # registrations before formation
+        self._nodes: dict[int, Member] = {}      # id -> node after formation
         self._barriers: dict[str, set[int]] = {}
         self._closed_workers: set[int] = set()
         self._terminated: set[int] = set()
@@ -73,7 +110,7 @@ class Scheduler:
             if end is not None and self.clock() > end:
                 self._finish(1, f"the scheduler's run(timeout={timeout}) expired")
         self.van.stop(linger=1.0)
-        return self.code if self.code is not None else 1
+        return self.exit_code if self.exit_code is not None else 1
 
     def close(self) -> None:
         """Stop now (Ctrl-C, or the launcher ending the job): not itself an error to report."""
@@ -84,7 +121,7 @@ class Scheduler:
         with self._lock:
             if self._done.is_set():
                 return
-            self.code, self.error = code, error
+            self.exit_code, self.error = code, error
             self._done.set()
         if quiet:
             logger.info("scheduler: %s", error)
@@ -120,7 +157,7 @@ class Scheduler:
             for node_id, node in self._nodes.items():
                 if self._gone(node_id):
                     continue
-                silent = now - node["last_seen"]
+                silent = now - node.last_seen
                 if silent > timeout:
                     self._node_failed(node_id, f"{self._describe(node_id)} sent no heartbeat for "
                                       f"{silent:.1f}s (PS_HEARTBEAT_TIMEOUT={timeout:g}); presumed dead")
@@ -139,20 +176,20 @@ class Scheduler:
 
     def _on_peer_lost(self, peer: object, msg: Message, waited: float) -> None:
         with self._lock:
-            node_id = next((i for i, n in self._nodes.items() if n.get("route") == peer), msg.recver)
+            node_id = next((i for i, n in self._nodes.items() if n.route == peer), msg.recver)
             if node_id in self._nodes and not self._gone(node_id) and not self._done.is_set():
                 self._node_failed(node_id, f"{self._describe(node_id)} did not acknowledge messages "
                                            f"for {waited:.1f}s (PS_RESEND); presumed dead")
 
     def _have(self) -> str:
         nodes = self._pending if self._formed_at is None else list(self._nodes.values())
-        w = sum(1 for n in nodes if n["role"] == Role.WORKER)
-        s = sum(1 for n in nodes if n["role"] == Role.SERVER)
+        w = sum(1 for n in nodes if n.role == Role.WORKER)
+        s = sum(1 for n in nodes if n.role == Role.SERVER)
         return f"have {w}/{self.config.num_workers} workers, {s}/{self.config.num_servers} servers"
 
     def _describe(self, node_id: int) -> str:
         node = self._nodes[node_id]
-        return f"{node['role'].name.lower()} {node['rank']} ({node_name(node_id)} at {node['host']}:{node['port']})"
+        return f"{node.role.name.lower()} {node.rank} ({node_name(node_id)} at {node.host}:{node.port})"
 
     # -- messages ------------------------------------------------------------------------
     def _on_message(self, msg: Message) -> None:
@@ -161,8 +198,8 @@ class Scheduler:
                 return
             node = self._nodes.get(msg.sender)
             if node is not None:
-                node["last_seen"] = self.clock()
-                node["route"] = msg.route
+                node.last_seen = self.clock()
+                node.route = msg.route
             handler = self._HANDLERS.get(msg.cmd)
             if handler is None:
                 logger.warning("scheduler: unexpected %r", msg)
@@ -173,41 +210,36 @@ class Scheduler:
         self.van.send(Message(cmd, SCHEDULER, recver, body, request=False, route=route))
 
     def _send_to(self, node_id: int, cmd: Command, body: Any = None, request: bool = False) -> None:
-        node = self._nodes[node_id]
-        self.van.send(Message(cmd, SCHEDULER, node_id, body, request=request, route=node["route"]))
+        self.van.send(Message(cmd, SCHEDULER, node_id, body, request=request, route=self._nodes[node_id].route))
 
     def _on_add_node(self, msg: Message) -> None:
-        info = dict(msg.body)
-        info["route"] = msg.route
         try:
-            info["role"] = Role(info["role"])
-            if info["role"] == Role.SCHEDULER:
-                raise ValueError("a second scheduler")
-        except (KeyError, ValueError) as exc:
+            info = Member.from_registration(msg.body, msg.route)
+        except ValueError as exc:
             self._reply(msg.route, Command.ABORT, {"reason": f"bad registration: {exc}"})
             return
+        role = info.role.name.lower()
         if self._formed_at is not None:
             self._reply(msg.route, Command.ABORT, {
-                "reason": f"the cluster is already complete ({self._have()}); a {info['role'].name.lower()} "
-                          f"at {info.get('host')}:{info.get('port')} tried to join late"})
+                "reason": f"the cluster is already complete ({self._have()}); a {role} "
+                          f"at {info.host}:{info.port} tried to join late"})
             return
-        self._pending = [n for n in self._pending if n["addr"] != info["addr"]]  # re-registration
-        expected = self.config.num_servers if info["role"] == Role.SERVER else self.config.num_workers
-        if sum(1 for n in self._pending if n["role"] == info["role"]) >= expected:
+        self._pending = [n for n in self._pending if n.addr != info.addr]  # re-registration
+        expected = self.config.num_servers if info.role == Role.SERVER else self.config.num_workers
+        if sum(1 for n in self._pending if n.role == info.role) >= expected:
             self._reply(msg.route, Command.ABORT, {
-                "reason": f"too many {info['role'].name.lower()}s: the job expects {expected} "
-                          f"(DMLC_NUM_{'SERVER' if info['role'] == Role.SERVER else 'WORKER'})"})
+                "reason": f"too many {role}s: the job expects {expected} "
+                          f"(DMLC_NUM_{'SERVER' if info.role == Role.SERVER else 'WORKER'})"})
             return
         self._pending.append(info)
         self._reply(msg.route, Command.ADD_NODE, {"have": self._have()})
         if self.config.verbose:
-            logger.info("scheduler: %s registered from %s (%s)", info["role"].name.lower(),
-                        info["addr"], self._have())
+            logger.info("scheduler: %s registered from %s (%s)", role, info.addr, self._have())
         if len(self._pending) == self.config.num_servers + self.config.num_workers:
             self._form()
 
     def _form(self) -> None:
-        syncs = {n.get("sync", True) for n in self._pending if n["role"] == Role.WORKER}
+        syncs = {n.sync for n in self._pending if n.role == Role.WORKER}
         if len(syncs) > 1:
             self._abort("workers disagree on the kvstore type: some asked for dist_sync, others for "
                         "dist_async; every worker must create the same type")
@@ -215,16 +247,15 @@ class Scheduler:
         self._sync = syncs.pop() if syncs else True
         now = self.clock()
         for role, to_id in ((Role.SERVER, server_id), (Role.WORKER, worker_id)):
-            members = [n for n in self._pending if n["role"] == role]
+            members = [n for n in self._pending if n.role == role]
             for rank, info in enumerate(assign_ranks(members)):
-                info.update(rank=rank, last_seen=now)
+                info.rank, info.last_seen = rank, now
                 self._nodes[to_id(rank)] = info
-        table = [[i, int(n["role"]), n["rank"], n["host"], n["port"], n["addr"], n.get("local")]
-                 for i, n in sorted(self._nodes.items())]
+        table = [n.node(i).to_row() for i, n in sorted(self._nodes.items())]
         for node_id, info in self._nodes.items():
             self._send_to(node_id, Command.NODE_TABLE, {"you": node_id, "nodes": table, "sync": self._sync})
-            if info["addr"].startswith(("tcp://", "ipc://")):
-                self.van.watch(node_id, info["addr"], self._on_connection)
+            if info.addr.startswith(("tcp://", "ipc://")):
+                self.van.watch(node_id, info.addr, self._on_connection)
         self._pending = []
         self._formed_at = now
         logger.info("scheduler: cluster formed in %.2fs: %d servers, %d workers (%s)",
@@ -258,7 +289,7 @@ class Scheduler:
         del self._barriers[group]
 
     def _members(self, group: str) -> list[int]:
-        return [i for i, n in self._nodes.items() if n["role"] in GROUPS[group]]
+        return [i for i, n in self._nodes.items() if n.role in GROUPS[group]]
 
     def _server_ids(self) -> list[int]:
         return self._members("servers")
@@ -268,11 +299,11 @@ class Scheduler:
             self._reply(msg.route, Command.HEARTBEAT, recver=msg.sender)
 
     def _on_close(self, msg: Message) -> None:
-        if msg.sender not in self._nodes or self._nodes[msg.sender]["role"] != Role.WORKER:
+        if msg.sender not in self._nodes or self._nodes[msg.sender].role != Role.WORKER:
             return
         self._closed_workers.add(msg.sender)
         self._reply(msg.route, Command.CLOSE, recver=msg.sender)
-        rank = self._nodes[msg.sender]["rank"]
+        rank = self._nodes[msg.sender].rank
         for sid in self._server_ids():
             self._send_to(sid, Command.WORKER_CLOSED, {"rank": rank, "id": msg.sender})
         for group in list(self._barriers):
@@ -300,7 +331,7 @@ class Scheduler:
 
     def _abort(self, reason: str) -> None:
         for info in [*self._pending, *self._nodes.values()]:
-            self._reply(info["route"], Command.ABORT, {"reason": reason})
+            self._reply(info.route, Command.ABORT, {"reason": reason})
         self._finish(1, reason)
 
     _HANDLERS = {
@@ -312,22 +343,22 @@ class Scheduler:
     }
 
 
-def assign_ranks(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def assign_ranks(nodes: list[Member]) -> list[Member]:
     """Order nodes of one role by rank: valid, unique ``rank_hint``s first, the rest as
     ps-lite (host descending, then port ascending) so reruns give the same ranks."""
     n = len(nodes)
-    hinted: dict[int, dict[str, Any]] = {}
+    hinted: dict[int, Member] = {}
     rest = []
     for node in nodes:
-        hint = node.get("rank_hint")
+        hint = node.rank_hint
         if isinstance(hint, int) and 0 <= hint < n and hint not in hinted:
             hinted[hint] = node
         else:
             if hint is not None:
-                logger.warning("ignoring rank hint %r of %s (out of range or taken)", hint, node.get("addr"))
+                logger.warning("ignoring rank hint %r of %s (out of range or taken)", hint, node.addr)
             rest.append(node)
-    rest.sort(key=lambda d: d["port"])
-    rest.sort(key=lambda d: d["host"], reverse=True)
+    rest.sort(key=lambda d: d.port)
+    rest.sort(key=lambda d: d.host, reverse=True)
     free = iter(r for r in range(n) if r not in hinted)
     order = dict(hinted)
     for node in rest:

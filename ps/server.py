@@ -1,71 +1,27 @@
 """The server role: decode requests, let the Store decide, send what it returns.
 
 Handlers run on the van's I/O thread, so replies leave without a thread hop. Values
-go out zero-copy; a :class:`BufferGuard` remembers which arrays ZeroMQ still reads so
-the store copies before changing them in place.
+go out zero-copy under the copy-on-write rule of ps/bufguard.py.
 """
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from . import compression, optim
+from .bufguard import BufferGuard
 from .config import Config
 from .errors import PSError
 from .keys import CHUNK_BYTES
-from .message import Command, Message, entry_has_data, node_name
+from .message import Command, Entry, Message, entry_has_data, node_name
 from .postoffice import SCHEDULER, Postoffice
 from .store import Reply, Store
 from .van import Van
 
 logger = logging.getLogger(__name__)
-
-PRUNE_AT = 16           # BufferGuard entries before finished ones are dropped
-SETTLE_WAIT = 0.005     # seconds busy() waits for lagging trackers before saying "busy"
-ZERO_COPY_MIN = 65536   # pyzmq copies smaller frames anyway: no need to track them
-
-
-class BufferGuard:
-    """Tracks arrays that ZeroMQ may still be reading (zero-copy sends in flight)."""
-
-    def __init__(self) -> None:
-        self._inflight: dict[int, list] = {}   # id(base) -> [base, tracker, ...]
-
-    def mark(self, bases: list[np.ndarray], tracker: Any) -> None:
-        if len(self._inflight) > PRUNE_AT:    # entries pin their arrays: drop finished ones early
-            for key in [k for k, v in self._inflight.items() if all(t.done for t in v[1:])]:
-                del self._inflight[key]
-        for base in bases:
-            self._inflight.setdefault(id(base), [base]).append(tracker)
-
-    def busy(self, array: np.ndarray, wait: float = SETTLE_WAIT) -> bool:
-        """True while a zero-copy send may still read ``array``.
-
-        pyzmq marks a tracker done from its garbage-collector *thread*, which needs the GIL
-        this I/O thread holds, so trackers lag behind the real sends: wait for them briefly
-        (releasing the GIL) before answering True and making the caller copy a large array.
-        """
-        entry = self._inflight.get(id(array))
-        if entry is None:
-            return False
-        live = [t for t in entry[1:] if not t.done]
-        if live and wait > 0:
-            end = time.monotonic() + wait
-            for t in live:
-                try:
-                    t.wait(max(0.0, end - time.monotonic()))
-                except Exception:  # noqa: BLE001 - zmq.NotDone: still in flight
-                    break
-            live = [t for t in live if not t.done]
-        if live:
-            entry[1:] = live
-            return True
-        del self._inflight[id(array)]
-        return False
 
 
 class KVServer:
@@ -113,7 +69,7 @@ class KVServer:
 
     def _store(self) -> Store:
         if self.store is None:   # created on first use: the sync mode comes with the node table
-            self.store = Store(self.po.num_workers, self.po.sync, self.name, busy=self.guard.busy)
+            self.store = Store(self.po.num_workers, self.po.sync, self.name, guard=self.guard)
         return self.store
 
     # -- data ----------------------------------------------------------------------------
@@ -125,94 +81,99 @@ class KVServer:
         replies: list[Reply] = []
         arrays = iter(msg.frames)
         for entry in msg.body:
-            data = next(arrays) if entry_has_data(True, entry[1], None) else None
-            replies += store.handle(msg.sender, entry, data)
+            data = next(arrays) if entry_has_data(True, entry.op, None) else None
+            try:
+                replies += store.handle(msg.sender, entry, data)
+            except Exception as exc:  # noqa: BLE001 - a bug or a failing optimizer: answer, never hang
+                logger.exception("%s: %r failed", self.name, entry)
+                replies.append(Reply(msg.sender, entry.failed(type(exc).__name__, f"{self.name}: {exc}"), None))
         if replies:
             self._send(replies)
-            store.replies_sent()
 
     def _send(self, replies: list[Reply]) -> None:
         """Group replies per worker into messages of about CHUNK_BYTES each."""
-        batches: dict[int, tuple[list, list, list, list]] = {}
+        batches: dict[int, _Batch] = {}
         for dest, entry, data in replies:
-            entries, frames, bases, size = batches.setdefault(dest, ([], [], [], [0]))
-            entries.append(entry)
-            if data is not None:
-                frames.append(data)
-                size[0] += data.nbytes
-                if data.nbytes >= ZERO_COPY_MIN:
-                    bases.append(data.base if data.base is not None else data)
-                if size[0] >= CHUNK_BYTES:
-                    self._emit(dest, entries, frames, bases)
-                    batches.pop(dest)
-        for dest, (entries, frames, bases, _) in batches.items():
-            self._emit(dest, entries, frames, bases)
+            batch = batches.get(dest)
+            if batch is None:
+                batch = batches[dest] = _Batch()
+            if batch.add(entry, data) >= CHUNK_BYTES:
+                self._emit(dest, batches.pop(dest))
+        for dest, batch in batches.items():
+            self._emit(dest, batch)
+        self.guard.handed_over()
 
-    def _emit(self, dest: int, entries: list, frames: list, bases: list) -> None:
-        msg = Message(Command.DATA, self.po.node_id, dest, entries, frames, request=False,
+    def _emit(self, dest: int, batch: _Batch) -> None:
+        msg = Message(Command.DATA, recver=dest, body=batch.entries, frames=batch.frames, request=False,
                       route=self._routes.get(dest))
-        if bases:
-            msg.on_sent = lambda tracker, b=bases: self.guard.mark(b, tracker)
-        self.po.van.send(msg)
+        msg.on_sent = self.guard.on_sent(batch.frames)
+        self.po.send(msg)
 
     # -- commands ------------------------------------------------------------------------
     def _on_command(self, msg: Message) -> None:
         body = msg.body if isinstance(msg.body, dict) else {}
         reply: dict[str, Any] = {"id": body.get("id")}
         try:
-            reply["result"] = self._run_command(body.get("cmd"), body)
+            handler = self._COMMANDS.get(body.get("cmd"))
+            if handler is None:
+                raise ValueError(f"unknown server command {body.get('cmd')!r}")
+            reply["result"] = handler(self, self._store(), body)
         except Exception as exc:  # noqa: BLE001 - reported to the worker, server goes on
             reply["error"] = [type(exc).__name__, f"{self.name}: {exc}"]
-        self.po.van.send(Message(Command.SERVER_CMD, self.po.node_id, msg.sender, reply,
-                                 request=False, route=msg.route))
+        self.po.send(Message(Command.SERVER_CMD, recver=msg.sender, body=reply, request=False, route=msg.route))
 
-    def _run_command(self, cmd: str | None, body: dict[str, Any]) -> Any:
-        store = self._store()
-        if cmd == "set_optimizer":
-            opt = optim.from_spec(body["spec"])
-            store.set_updater(optim.Updater(opt), getattr(opt, "multi_precision", False))
-            return None
-        if cmd == "set_optimizer_pickle":
-            cfg = self.po.config
-            if not cfg.allow_pickle:
-                raise PermissionError("this server does not accept pickled optimizers; start the servers "
-                                      "with PS_ALLOW_PICKLE=1 and PS_SECRET_FILE (trusted clusters only)")
-            if not cfg.secret_file:
-                raise PermissionError("PS_ALLOW_PICKLE=1 needs PS_SECRET_FILE: pickles are accepted only "
-                                      "from an authenticated cluster")
-            from . import _pickled, _security
-            key = _security.hmac_key(_security.read_secret(cfg.secret_file))
-            opt = _pickled.load_optimizer(body["payload"], body["signature"], key)
-            store.set_updater(_pickled.MXNetUpdater(opt), bool(getattr(opt, "multi_precision", False)))
-            return None
-        if cmd == "set_params":
-            opt = self._optimizer(store)
-            if "learning_rate" in body:
-                setter = getattr(opt, "set_learning_rate", None)
-                setter(body["learning_rate"]) if setter else setattr(opt, "lr", float(body["learning_rate"]))
-            if "rescale_grad" in body:
-                opt.rescale_grad = float(body["rescale_grad"])
-            return None
-        if cmd == "get_states":
-            return self._updater(store).get_states()
-        if cmd == "set_states":
-            self._updater(store).set_states(body["states"])
-            return None
-        if cmd == "set_compression":
-            store.compression = compression.parse(body["params"])
-            return None
-        if cmd == "stats":
-            return store.stats()
-        raise ValueError(f"unknown server command {cmd!r}")
+    def _set_optimizer(self, store: Store, body: dict[str, Any]) -> None:
+        opt = optim.from_spec(body["spec"])
+        store.set_updater(optim.Updater(opt), getattr(opt, "multi_precision", False))
+
+    def _set_optimizer_pickle(self, store: Store, body: dict[str, Any]) -> None:
+        cfg = self.po.config
+        if not cfg.allow_pickle:
+            raise PermissionError("this server does not accept pickled optimizers; start the servers "
+                                  "with PS_ALLOW_PICKLE=1 and PS_SECRET_FILE (trusted clusters only)")
+        if not cfg.secret_file:
+            raise PermissionError("PS_ALLOW_PICKLE=1 needs PS_SECRET_FILE: pickles are accepted only "
+                                  "from an authenticated cluster")
+        from . import _pickled, _security
+        key = _security.hmac_key(_security.read_secret(cfg.secret_file))
+        opt = _pickled.load_optimizer(body["payload"], body["signature"], key)
+        store.set_updater(_pickled.MXNetUpdater(opt), bool(getattr(opt, "multi_precision", False)))
+
+    def _set_params(self, store: Store, body: dict[str, Any]) -> None:
+        opt = self._updater(store).optimizer
+        if "learning_rate" in body:
+            setter = getattr(opt, "set_learning_rate", None)
+            setter(body["learning_rate"]) if setter else setattr(opt, "lr", float(body["learning_rate"]))
+        if "rescale_grad" in body:
+            opt.rescale_grad = float(body["rescale_grad"])
+
+    def _get_states(self, store: Store, body: dict[str, Any]) -> bytes:
+        return self._updater(store).get_states()
+
+    def _set_states(self, store: Store, body: dict[str, Any]) -> None:
+        self._updater(store).set_states(body["states"])
+
+    def _set_compression(self, store: Store, body: dict[str, Any]) -> None:
+        store.compression = compression.parse(body["params"])
+
+    def _stats(self, store: Store, body: dict[str, Any]) -> dict[str, Any]:
+        return store.stats()
+
+    _COMMANDS: dict[str, Callable[[KVServer, Store, dict[str, Any]], Any]] = {
+        "set_optimizer": _set_optimizer,
+        "set_optimizer_pickle": _set_optimizer_pickle,
+        "set_params": _set_params,
+        "get_states": _get_states,
+        "set_states": _set_states,
+        "set_compression": _set_compression,
+        "stats": _stats,
+    }
 
     @staticmethod
-    def _updater(store: Store) -> optim.Updater:
-        if not hasattr(store.updater, "get_states"):
+    def _updater(store: Store) -> Any:
+        if store.updater is None or not hasattr(store.updater, "get_states"):
             raise RuntimeError("no optimizer is set on the servers (kv.set_optimizer)")
         return store.updater
-
-    def _optimizer(self, store: Store) -> optim.Optimizer:
-        return self._updater(store).optimizer
 
     # -- lifecycle messages ---------------------------------------------------------------
     def _on_worker_closed(self, msg: Message) -> None:
@@ -221,10 +182,27 @@ class KVServer:
             self._send(replies)
 
     def _on_terminate(self, msg: Message) -> None:
-        self.po.van.send(Message(Command.TERMINATE, self.po.node_id, SCHEDULER, request=False,
-                                 route=msg.route))
+        self.po.send(Message(Command.TERMINATE, recver=SCHEDULER, request=False, route=msg.route))
         self._stopped.set()
 
     def _on_failure(self, exc: PSError) -> None:
         self.error = exc
         self._stopped.set()
+
+
+class _Batch:
+    """Reply entries (and their frames) bound for one worker, and their payload bytes."""
+
+    __slots__ = ("entries", "frames", "nbytes")
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        self.frames: list[np.ndarray] = []
+        self.nbytes = 0
+
+    def add(self, entry: Entry, data: np.ndarray | None) -> int:
+        self.entries.append(entry)
+        if data is not None:
+            self.frames.append(data)
+            self.nbytes += data.nbytes
+        return self.nbytes

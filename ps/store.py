@@ -17,22 +17,37 @@ server only has to send what the store returns. Rules (design §5, MXNet's where
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from . import compression as comp
+from .bufguard import BufferGuard
 from .keys import CHUNK_BYTES, chunks
-from .message import DTYPES, Op, id_to_rank, node_name
+from .message import DTYPES, Entry, Op, id_to_rank, node_name
 
 logger = logging.getLogger(__name__)
 
-UpdateFn = Callable[[int, np.ndarray, np.ndarray], None]
+
+class Updater(Protocol):
+    """What the store needs of an optimizer (``ps.optim.Updater``, or MXNet's own pickled one).
+
+    ``elementwise`` updaters are applied chunk by chunk as each chunk's sum completes
+    (``begin`` once per key per round, then ``update_chunk``); the others get the round's
+    whole sum in one ``__call__``."""
+
+    elementwise: bool
+
+    def __call__(self, key: int, grad: np.ndarray, weight: np.ndarray) -> None: ...
+
+    def begin(self, key: int, weight: np.ndarray) -> None: ...
+
+    def update_chunk(self, key: int, offset: int, grad: np.ndarray, weight: np.ndarray) -> None: ...
 
 
 class Reply(NamedTuple):
     dest: int                  # worker node id
-    entry: list                # [ts, op, key, offset, length, total, dtype, error]
+    entry: Entry
     data: np.ndarray | None
 
 
@@ -55,20 +70,20 @@ class Round:
 
 
 class KeyState:
-    __slots__ = ("key", "value", "code", "total", "init_src", "init_got", "rounds", "spare",
+    __slots__ = ("key", "value", "dtype_code", "total", "init_src", "init_got", "rounds", "spare",
                  "partial", "merge_dtype")
 
-    def __init__(self, key: int, code: int, total: int, init_src: tuple[int, int]):
+    def __init__(self, key: int, dtype_code: int, total: int, init_src: tuple[int, int]):
         self.key = key
-        self.code = code
+        self.dtype_code = dtype_code
         self.total = total
-        self.value = np.empty(total, DTYPES[code])
+        self.value = np.empty(total, DTYPES[dtype_code])
         self.init_src = init_src
         self.init_got = 0
         self.rounds: list[Round] = []
         self.spare: np.ndarray | None = None    # a free buffer for the next round's sum
         self.partial: dict[tuple[int, int], list] = {}  # async: (worker, ts) -> [buffer, got]
-        self.merge_dtype = DTYPES[code]
+        self.merge_dtype = DTYPES[dtype_code]
 
     @property
     def ready(self) -> bool:
@@ -83,28 +98,24 @@ class StoreError(Exception):
 
 class Store:
     def __init__(self, num_workers: int, sync: bool = True, name: str = "server",
-                 busy: Callable[[np.ndarray], bool] = lambda a: False, chunk_bytes: int = CHUNK_BYTES):
+                 guard: BufferGuard | None = None, chunk_bytes: int = CHUNK_BYTES):
         self.num_workers = num_workers
         self.sync = sync
         self.name = name
-        self.busy = busy
+        self.guard = guard or BufferGuard()
         self.chunk_bytes = chunk_bytes
         self.keys: dict[int, KeyState] = {}
-        self.updater: UpdateFn | None = None
+        self.updater: Updater | None = None
         self.multi_precision = False
         self.compression: dict[str, Any] | None = None
         self.closed_workers: set[int] = set()
         self._scratch = np.empty(0, np.uint8)  # reused for chunk sums that go through an optimizer
-        self._lent: set[int] = set()           # keys whose value is in replies not yet sent
 
     # -- entry point ---------------------------------------------------------------------
-    def handle(self, sender: int, entry: list, data: np.ndarray | None) -> list[Reply]:
-        """Apply one request entry; the replies it makes due (pull data are views of values).
-
-        Call :meth:`replies_sent` once the replies are handed to the transport: until
-        then the store copies a value rather than change it under an unsent reply.
-        """
-        op, key = entry[1], entry[2]
+    def handle(self, sender: int, entry: Entry, data: np.ndarray | None) -> list[Reply]:
+        """Apply one request entry; the replies it makes due (pull data are views of
+        values, lent to the replies through the guard: see ps/bufguard.py)."""
+        op = entry.op
         try:
             if op & Op.INIT:
                 return self.init(sender, entry, data)
@@ -112,31 +123,30 @@ class Store:
                 return self.push(sender, entry, data)
             if op & Op.PULL:
                 return self.pull(sender, entry)
-            raise StoreError("ProtocolError", f"entry for key {key} has no operation (op={op})")
+            raise StoreError("ProtocolError", f"entry for key {entry.key} has no operation (op={op})")
         except StoreError as exc:
             return [self._error(sender, entry, exc.kind, str(exc))]
 
-    def _error(self, dest: int, entry: list, kind: str, text: str) -> Reply:
-        ts, op, key, _, _, total, code, _ = entry
-        return Reply(dest, [ts, op, key, 0, 0, total, code, [kind, f"{self.name}: {text}"]], None)
+    def _error(self, dest: int, entry: Entry, kind: str, text: str) -> Reply:
+        return Reply(dest, entry.failed(kind, f"{self.name}: {text}"), None)
 
-    def _ready_key(self, entry: list) -> KeyState:
-        ts, op, key, off, n, total, code, _ = entry
+    def _ready_key(self, entry: Entry) -> KeyState:
+        key, total, code = entry.key, entry.total, entry.dtype_code
         ks = self.keys.get(key)
         if ks is None or not ks.ready:
             raise StoreError("KeyError", f"key {key} is not initialized; call kv.init({key}, value) "
                                          "on every worker first")
-        if code != ks.code:
+        if code != ks.dtype_code:
             raise StoreError("TypeError", f"key {key}: dtype {DTYPES[code]} does not match the "
-                                          f"initialized dtype {DTYPES[ks.code]}")
+                                          f"initialized dtype {DTYPES[ks.dtype_code]}")
         if total != ks.total:
             raise StoreError("ValueError", f"key {key}: {total} elements sent but this server holds "
                                            f"{ks.total} (shape differs from the initialized value)")
         return ks
 
     # -- init ----------------------------------------------------------------------------
-    def init(self, sender: int, entry: list, data: np.ndarray) -> list[Reply]:
-        ts, op, key, off, n, total, code, _ = entry
+    def init(self, sender: int, entry: Entry, data: np.ndarray) -> list[Reply]:
+        ts, key, off, n, total, code = entry.ts, entry.key, entry.offset, entry.length, entry.total, entry.dtype_code
         ks = self.keys.get(key)
         if ks is None:
             ks = self.keys[key] = KeyState(key, code, total, (sender, ts))
@@ -145,41 +155,40 @@ class Store:
         elif ks.init_src != (sender, ts):
             raise StoreError("ValueError", f"key {key} is already initialized; a key can be "
                                            "initialized only once")
-        elif code != ks.code or total != ks.total:
+        elif code != ks.dtype_code or total != ks.total:
             raise StoreError("ValueError", f"key {key}: init chunks disagree on dtype or size")
         ks.value[off:off + n] = data
         ks.init_got += n
         if ks.ready:
-            return [Reply(sender, [ts, op, key, 0, 0, total, code, None], None)]
+            return [Reply(sender, Entry(ts, entry.op, key, 0, 0, total, code), None)]
         return []
 
     # -- push ----------------------------------------------------------------------------
-    def push(self, sender: int, entry: list, data: np.ndarray) -> list[Reply]:
+    def push(self, sender: int, entry: Entry, data: np.ndarray) -> list[Reply]:
         ks = self._ready_key(entry)
         if sender in self.closed_workers:
             raise StoreError("PeerLostError", f"{self._who(sender)} already closed its store")
-        if entry[1] & (Op.TWO_BIT | Op.FP16):
+        if entry.op & (Op.TWO_BIT | Op.FP16):
             data = self._decompress(entry, data, ks)
         if not self.sync:
             return self._push_async(sender, entry, data, ks)
-        ts, op, key, off, n = entry[:5]
-        rnd = self._round_for(ks, sender, ts)
-        self._gather(ks, rnd, off, n, data)
-        got = rnd.received.get(sender, 0) + n
+        rnd = self._round_for(ks, sender, entry.ts)
+        self._gather(ks, rnd, entry.offset, entry.length, data)
+        got = rnd.received.get(sender, 0) + entry.length
         rnd.received[sender] = got
         if got < ks.total:
             return []
         rnd.complete.add(sender)
-        rnd.waiters.append((sender, ts, op))
+        rnd.waiters.append((sender, entry.ts, entry.op))
         return self._close_rounds(ks)
 
-    def _decompress(self, entry: list, data: np.ndarray, ks: KeyState) -> np.ndarray:
-        if entry[1] & Op.FP16:
+    def _decompress(self, entry: Entry, data: np.ndarray, ks: KeyState) -> np.ndarray:
+        if entry.op & Op.FP16:
             return data                      # merged (or applied) after a cast to the key's dtype
         if not self.compression or self.compression["type"] != "2bit":
             raise StoreError("RuntimeError", f"key {ks.key}: a 2bit-compressed push arrived but the "
                                              "servers have no 2bit compression set")
-        return comp.unpack_2bit(data, entry[4], self.compression["threshold"], ks.merge_dtype)
+        return comp.unpack_2bit(data, entry.length, self.compression["threshold"], ks.merge_dtype)
 
     def _round_for(self, ks: KeyState, sender: int, ts: int) -> Round:
         for rnd in ks.rounds:
@@ -209,7 +218,7 @@ class Store:
 
     def _whole_key(self) -> bool:
         """The optimizer needs the whole gradient at once (LAMB's norms, MXNet's own updater)."""
-        return self.updater is not None and not getattr(self.updater, "elementwise", False)
+        return self.updater is not None and not self.updater.elementwise
 
     def _reduce(self, ks: KeyState, rnd: Round, off: int, frames: list) -> None:
         """Sum one chunk's frames and use the sum right away: assign it to the value (no
@@ -250,7 +259,7 @@ class Store:
     def _merge_buffer(self, ks: KeyState, rnd: Round) -> np.ndarray:
         if rnd.merged is None:
             spare, ks.spare = ks.spare, None
-            if spare is None or self.busy(spare) or spare.dtype != ks.merge_dtype:
+            if spare is None or self.guard.busy(spare) or spare.dtype != ks.merge_dtype:
                 spare = np.empty(ks.total, ks.merge_dtype)
             rnd.merged = spare
         return rnd.merged
@@ -279,18 +288,11 @@ class Store:
         ks.spare = merged if merged.nbytes <= SPARE_MAX_BYTES else None
 
     def _writable(self, ks: KeyState) -> None:
-        """Copy-on-write: never change a value while a zero-copy reply still reads it, or
-        while a reply made from it has not even been handed to the transport yet."""
-        if ks.key in self._lent or self.busy(ks.value):
-            ks.value = ks.value.copy()
-            self._lent.discard(ks.key)
+        """Copy-on-write (ps/bufguard.py): never change a value a reply may still read."""
+        ks.value = self.guard.writable(ks.value)
 
-    def replies_sent(self) -> None:
-        """The replies returned so far are with the transport, whose ``busy`` now tracks them."""
-        self._lent.clear()
-
-    def _push_async(self, sender: int, entry: list, data: np.ndarray, ks: KeyState) -> list[Reply]:
-        ts, op, key, off, n, total = entry[:6]
+    def _push_async(self, sender: int, entry: Entry, data: np.ndarray, ks: KeyState) -> list[Reply]:
+        ts, op, key, off, n, total = entry.ts, entry.op, entry.key, entry.offset, entry.length, entry.total
         if self.updater is None:
             raise StoreError("RuntimeError", "dist_async needs an optimizer on the servers: call "
                                              "kv.set_optimizer(...) before the first push")
@@ -306,8 +308,8 @@ class Store:
         return self._answer(ks, sender, ts, op)
 
     # -- pull ----------------------------------------------------------------------------
-    def pull(self, sender: int, entry: list) -> list[Reply]:
-        ts, op = entry[0], entry[1]
+    def pull(self, sender: int, entry: Entry) -> list[Reply]:
+        ts, op = entry.ts, entry.op
         ks = self._ready_key(entry)
         for rnd in reversed(ks.rounds):
             if sender in rnd.members:      # wait for this worker's own push to be applied
@@ -317,10 +319,10 @@ class Store:
 
     def _answer(self, ks: KeyState, dest: int, ts: int, op: int) -> list[Reply]:
         if not op & Op.PULL:
-            return [Reply(dest, [ts, op, ks.key, 0, 0, ks.total, ks.code, None], None)]
+            return [Reply(dest, Entry(ts, op, ks.key, 0, 0, ks.total, ks.dtype_code), None)]
         value = ks.value
-        self._lent.add(ks.key)
-        return [Reply(dest, [ts, op, ks.key, off, n, ks.total, ks.code, None], value[off:off + n])
+        self.guard.lend(value)
+        return [Reply(dest, Entry(ts, op, ks.key, off, n, ks.total, ks.dtype_code), value[off:off + n])
                 for off, n in chunks(ks.total, value.itemsize, self.chunk_bytes)]
 
     # -- workers leaving -----------------------------------------------------------------
@@ -347,7 +349,7 @@ class Store:
                     "(do all workers run the same number of steps?)")
             for worker, ts, op in rnd.waiters + rnd.pulls + [(w, t, Op.PUSH) for w, t in rnd.members.items()
                                                              if w not in rnd.complete]:
-                replies.append(self._error(worker, [ts, op, ks.key, 0, 0, ks.total, ks.code, None],
+                replies.append(self._error(worker, Entry(ts, op, ks.key, 0, 0, ks.total, ks.dtype_code),
                                            "PeerLostError", text))
         ks.rounds = keep
         return replies
@@ -357,7 +359,7 @@ class Store:
         return f"worker {id_to_rank(worker)} ({node_name(worker)})"
 
     # -- server commands -----------------------------------------------------------------
-    def set_updater(self, updater: UpdateFn | None, multi_precision: bool = False) -> None:
+    def set_updater(self, updater: Updater | None, multi_precision: bool = False) -> None:
         """Raises RuntimeError while a sync round has been applied in part (chunk by chunk):
         the rest of it would go through a different optimizer."""
         started = sorted(ks.key for ks in self.keys.values() if any(r.started for r in ks.rounds))

@@ -1,4 +1,4 @@
-"""KVWorker: turns one key operation into per-server messages and tracks the replies.
+"""KVWorker: turns one key operation into per-server messages; its Customer tracks the replies.
 
 Each operation gets a timestamp; its value is cut by the key's slices (``keys.plan``)
 and each slice into ~1 MiB chunks; entries for one server are packed into messages of
@@ -15,23 +15,38 @@ from typing import Any, Callable
 import numpy as np
 
 from ._timing import Deadline
-from .customer import Customer, Request
-from .errors import RemoteError
+from .customer import Customer, Handle, Request
+from .errors import PSError, RemoteError
 from .keys import CHUNK_BYTES, Slice, chunks
-from .message import DTYPES, Command, Message, Op, node_name, server_id
+from .message import DTYPES, Command, Entry, Message, Op, node_name, server_id
 from .postoffice import Postoffice
 
 
+class _Box:
+    """Entries (and their frames) waiting to leave for one server."""
+
+    __slots__ = ("entries", "frames", "nbytes")
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        self.frames: list[np.ndarray] = []
+        self.nbytes = 0
+
+
 class KVWorker:
-    def __init__(self, po: Postoffice, customer: Customer):
+    """Owns its Customer (as in ps-lite): requests go out here, replies come back to it."""
+
+    def __init__(self, po: Postoffice):
         self.po = po
-        self.customer = customer
-        self._outbox: dict[int, tuple[list, list, list]] = {}   # server id -> (entries, frames, [bytes])
+        self.customer = Customer()
+        self._outbox: dict[int, _Box] = {}   # server id -> what waits to leave for it
         self._lock = threading.RLock()
         self._flush_scheduled = False
         self._cmd_ids = itertools.count(1)
         self._cmd_waiters: dict[int, tuple[threading.Event, dict[int, Any]]] = {}
+        po.on(Command.DATA, self.customer.on_reply)
         po.on(Command.SERVER_CMD, self._on_command_reply)
+        po.add_failure_listener(self.customer.fail_all)
 
     def request(self, op: int, key: int, slices: tuple[Slice, ...], code: int, value: np.ndarray | None,
                 out: np.ndarray | None, what: str,
@@ -49,30 +64,30 @@ class KVWorker:
             for s in slices:
                 sid = server_id(s.server)
                 if value is None:
-                    self._emit(sid, [ts, op, key, 0, s.size, s.size, code, None], None)
+                    self._emit(sid, Entry(ts, op, key, 0, s.size, s.size, code), None)
                     continue
                 piece = value[s.start:s.start + s.size]
                 for off, n in chunks(s.size, itemsize):   # the key's dtype: same cut for every encoding
                     chunk = piece[off:off + n]
-                    self._emit(sid, [ts, op, key, off, n, s.size, code, None],
+                    self._emit(sid, Entry(ts, op, key, off, n, s.size, code),
                                chunk if encode is None else encode(chunk))
         return req
 
-    def _emit(self, sid: int, entry: list, data: np.ndarray | None) -> None:
+    def _emit(self, sid: int, entry: Entry, data: np.ndarray | None) -> None:
         box = self._outbox.get(sid)
         if box is None:
             if not self._flush_scheduled:
                 # after what the I/O thread already has queued (on it too): requests that
                 # MXNet's engine hands over in one burst leave together, one message per
                 # server. (The flush takes self._lock, held here: it cannot run before the flag.)
-                self.po.van.call_later(self.flush)
+                self.po.call_later(self.flush)
                 self._flush_scheduled = True
-            box = self._outbox[sid] = ([], [], [0])
-        box[0].append(entry)
+            box = self._outbox[sid] = _Box()
+        box.entries.append(entry)
         if data is not None:
-            box[1].append(data)
-            box[2][0] += data.nbytes
-            if box[2][0] >= CHUNK_BYTES:
+            box.frames.append(data)
+            box.nbytes += data.nbytes
+            if box.nbytes >= CHUNK_BYTES:
                 self._send(sid, self._outbox.pop(sid))
 
     def flush(self) -> None:
@@ -84,8 +99,23 @@ class KVWorker:
             for sid, box in boxes.items():
                 self._send(sid, box)
 
-    def _send(self, sid: int, box: tuple[list, list, list]) -> None:
-        self.po.send(Message(Command.DATA, recver=sid, body=box[0], frames=box[1]))
+    def _send(self, sid: int, box: _Box) -> None:
+        self.po.send(Message(Command.DATA, recver=sid, body=box.entries, frames=box.frames))
+
+    # -- waiting -------------------------------------------------------------------------
+    def handle(self, requests: list[Request], finalize: Callable[[], Any]) -> Handle:
+        """The future of one call made of ``requests``."""
+        return Handle(requests, finalize, self.po.config.request_timeout, lambda: self.po.failure,
+                      self.customer)
+
+    def wait_all(self, deadline: Deadline) -> None:
+        """Wait for every request this worker still has outstanding."""
+        for req in self.customer.pending():
+            req.wait(deadline, lambda: self.po.failure)
+
+    def fail_all(self, exc: PSError) -> None:
+        """End every outstanding request with ``exc`` (nobody waits on it forever)."""
+        self.customer.fail_all(exc)
 
     # -- server commands (optimizer, learning rate, states) --------------------------------
     def command(self, cmd: str, payload: dict[str, Any] | None = None, servers: list[int] | None = None,

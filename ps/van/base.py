@@ -3,16 +3,17 @@ from __future__ import annotations
 
 import abc
 import logging
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 from ..message import Message
 
 logger = logging.getLogger(__name__)
 
 OnMessage = Callable[[Message], None]
+PeerLost = Callable[[Any, Message, float], None]   # (peer, the unacknowledged message, seconds waited)
 
 
-class Van(abc.ABC):
+class Van(Protocol):
     """A node's transport: one receiving endpoint plus a connection per peer.
 
     ``on_message`` runs on the van's single I/O thread; handlers there must not block.
@@ -23,6 +24,8 @@ class Van(abc.ABC):
     """
 
     address: str = ""
+    local_address: str | None = None   # an ipc:// twin of ``address`` for peers on this machine
+    on_peer_lost: PeerLost | None = None   # set by the owner; called by vans that resend (PS_RESEND)
 
     @abc.abstractmethod
     def start(self, on_message: OnMessage, host: str, port: int = 0,
@@ -62,3 +65,7 @@ class Van(abc.ABC):
     @abc.abstractmethod
     def in_io_thread(self) -> bool:
         """True when called from the van's own I/O thread."""
+
+    def transport_stats(self) -> dict[str, int]:
+        """Counters of what the transport did beyond sending (resends, duplicates...)."""
+        return {}

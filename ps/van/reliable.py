@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..message import Command, Message
-from .base import OnMessage, Van
+from .base import OnMessage, PeerLost, Van
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class ReliableVan(Van):
         self.timeout = timeout
         self.give_up = give_up
         self.clock = clock
-        self.on_peer_lost: Callable[[Any, Message, float], None] | None = None
+        self.on_peer_lost: PeerLost | None = None
         self.stats = {"sent": 0, "resent": 0, "duplicates": 0, "reordered": 0, "lost": 0}
         self._lock = threading.Lock()
         self._next_seq: dict[Any, int] = {}
@@ -65,8 +65,8 @@ class ReliableVan(Van):
         return self.inner.endpoint(host, port)
 
     @property
-    def local_address(self) -> str | None:
-        return getattr(self.inner, "local_address", None)
+    def local_address(self) -> str | None:  # type: ignore[override]
+        return self.inner.local_address
 
     def start(self, on_message: OnMessage, host: str, port: int = 0,
               port_range: tuple[int, int] | None = None, name: str = "") -> str:
@@ -155,6 +155,9 @@ class ReliableVan(Van):
             self._deliver(held.pop(expected))
             expected += 1
         self._expected[peer] = expected
+
+    def transport_stats(self) -> dict[str, int]:
+        return dict(self.stats)
 
     def pending(self) -> int:
         with self._lock:

@@ -72,7 +72,7 @@ if __name__ == "__main__":
             elif scenario == "garbage":
                 stop = threading.Event()
                 targets = [f"tcp://{kv.config.root_uri}:{kv.config.root_port}"] + \
-                    [kv.nodes[s]["addr"] for s in kv.server_ids]
+                    [kv.nodes[s].addr for s in kv.server_ids]
                 t = threading.Thread(target=garbage, args=(targets, stop), daemon=True)
                 if kv.rank == 0:
                     t.start()

@@ -216,7 +216,7 @@ def test_requests_issued_together_on_the_io_thread_share_a_message(van):
             kv.init(k, np.zeros(8, np.float32))
         sent = []
         real_send = kv._worker._send
-        kv._worker._send = lambda sid, box: (sent.append(len(box[0])), real_send(sid, box))
+        kv._worker._send = lambda sid, box: (sent.append(len(box.entries)), real_send(sid, box))
         handles, issued = [], threading.Event()
 
         def burst():

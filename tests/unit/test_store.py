@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from ps import optim
-from ps.message import Op, dtype_code
+from ps.message import Entry, Op, dtype_code
 from ps.store import Store
 
 W0, W1 = 9, 11
@@ -10,7 +10,7 @@ F32 = dtype_code(np.float32)
 
 
 def entry(ts, op, key=3, off=0, n=6, total=6, code=F32):
-    return [ts, int(op), key, off, n, total, code, None]
+    return Entry(ts, int(op), key, off, n, total, code)
 
 
 def init(store, key=3, value=None):
@@ -140,6 +140,6 @@ def test_float16_multi_precision_merges_in_float32():
     big = np.full(6, 40000.0, np.float16)       # 40000 + 40000 overflows float16
     e = entry(2, Op.PUSH, code=dtype_code(np.float16))
     s.handle(W0, e, big)
-    s.handle(W1, [3] + e[1:], -big)
+    s.handle(W1, Entry(3, *e[1:]), -big)
     (p,) = s.handle(W0, entry(4, Op.PULL, code=dtype_code(np.float16)), None)
     np.testing.assert_array_equal(p.data, np.zeros(6, np.float16))

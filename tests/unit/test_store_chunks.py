@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ps.keys import chunks
-from ps.message import Op, dtype_code
+from ps.message import Entry, Op, dtype_code
 from ps.optim import REGISTRY, Updater, from_spec
 from ps.store import Store
 
@@ -32,7 +32,7 @@ def spec(name, params, sched=None, multi_precision=False):
 
 
 def entry(ts, op, key, off, n, dtype):
-    return [ts, int(op), key, off, n, TOTAL, dtype_code(dtype), None]
+    return Entry(ts, int(op), key, off, n, TOTAL, dtype_code(dtype))
 
 
 def bits(a):

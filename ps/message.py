@@ -82,6 +82,26 @@ class Entry(NamedTuple):
         return Entry(self.ts, self.op, self.key, 0, 0, self.total, self.dtype_code, [kind, text])
 
 
+class Batch:
+    """DATA entries (and their frames) gathered for one peer, and their payload bytes: a
+    worker's requests or a server's replies that leave in one message."""
+
+    __slots__ = ("entries", "frames", "nbytes")
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        self.frames: list[Any] = []
+        self.nbytes = 0
+
+    def add(self, entry: Entry, data: np.ndarray | None) -> int:
+        """Append; the payload bytes so far (the caller sends once it passes its limit)."""
+        self.entries.append(entry)
+        if data is not None:
+            self.frames.append(data)
+            self.nbytes += data.nbytes
+        return self.nbytes
+
+
 _new_entry = tuple.__new__   # decode: skips NamedTuple's argument parsing (2x faster)
 
 

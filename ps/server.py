@@ -9,14 +9,13 @@ import logging
 import threading
 from typing import Any, Callable
 
-import numpy as np
 
 from . import compression, optim
 from .bufguard import BufferGuard
 from .config import Config
 from .errors import PSError
 from .keys import CHUNK_BYTES
-from .message import Command, Entry, Message, entry_has_data, node_name
+from .message import Batch, Command, Message, entry_has_data, node_name
 from .postoffice import SCHEDULER, Postoffice
 from .store import Reply, Store
 from .van import Van
@@ -92,18 +91,18 @@ class KVServer:
 
     def _send(self, replies: list[Reply]) -> None:
         """Group replies per worker into messages of about CHUNK_BYTES each."""
-        batches: dict[int, _Batch] = {}
+        batches: dict[int, Batch] = {}
         for dest, entry, data in replies:
             batch = batches.get(dest)
             if batch is None:
-                batch = batches[dest] = _Batch()
+                batch = batches[dest] = Batch()
             if batch.add(entry, data) >= CHUNK_BYTES:
                 self._emit(dest, batches.pop(dest))
         for dest, batch in batches.items():
             self._emit(dest, batch)
         self.guard.handed_over()
 
-    def _emit(self, dest: int, batch: _Batch) -> None:
+    def _emit(self, dest: int, batch: Batch) -> None:
         msg = Message(Command.DATA, recver=dest, body=batch.entries, frames=batch.frames, request=False,
                       route=self._routes.get(dest))
         msg.on_sent = self.guard.on_sent(batch.frames)
@@ -189,20 +188,3 @@ class KVServer:
         self.error = exc
         self._stopped.set()
 
-
-class _Batch:
-    """Reply entries (and their frames) bound for one worker, and their payload bytes."""
-
-    __slots__ = ("entries", "frames", "nbytes")
-
-    def __init__(self) -> None:
-        self.entries: list[Entry] = []
-        self.frames: list[np.ndarray] = []
-        self.nbytes = 0
-
-    def add(self, entry: Entry, data: np.ndarray | None) -> int:
-        self.entries.append(entry)
-        if data is not None:
-            self.frames.append(data)
-            self.nbytes += data.nbytes
-        return self.nbytes

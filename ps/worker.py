@@ -18,19 +18,8 @@ from ._timing import Deadline
 from .customer import Customer, Handle, Request
 from .errors import PSError, RemoteError
 from .keys import CHUNK_BYTES, Slice, chunks
-from .message import DTYPES, Command, Entry, Message, Op, node_name, server_id
+from .message import DTYPES, Batch, Command, Entry, Message, Op, node_name, server_id
 from .postoffice import Postoffice
-
-
-class _Box:
-    """Entries (and their frames) waiting to leave for one server."""
-
-    __slots__ = ("entries", "frames", "nbytes")
-
-    def __init__(self) -> None:
-        self.entries: list[Entry] = []
-        self.frames: list[np.ndarray] = []
-        self.nbytes = 0
 
 
 class KVWorker:
@@ -39,7 +28,7 @@ class KVWorker:
     def __init__(self, po: Postoffice):
         self.po = po
         self.customer = Customer()
-        self._outbox: dict[int, _Box] = {}   # server id -> what waits to leave for it
+        self._outbox: dict[int, Batch] = {}   # server id -> what waits to leave for it
         self._lock = threading.RLock()
         self._flush_scheduled = False
         self._cmd_ids = itertools.count(1)
@@ -82,13 +71,9 @@ class KVWorker:
                 # server. (The flush takes self._lock, held here: it cannot run before the flag.)
                 self.po.call_later(self.flush)
                 self._flush_scheduled = True
-            box = self._outbox[sid] = _Box()
-        box.entries.append(entry)
-        if data is not None:
-            box.frames.append(data)
-            box.nbytes += data.nbytes
-            if box.nbytes >= CHUNK_BYTES:
-                self._send(sid, self._outbox.pop(sid))
+            box = self._outbox[sid] = Batch()
+        if box.add(entry, data) >= CHUNK_BYTES:
+            self._send(sid, self._outbox.pop(sid))
 
     def flush(self) -> None:
         """Send what the boxes hold, under the lock: messages leave (or enter the I/O
@@ -99,7 +84,7 @@ class KVWorker:
             for sid, box in boxes.items():
                 self._send(sid, box)
 
-    def _send(self, sid: int, box: _Box) -> None:
+    def _send(self, sid: int, box: Batch) -> None:
         self.po.send(Message(Command.DATA, recver=sid, body=box.entries, frames=box.frames))
 
     # -- waiting -------------------------------------------------------------------------

@@ -9,7 +9,6 @@ import logging
 import threading
 from typing import Any, Callable
 
-
 from . import compression, optim
 from .bufguard import BufferGuard
 from .config import Config
@@ -17,7 +16,7 @@ from .errors import PSError
 from .keys import CHUNK_BYTES
 from .message import Batch, Command, Message, entry_has_data, node_name
 from .postoffice import SCHEDULER, Postoffice
-from .store import Reply, Store
+from .store import Reply, Store, Updater
 from .van import Van
 
 logger = logging.getLogger(__name__)
@@ -123,7 +122,7 @@ class KVServer:
 
     def _set_optimizer(self, store: Store, body: dict[str, Any]) -> None:
         opt = optim.from_spec(body["spec"])
-        store.set_updater(optim.Updater(opt), getattr(opt, "multi_precision", False))
+        store.set_updater(optim.Updater(opt), opt.multi_precision)
 
     def _set_optimizer_pickle(self, store: Store, body: dict[str, Any]) -> None:
         cfg = self.po.config
@@ -136,13 +135,12 @@ class KVServer:
         from . import _pickled, _security
         key = _security.hmac_key(_security.read_secret(cfg.secret_file))
         opt = _pickled.load_optimizer(body["payload"], body["signature"], key)
-        store.set_updater(_pickled.MXNetUpdater(opt), bool(getattr(opt, "multi_precision", False)))
+        store.set_updater(_pickled.MXNetUpdater(opt), bool(opt.multi_precision))
 
     def _set_params(self, store: Store, body: dict[str, Any]) -> None:
         opt = self._updater(store).optimizer
         if "learning_rate" in body:
-            setter = getattr(opt, "set_learning_rate", None)
-            setter(body["learning_rate"]) if setter else setattr(opt, "lr", float(body["learning_rate"]))
+            opt.set_learning_rate(float(body["learning_rate"]))   # ps's and MXNet's optimizers alike
         if "rescale_grad" in body:
             opt.rescale_grad = float(body["rescale_grad"])
 
@@ -169,8 +167,8 @@ class KVServer:
     }
 
     @staticmethod
-    def _updater(store: Store) -> Any:
-        if store.updater is None or not hasattr(store.updater, "get_states"):
+    def _updater(store: Store) -> Updater:
+        if store.updater is None:
             raise RuntimeError("no optimizer is set on the servers (kv.set_optimizer)")
         return store.updater
 

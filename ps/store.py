@@ -37,12 +37,17 @@ class Updater(Protocol):
     whole sum in one ``__call__``."""
 
     elementwise: bool
+    optimizer: Any         # its hyper-parameters change between steps (server command set_params)
 
     def __call__(self, key: int, grad: np.ndarray, weight: np.ndarray) -> None: ...
 
     def begin(self, key: int, weight: np.ndarray) -> None: ...
 
     def update_chunk(self, key: int, offset: int, grad: np.ndarray, weight: np.ndarray) -> None: ...
+
+    def get_states(self) -> bytes: ...
+
+    def set_states(self, data: bytes) -> None: ...
 
 
 class Reply(NamedTuple):

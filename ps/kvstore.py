@@ -332,7 +332,7 @@ class KVStore:
         self._po.barrier("workers", what="every worker to set the optimizer")
 
     def set_pickled_optimizer(self, payload: bytes, signature: bytes) -> None:
-        """Collective, opt-in (PS_ALLOW_PICKLE on the servers): see ps/_pickled.py."""
+        """Collective, opt-in (PS_ALLOW_PICKLE on the servers): see ps/optim/pickled.py."""
         self._check_open()
         if self.rank == 0:
             self._worker.command("set_optimizer_pickle", {"payload": payload, "signature": signature})

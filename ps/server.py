@@ -132,10 +132,11 @@ class KVServer:
         if not cfg.secret_file:
             raise PermissionError("PS_ALLOW_PICKLE=1 needs PS_SECRET_FILE: pickles are accepted only "
                                   "from an authenticated cluster")
-        from . import _pickled, _security
+        from . import _security
+        from .optim import pickled
         key = _security.hmac_key(_security.read_secret(cfg.secret_file))
-        opt = _pickled.load_optimizer(body["payload"], body["signature"], key)
-        store.set_updater(_pickled.MXNetUpdater(opt), bool(opt.multi_precision))
+        opt = pickled.load_optimizer(body["payload"], body["signature"], key)
+        store.set_updater(pickled.MXNetUpdater(opt), bool(opt.multi_precision))
 
     def _set_params(self, store: Store, body: dict[str, Any]) -> None:
         opt = self._updater(store).optimizer

@@ -1,4 +1,4 @@
-"""ps._mxengine: ps requests as operations of MXNet's dependency engine (in-process, real engine)."""
+"""ps.mxnet.engine: ps requests as operations of MXNet's dependency engine (in-process, real engine)."""
 import threading
 
 import pytest
@@ -17,7 +17,7 @@ def _run(engine, start, times):
 def test_operations_run_on_an_engine_thread_that_keeps_its_python_state():
     """Thread-local values survive from one callback to the next: the engine thread's Python
     thread state is kept, not created and torn down (unmapping its frame stack) per call."""
-    from ps._mxengine import Engine
+    from ps.mxnet.engine import Engine
     local, seen = threading.local(), []
 
     def start(done):
@@ -34,7 +34,7 @@ def test_operations_run_on_an_engine_thread_that_keeps_its_python_state():
 
 
 def test_an_operation_left_open_holds_its_written_array_until_done():
-    from ps._mxengine import Engine
+    from ps.mxnet.engine import Engine
     pending = []
     dst = mx.nd.zeros((4,))
     Engine().push(pending.append, [], [dst])

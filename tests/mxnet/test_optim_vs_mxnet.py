@@ -9,7 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from ps._mxnet_optim import spec_from_mxnet
+from ps.optim.from_mxnet import spec_from_mxnet
 from ps.optim import Updater, from_spec
 
 mx = pytest.importorskip("mxnet")
@@ -95,7 +95,7 @@ def test_matches_mxnet(i, dtype):
             else:
                 np.testing.assert_allclose(w_ps[k], w_mx[k].asnumpy().ravel(), **FP32_TOL)
     assert ours.optimizer.num_update == opt.num_update
-    assert ours.optimizer._index_update_count == opt._index_update_count
+    assert ours.optimizer.index_update_count == opt._index_update_count
 
 
 def test_set_learning_rate_mid_run_matches_mxnet():
@@ -137,8 +137,8 @@ def test_gluon_trainer_param_multipliers():
     assert spec["params"]["wd_mult"] == {1: 0.0, 2: 2.0}
     ps_opt = from_spec(msgpack.unpackb(msgpack.packb(spec), strict_map_key=False))
     for key in range(4):
-        assert ps_opt._get_lr(key) == mx_opt._get_lr(key)
-        assert ps_opt._get_wd(key) == mx_opt._get_wd(key)
+        assert ps_opt.get_lr(key) == mx_opt._get_lr(key)
+        assert ps_opt.get_wd(key) == mx_opt._get_wd(key)
 
 
 def test_module_idx2name_wd_rule():

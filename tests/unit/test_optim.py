@@ -8,7 +8,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from ps.lr_scheduler import SCHEDULERS, scheduler_from_spec
+from ps.optim.lr_scheduler import SCHEDULERS, scheduler_from_spec
 from ps.optim import REGISTRY, SGD, Adam, Updater, from_spec
 
 SCHED_PARAMS = {
@@ -123,7 +123,7 @@ def test_adam_two_steps_by_hand():
         m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
         ref = ref - lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t) * m / (np.sqrt(v) + eps)
     np.testing.assert_allclose(w, ref, rtol=1e-6)
-    assert up.optimizer._index_update_count == {7: 2}
+    assert up.optimizer.index_update_count == {7: 2}
 
 
 def test_update_counts_follow_mxnet():
@@ -131,7 +131,7 @@ def test_update_counts_follow_mxnet():
     w = np.zeros(2, dtype=np.float32)
     for key in (0, 0, 1):
         up(key, w.copy(), w)
-    assert up.optimizer._index_update_count == {0: 7, 1: 6}
+    assert up.optimizer.index_update_count == {0: 7, 1: 6}
     assert up.optimizer.num_update == 7
 
 
@@ -214,7 +214,7 @@ def test_fp16_multi_precision_keeps_an_fp32_master():
 
 
 def test_modules_do_not_import_mxnet():
-    code = ("import sys, ps.optim, ps.lr_scheduler, ps._mxnet_optim; "
+    code = ("import sys, ps.optim, ps.optim.lr_scheduler, ps.optim.from_mxnet, ps.optim.pickled; "
             "assert 'mxnet' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
                    cwd=Path(__file__).resolve().parents[2])

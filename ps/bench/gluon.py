@@ -1,6 +1,6 @@
 """Gluon training-step benchmark: the same model and data on ps and on MXNet's own kvstore.
 
-Run by :mod:`ps._bench_worker` in mode ``gluon``. With ``impl == "ps"`` the worker imports
+Run by :mod:`ps.bench.worker` in mode ``gluon``. With ``impl == "ps"`` the worker imports
 ``ps.mxnet`` first, which registers ``dist_sync`` with ``mx.kvstore.KVStoreBase`` so that
 ``gluon.Trainer(..., kvstore="dist_sync")`` talks to ps; with ``"native"`` the Trainer gets
 MXNet's ps-lite. A step is forward + backward + ``trainer.step``, then

@@ -3,7 +3,7 @@
 A :class:`Cluster` is a scheduler, S servers and W workers started with ``DMLC_*``
 variables, each in its own process group. ps runs ``python -m ps`` for scheduler and
 servers; native MXNet runs ``python -c "import mxnet"`` (its import starts the role
-named by ``DMLC_ROLE``). Workers run :mod:`ps._bench_worker` and are driven by JSON
+named by ``DMLC_ROLE``). Workers run :mod:`ps.bench.worker` and are driven by JSON
 lines. Every wait is bounded, and :meth:`Cluster.kill` ends every process by pid.
 """
 from __future__ import annotations
@@ -13,7 +13,6 @@ import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,19 +20,14 @@ import threading
 import time
 from typing import Any
 
+from launcher.process import killpg, start_group, stop_group
+from ps.netutil import free_port
+
 PYTHON = sys.executable
-PAGE = os.sysconf("SC_PAGE_SIZE")
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 class BenchError(RuntimeError):
     pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -71,10 +65,9 @@ class Cluster:
     def _spawn(self, role: str, argv: list[str], index: int, pipes: bool = False) -> subprocess.Popen:
         log = os.path.join(self.logdir, f"{role}{index}.log")
         with open(log, "w") as fh:
-            proc = subprocess.Popen(argv, env={**self.env, "DMLC_ROLE": role}, stderr=fh,
-                                    stdout=subprocess.PIPE if pipes else fh,
-                                    stdin=subprocess.PIPE if pipes else subprocess.DEVNULL,
-                                    start_new_session=True, text=pipes)
+            proc = start_group(argv, {**self.env, "DMLC_ROLE": role}, stderr=fh,
+                               stdout=subprocess.PIPE if pipes else fh,
+                               stdin=subprocess.PIPE if pipes else subprocess.DEVNULL, text=pipes)
         self._logs[proc.pid] = log
         return proc
 
@@ -88,7 +81,7 @@ class Cluster:
         try:
             self.scheduler = self._spawn("scheduler", self._role_argv(), 0)
             self.servers = [self._spawn("server", self.wrap_argv(i), i) for i in range(self.num_servers)]
-            worker_argv = [PYTHON, "-m", "ps._bench_worker", json.dumps(self.spec)]
+            worker_argv = [PYTHON, "-m", self._worker_module(), json.dumps(self.spec)]
             for i in range(self.num_workers):
                 proc = self._spawn("worker", worker_argv, i, pipes=True)
                 q: queue.Queue = queue.Queue()
@@ -101,6 +94,14 @@ class Cluster:
         except BaseException:
             self.kill()
             raise
+
+    def _worker_module(self) -> str:
+        """The driver module of the checkout this cluster runs (``--ab`` may name one from
+        before ps.bench became a package)."""
+        tree = self.env.get("PYTHONPATH", "").split(os.pathsep)[0]
+        if tree and os.path.exists(os.path.join(tree, "ps", "_bench_worker.py")):
+            return "ps._bench_worker"
+        return "ps.bench.worker"
 
     def wrap_argv(self, index: int) -> list[str]:
         argv = self._role_argv()
@@ -192,26 +193,13 @@ class Cluster:
                   file=sys.stderr)
 
     def kill(self) -> None:
+        """SIGTERM to every process group, 3 s, then SIGKILL (launcher.process.stop_group)."""
         procs = [p for p in [*self.workers, *self.servers, self.scheduler] if p is not None]
         for proc in procs:
             if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 3.0
+                killpg(proc.pid, signal.SIGTERM)
         for proc in procs:
-            try:
-                proc.wait(max(0.05, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                try:
-                    proc.wait(3.0)
-                except subprocess.TimeoutExpired:
-                    pass
+            stop_group(proc, grace=3.0)
         for proc in self.workers:
             for stream in (proc.stdin, proc.stdout):
                 try:
@@ -233,106 +221,3 @@ def _pump(stream: Any, q: queue.Queue) -> None:
     except (OSError, ValueError):
         pass
     q.put(None)
-
-
-# -- measuring ---------------------------------------------------------------------------------
-def proc_status(pid: int) -> dict[str, int]:
-    """VmRSS / VmHWM of ``pid`` in bytes (empty when the process is gone)."""
-    out = {}
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith(("VmRSS:", "VmHWM:")):
-                    name, value = line.split(":", 1)
-                    out[name] = int(value.split()[0]) * 1024
-    except OSError:
-        pass
-    return out
-
-
-def listen_ports(pid: int) -> set[int]:
-    """TCP ports ``pid`` listens on (matched through its socket inodes)."""
-    inodes = set()
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                inodes.add(link[8:-1])
-    except OSError:
-        return set()
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as fh:
-                next(fh)
-                for line in fh:
-                    f = line.split()
-                    if f[3] == "0A" and f[9] in inodes:
-                        ports.add(int(f[1].rsplit(":", 1)[1], 16))
-        except OSError:
-            pass
-    return ports
-
-
-def cpu_ticks(pid: int) -> int:
-    """utime + stime of every thread of ``pid``, in clock ticks (0 when gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def machine_ticks() -> tuple[int, int]:
-    """(busy, total) clock ticks of all CPUs since boot, from /proc/stat."""
-    with open("/proc/stat") as fh:
-        vals = [int(v) for v in fh.readline().split()[1:]]
-    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
-    total = sum(vals[:8])
-    return total - idle, total
-
-
-class CpuWindow:
-    """CPU use during a window: machine busy %, and busy % not accounted to ``pids`` ("foreign")."""
-
-    def __init__(self, pids: list[int]):
-        self.pids = [*pids, os.getpid()]
-        self.busy0, self.total0 = machine_ticks()
-        self.ours0 = sum(cpu_ticks(p) for p in self.pids)
-
-    def close(self) -> tuple[float, float]:
-        busy, total = machine_ticks()
-        ours = sum(cpu_ticks(p) for p in self.pids)
-        span = max(1, total - self.total0)
-        busy_pct = 100.0 * (busy - self.busy0) / span
-        foreign = 100.0 * max(0, (busy - self.busy0) - (ours - self.ours0)) / span
-        return busy_pct, foreign
-
-
-class RoleCpu:
-    """CPU time each worker and each server of one cluster spends in a window (ms)."""
-
-    def __init__(self, cluster: Any):
-        self.roles = {"worker": [p.pid for p in cluster.workers], "server": list(cluster.server_pids)}
-        self.start = {pid: cpu_ticks(pid) for pids in self.roles.values() for pid in pids}
-
-    def per_process_ms(self) -> dict[str, float]:
-        """Mean over the role's processes of the CPU ms each used since the start."""
-        tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK")
-        return {role: sum(cpu_ticks(p) - self.start[p] for p in pids) * tick_ms / len(pids)
-                for role, pids in self.roles.items() if pids}
-
-
-def settle(pids: list[int], max_foreign: float, timeout: float, sample: float = 0.25) -> float:
-    """Wait (at most ``timeout`` s) until other tenants use < ``max_foreign`` % CPU; return last %."""
-    deadline = time.monotonic() + timeout
-    while True:
-        win = CpuWindow(pids)
-        time.sleep(sample)
-        _, foreign = win.close()
-        if foreign < max_foreign or time.monotonic() >= deadline:
-            return foreign

@@ -12,7 +12,7 @@ import numbers
 from collections.abc import Iterable
 from typing import Any
 
-from .optim import REGISTRY
+from .base import REGISTRY
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Worker driver for ``python -m ps.bench``: one process per worker, ps or native MXNet.
 
-    python -m ps._bench_worker '{"impl": "ps", "mode": "kv", "cases": [...]}'
+    python -m ps.bench.worker '{"impl": "ps", "mode": "kv", "cases": [...]}'
 
 The parent talks to it in JSON lines: commands on stdin, answers on a private copy of
 stdout (fd 1 itself is pointed at stderr, so whatever the libraries print cannot corrupt
@@ -164,7 +164,7 @@ def main(argv: list[str]) -> int:
 
     try:
         if spec.get("mode") == "gluon":
-            from ._bench_gluon import GluonDriver
+            from .gluon import GluonDriver
             driver: Any = GluonDriver(spec)
         elif spec["impl"] == "native":
             driver = NativeDriver(spec)

@@ -49,27 +49,27 @@ def _dmlc_scale(value: Any, e: int, divide: bool, ft: type) -> Any:
     return value / scale if divide else value * scale
 
 
-def _f32(dt: type, x: float) -> Any:
+def f32(dt: type, x: float) -> Any:
     """A float op parameter (``lr=``, ``wd=``, ``beta1=`` ...) as the kernel sees it in dtype ``dt``."""
     return dt(_dmlc_parse(float(x), np.float32))
 
 
-def _tuple_f32(dt: type, x: float) -> Any:
+def tuple_f32(dt: type, x: float) -> Any:
     """An element of a tuple parameter (``lrs=``/``wds=`` of multi-tensor ops): nearest float32."""
     return dt(np.float32(x))
 
 
-def _scalar(dt: type, x: float) -> Any:
+def scalar(dt: type, x: float) -> Any:
     """The scalar of an NDArray-with-scalar op (``nd * 0.5``): a double, cast to the array dtype."""
     return dt(_dmlc_parse(float(x), np.float64))
 
 
-def _clip(x: np.ndarray, lo: Any, hi: Any) -> np.ndarray:
+def clip(x: np.ndarray, lo: Any, hi: Any) -> np.ndarray:
     """mshadow's clip: ``hi`` wins when the bounds cross, NaN passes through."""
     return np.where(x > hi, hi, np.where(x < lo, lo, x)).astype(x.dtype, copy=False)
 
 
-def _sign(x: np.ndarray) -> np.ndarray:
+def sign(x: np.ndarray) -> np.ndarray:
     """``(x > 0) - (x < 0)`` as MXNet computes it (NaN gives 0, unlike ``np.sign``)."""
     return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
 
@@ -86,7 +86,7 @@ def _load_powf() -> Callable[[float, float], float] | None:
 _LIBM_POWF = _load_powf()
 
 
-def _pow(base: Any, exp: int) -> Any:
+def power(base: Any, exp: int) -> Any:
     """mshadow's power: C ``powf`` for float32, double ``pow`` otherwise.
 
     numpy 2's float32 power is not libm's and differs from it in the last bit at times.
@@ -97,16 +97,16 @@ def _pow(base: Any, exp: int) -> Any:
     return dt(math.pow(float(base), exp))  # without libm: off by 1 ulp in ~0.2% of cases
 
 
-def _kernel_momentum(dt: type, momentum: float) -> Any:
+def kernel_momentum(dt: type, momentum: float) -> Any:
     """MXNet passes ``momentum`` to the kernel only if > 0; otherwise the kernel's default 0 applies."""
-    return _f32(dt, momentum if momentum > 0 else 0.0)
+    return f32(dt, momentum if momentum > 0 else 0.0)
 
 
-def _zeros(weight: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
+def zeros(weight: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
     return tuple(np.zeros_like(weight) for _ in range(n))
 
 
-def _sum_sq(x: np.ndarray) -> np.float32:
+def sum_sq(x: np.ndarray) -> np.float32:
     """MXNet's CPU ``multi_sum_sq``: squares in the array dtype, summed one by one in float32."""
     if x.size == 0:
         return np.float32(0)

@@ -23,17 +23,10 @@ import sys
 import time
 from typing import Any
 
-from . import _bench_report as report
-from ._bench_cluster import (
-    BenchError,
-    Cluster,
-    CpuWindow,
-    RoleCpu,
-    listen_ports,
-    proc_status,
-    settle,
-)
-from ._bench_report import Row, parse_size, size_label
+from . import report
+from .cluster import BenchError, Cluster
+from .measure import CpuWindow, RoleCpu, listen_ports, proc_status, settle
+from .report import Row, parse_size, size_label
 
 ALIASES = {"many-keys": "200x16K", "8x2MB": "8x2M", "64MB": "1x64M"}
 DEFAULT_SIZES = "4K,64K,1M,4M,16M,64M"
@@ -279,7 +272,7 @@ def start_clusters(impls: list[str], w: int, s: int, spec: dict[str, Any], args:
 
 
 def run_gluon(w: int, s: int, args: argparse.Namespace, progress: Progress, rows: list[Row]) -> list[str]:
-    from ._bench_gluon import MODELS, adapter_missing
+    from .gluon import MODELS, adapter_missing
     notes = []
     impls = []
     missing = adapter_missing()

@@ -2,7 +2,7 @@
 
 Checks every pulled value exactly and samples the servers' RSS; prints a JSON summary.
 
-    python bench/soak.py --workers 4 --servers 2 --rounds 2000 --drop 10
+    python -m ps.bench.soak --workers 4 --servers 2 --rounds 2000 --drop 10
 """
 from __future__ import annotations
 
@@ -10,12 +10,15 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
+import psutil
+
+from launcher.process import start_group, stop_group
+from ps.netutil import free_port
 
 SMALL, BIG = (2, 3), 300_000     # the big key is sharded over every server (bound 1000)
 
@@ -39,11 +42,10 @@ def worker(rounds: int) -> None:
 
 
 def rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+    try:
+        return psutil.Process(pid).memory_info().rss // 1024
+    except psutil.Error:
+        return 0
 
 
 def main() -> int:
@@ -58,18 +60,16 @@ def main() -> int:
     if args.worker_mode:
         worker(args.rounds)
         return 0
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
            "DMLC_NUM_SERVER": str(args.servers), "DMLC_NUM_WORKER": str(args.workers),
            "PS_RESEND": "1", "PS_DROP_MSG": str(args.drop), "PS_RESEND_TIMEOUT": str(args.resend_timeout),
            "MXNET_KVSTORE_BIGARRAY_BOUND": "1000"}
-    procs = [subprocess.Popen([sys.executable, "-m", "ps"], env={**env, "DMLC_ROLE": "scheduler"})]
-    servers = [subprocess.Popen([sys.executable, "-m", "ps"], env={**env, "DMLC_ROLE": "server"})
+    procs = [start_group([sys.executable, "-m", "ps"], {**env, "DMLC_ROLE": "scheduler"})]
+    servers = [start_group([sys.executable, "-m", "ps"], {**env, "DMLC_ROLE": "server"})
                for _ in range(args.servers)]
-    workers = [subprocess.Popen([sys.executable, __file__, "--worker-mode", "--rounds", str(args.rounds)],
-                                env={**env, "DMLC_ROLE": "worker"}, stdout=subprocess.PIPE, text=True)
+    workers = [start_group([sys.executable, "-m", "ps.bench.soak", "--worker-mode", "--rounds", str(args.rounds)],
+                           {**env, "DMLC_ROLE": "worker"}, stdout=subprocess.PIPE, text=True)
                for _ in range(args.workers)]
     procs += servers + workers
     samples: list[tuple[float, list[int]]] = []
@@ -83,9 +83,7 @@ def main() -> int:
         results = [json.loads(w.stdout.read().strip().splitlines()[-1]) for w in workers]
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-            p.wait(10)
+            stop_group(p, grace=0, sig=signal.SIGKILL)
     early = next((s for t, s in samples if t >= 10 and len(s) == args.servers), samples[0][1])
     late = [s for _, s in samples if len(s) == args.servers][-1]
     growth = [(b - a) / a * 100 for a, b in zip(early, late)]

@@ -1,41 +1,22 @@
-"""``import ps.mxnet``: MXNet's ``dist_*`` kvstores run on ps.
-
-Importing this module registers ``dist_sync``, ``dist_async``, ``dist_sync_device``,
-``dist_device_sync``, ``dist_async_device`` and ``dist`` with
-``mx.kvstore.KVStoreBase.register``, so ``mx.kv.create('dist_sync')``,
-``gluon.Trainer(..., kvstore='dist_sync')`` and ``Module.fit(kvstore='dist_sync')`` use ps.
-
-In a process whose ``DMLC_ROLE`` is ``server`` or ``scheduler`` the import runs that role
-and exits *before* importing mxnet (whose own import would start MXNet's C++ server), so
-one script serves every role as long as it imports ``ps.mxnet`` before ``mxnet``.
-"""
+"""``PSKVStore``: a ps worker behind MXNet's kvstore interface, and its registration."""
 from __future__ import annotations
 
-import sys
+import atexit
+import contextlib
+import logging
+import threading
+import types
+import weakref
+from typing import Any, Iterator
 
-from .config import role_from_env
+import msgpack
+import mxnet as mx
+import numpy as np
 
-if role_from_env() != "worker":        # must happen before anything imports mxnet
-    from .__main__ import main as _run_role
-    sys.exit(_run_role())
-
-import atexit  # noqa: E402
-import contextlib  # noqa: E402
-import ctypes  # noqa: E402
-import logging  # noqa: E402
-import os  # noqa: E402
-import threading  # noqa: E402
-import types  # noqa: E402
-import weakref  # noqa: E402
-from typing import Any, Iterator  # noqa: E402
-
-import msgpack  # noqa: E402
-import mxnet as mx  # noqa: E402
-import numpy as np  # noqa: E402
-
-from ._mxengine import Engine  # noqa: E402
-from ._timing import Deadline  # noqa: E402
-from .kvstore import CLOSE_WAIT, KVStore  # noqa: E402
+from .._timing import Deadline
+from ..kvstore import CLOSE_WAIT, KVStore
+from .arrays import as_list, dense_cpu, first, numpy_view, single, to_numpy
+from .engine import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -54,58 +35,6 @@ def _store(kvtype: str) -> KVStore:
         raise ValueError(f"this process already joined the cluster as {_shared.type!r}; "
                          f"cannot also create {kvtype!r}")
     return _shared
-
-
-def _numpy(value: Any, write: bool = False) -> Any:
-    """NDArray (or nested lists of them) -> numpy, as a zero-copy view when it can be."""
-    if isinstance(value, (list, tuple)):
-        return [_numpy(v, write) for v in value]
-    if not hasattr(value, "asnumpy"):
-        return np.asarray(value)
-    view = _view(value, write)
-    return view if view is not None else value.asnumpy()
-
-
-def _view(nd: Any, write: bool, wait: bool = True) -> np.ndarray | None:
-    """A numpy array over a dense CPU NDArray's own memory (no copy); None where that is not
-    possible. With ``wait`` it is usable at once: MXNet's engine has finished every pending
-    operation on ``nd``. Without, only an engine operation that depends on ``nd`` may use it.
-
-    The caller keeps ``nd`` alive while the view is in use and issues no MXNet op on it
-    meanwhile: inside a Trainer step nothing else touches parameters or gradients.
-    """
-    if not _dense_cpu(nd):
-        return None
-    from mxnet.base import _LIB, check_call
-    if wait:
-        check_call((_LIB.MXNDArrayWaitToWrite if write else _LIB.MXNDArrayWaitToRead)(nd.handle))
-    ptr = ctypes.c_void_p()
-    # For an array in an MKL-DNN layout this first converts it to the default one (and waits).
-    check_call(_LIB.MXNDArrayGetData(nd.handle, ctypes.byref(ptr)))
-    dtype = np.dtype(nd.dtype)
-    if not ptr.value or not nd.size:
-        return None
-    buf = (ctypes.c_char * (nd.size * dtype.itemsize)).from_address(ptr.value)
-    view = np.frombuffer(buf, dtype=dtype).reshape(nd.shape)
-    if not write:
-        view.flags.writeable = False
-    return view
-
-
-def _dense_cpu(nd: Any) -> bool:
-    return (hasattr(nd, "handle") and getattr(nd, "stype", "default") == "default"
-            and nd.context.device_type == "cpu")
-
-
-def _single(value: Any) -> Any:
-    """The one NDArray of ``value`` (itself or a one-element list), else None."""
-    if isinstance(value, (list, tuple)):
-        return value[0] if len(value) == 1 else None
-    return value
-
-
-def _as_list(value: Any) -> list:
-    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 class PSKVStore(mx.kvstore.KVStoreBase):
@@ -155,7 +84,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
     # -- data ------------------------------------------------------------------------------
     def init(self, key: Any, value: Any) -> None:
         self._settle()
-        self._kv.init(key, _first(_numpy(value), key))
+        self._kv.init(key, first(to_numpy(value), key))
 
     def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> None:
         self.init(key, value)
@@ -165,7 +94,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         self._settle()
         self._sync_optimizer_params()
         self._reap()
-        self._pending.append((self._kv.push(key, _numpy(value)), value))
+        self._pending.append((self._kv.push(key, to_numpy(value)), value))
 
     def _reap(self) -> None:
         """Surface errors of finished pushes without waiting for the others."""
@@ -179,7 +108,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         if out is None:
             raise ValueError(f"pull of key {key!r} needs out=")
         self._settle()
-        self._kv.pull(key, out=_numpy(out, write=True))
+        self._kv.pull(key, out=to_numpy(out, write=True))
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
         """Push gradients, write the new values into ``out`` (into ``value`` if None).
@@ -198,14 +127,14 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         if self._defer:        # started when the step's loop ends, last parameter first
             self._queued.append((key, value, targets))
             return
-        self._kv.pushpull(key, _numpy(value), out=_numpy(targets, write=True), block=False).wait()
+        self._kv.pushpull(key, to_numpy(value), out=to_numpy(targets, write=True), block=False).wait()
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> None:
         """Pull the dense value and keep the requested rows (ps stores dense values)."""
         if out is None or row_ids is None:
             raise ValueError("row_sparse_pull needs out and row_ids")
         dense = self._kv.pull(key)
-        for o, rid in zip(_as_list(out), _as_list(row_ids) * (len(_as_list(out)) if not
+        for o, rid in zip(as_list(out), as_list(row_ids) * (len(as_list(out)) if not
                                                                isinstance(row_ids, (list, tuple)) else 1)):
             full = mx.nd.array(dense, dtype=o.dtype).tostype("row_sparse")
             mx.nd.sparse.retain(full, rid).copyto(o)
@@ -221,16 +150,16 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         only those), replies go into a staging array ps owns and an engine copy (which knows
         layouts) moves them into the weight, as MXNet's own kvstore copies from its receive
         buffer. Elsewhere they go straight in."""
-        src, dst = _single(value), _single(targets)
+        src, dst = single(value), single(targets)
         if isinstance(key, (list, tuple)) or src is None or dst is None:
             return False
         info = self._kv.key_info(key)
-        if info is None or not (_dense_cpu(src) and _dense_cpu(dst)):
+        if info is None or not (dense_cpu(src) and dense_cpu(dst)):
             return False
         if any(tuple(a.shape) != info.shape or np.dtype(a.dtype) != info.dtype for a in (src, dst)):
             return False                     # the plain path raises the error naming them
         recv = self._staging_for(key, dst) if self._relayout and len(info.shape) >= 3 else dst
-        grad, weight = _view(src, write=False, wait=False), _view(recv, write=True, wait=False)
+        grad, weight = numpy_view(src, write=False, wait=False), numpy_view(recv, write=True, wait=False)
         if grad is None or weight is None:
             return False
         kv = self._kv
@@ -331,7 +260,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
                 # first: taking them in reverse, each waits only for its own gradient and its
                 # traffic overlaps the rest of the backward pass.
                 for key, value, targets in reversed(queued):
-                    handle = self._kv.pushpull(key, _numpy(value), out=_numpy(targets, write=True), block=False)
+                    handle = self._kv.pushpull(key, to_numpy(value), out=to_numpy(targets, write=True), block=False)
                     self._pending.append((handle, (value, targets)))
                 self._wait_pending()
 
@@ -343,7 +272,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
     # -- optimizer, compression, states ----------------------------------------------------
     def set_optimizer(self, optimizer: Any) -> None:
         """Translate an ``mx.optimizer.Optimizer`` into ps's numpy optimizer on the servers."""
-        from ._mxnet_optim import spec_from_mxnet
+        from ..optim.from_mxnet import spec_from_mxnet
         try:
             spec = spec_from_mxnet(optimizer)
         except ValueError as unknown:
@@ -364,13 +293,14 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         (servers accept it only with PS_ALLOW_PICKLE=1)."""
         import pickle
 
-        from . import _pickled, _security
-        from .errors import RemoteError
+        from .. import _security
+        from ..optim import pickled
+        from ..errors import RemoteError
         secret_file = self._kv.config.secret_file
         if not secret_file:
             raise unknown
         payload = pickle.dumps(optimizer)
-        signature = _pickled.sign(payload, _security.hmac_key(_security.read_secret(secret_file)))
+        signature = pickled.sign(payload, _security.hmac_key(_security.read_secret(secret_file)))
         try:
             self._kv.set_pickled_optimizer(payload, signature)
         except RemoteError as refused:
@@ -440,14 +370,7 @@ def _engine(kv: KVStore) -> Engine | None:
     return Engine()
 
 
-def _first(value: Any, key: Any) -> Any:
-    """init takes one value per key; MXNet passes a per-device list at times."""
-    if isinstance(key, (list, tuple)):
-        return [_first(v, None) for v in value]
-    return value[0] if isinstance(value, list) else value
-
-
-def _settle_before_fork() -> None:
+def settle_before_fork() -> None:
     """MXNet's own fork handler waits for every engine operation to finish, and it runs while
     the forking thread holds the GIL, which ps's I/O thread needs to finish ours: a fork with
     a pushpull in the engine (a DataLoader starting its worker processes) would hang. So
@@ -459,16 +382,19 @@ def _settle_before_fork() -> None:
             logger.error("before fork: %s", exc)
 
 
-def _register() -> None:
+def register() -> dict[str, type]:
+    """Register ps's kvstores with MXNet (``mx.kv.create`` and Trainer look there first)."""
+    classes = {}
     for name in ("dist_sync", "dist_async", "dist_sync_device", "dist_device_sync",
                  "dist_async_device", "dist"):
-        cls = type(name.title(), (PSKVStore,), {"_TYPE": name, "__module__": __name__,
+        cls = type(name.title(), (PSKVStore,), {"_TYPE": name, "__module__": "ps.mxnet",
                                                 "__doc__": f"ps-backed MXNet kvstore {name!r}."})
         mx.kvstore.KVStoreBase.register(cls)
-        globals()[cls.__name__] = cls
+        classes[cls.__name__] = cls
+    return classes
 
 
-def _patch_step_pipelining() -> None:
+def patch_trainer() -> None:
     """A Trainer step sends every parameter's pushpull first and waits once at the end,
     instead of one blocking round trip per parameter."""
     trainer_cls = mx.gluon.Trainer
@@ -487,6 +413,3 @@ def _patch_step_pipelining() -> None:
     trainer_cls._allreduce_grads = _allreduce_grads
 
 
-_register()
-_patch_step_pipelining()
-os.register_at_fork(before=_settle_before_fork)

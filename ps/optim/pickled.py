@@ -55,6 +55,12 @@ class MXNetUpdater:
         self._updater(key, self.mx.nd.array(grad, dtype=weight.dtype), w)
         weight[:] = w.asnumpy()
 
+    def begin(self, key: int, weight: np.ndarray) -> None:
+        raise TypeError("MXNet's own updater is not elementwise: it cannot update in chunks")
+
+    def update_chunk(self, key: int, offset: int, grad: np.ndarray, weight: np.ndarray) -> None:
+        self.begin(key, weight)
+
     def get_states(self) -> bytes:
         return self._updater.get_states(dump_optimizer=False)
 

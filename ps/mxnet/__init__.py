@@ -1,0 +1,31 @@
+"""``import ps.mxnet``: MXNet's ``dist_*`` kvstores run on ps.
+
+Importing this module registers ``dist_sync``, ``dist_async``, ``dist_sync_device``,
+``dist_device_sync``, ``dist_async_device`` and ``dist`` with
+``mx.kvstore.KVStoreBase.register``, so ``mx.kv.create('dist_sync')``,
+``gluon.Trainer(..., kvstore='dist_sync')`` and ``Module.fit(kvstore='dist_sync')`` use ps.
+
+In a process whose ``DMLC_ROLE`` is ``server`` or ``scheduler`` the import runs that role
+and exits *before* importing mxnet (whose own import would start MXNet's C++ server), so
+one script serves every role as long as it imports ``ps.mxnet`` before ``mxnet``.
+"""
+from __future__ import annotations
+
+import sys
+
+from ..config import role_from_env
+
+if role_from_env() != "worker":        # must happen before anything imports mxnet
+    from ..__main__ import main as run_role
+    sys.exit(run_role())
+
+import os  # noqa: E402
+
+from .kvstore import PSKVStore, patch_trainer, register, settle_before_fork  # noqa: E402
+
+globals().update(register())          # ps.mxnet.Dist_Sync, ... (MXNet names them by class)
+patch_trainer()
+os.register_at_fork(before=settle_before_fork)
+
+__all__ = ["PSKVStore"]
+

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from . import local, mpi, sge, slurm, ssh, yarn
+from .backend import BACKENDS, Backend
 from .hosts import HostfileError, read_hostfile
 from .output import Output, OutputHandler
 from .process import Command, Job, StopSignal, become_subreaper, supervise
@@ -33,7 +33,6 @@ from .tracker import SchedulerRunner, job_env, scheduler_env, scheduler_ip
 
 logger = logging.getLogger("launcher")
 
-BACKENDS: dict[str, Any] = {"local": local, "ssh": ssh, "mpi": mpi, "slurm": slurm, "sge": sge, "yarn": yarn}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,14 +142,7 @@ def render(cmd: Command, base_env: Mapping[str, str]) -> str:
     return shlex.join(prefix + list(cmd.argv))
 
 
-def _commands(backend: Any, spec: LaunchSpec, job: Mapping[str, str], environ: Mapping[str, str],
-              dry_run: bool = False) -> list[Command]:
-    if backend in (sge, yarn):
-        return backend.commands(spec, job, environ, dry_run=dry_run)
-    return backend.commands(spec, job, environ)
-
-
-def _summary(spec: LaunchSpec, backend: Any, ip: str, port: Any) -> str:
+def _summary(spec: LaunchSpec, backend: Backend, ip: str, port: Any) -> str:
     hosts = backend.host_count(spec)
     where = f"on {hosts} host{'s' if hosts != 1 else ''}" if hosts else f"via {spec.launcher}"
     return (f"{spec.num_servers} server{'s' if spec.num_servers != 1 else ''}, "
@@ -172,11 +164,11 @@ def run(spec: LaunchSpec, environ: Mapping[str, str] | None = None, *, stop: Sto
             output.close()
 
 
-def _dry_run(spec: LaunchSpec, backend: Any, ip: str, environ: Mapping[str, str], output: Output) -> int:
+def _dry_run(spec: LaunchSpec, backend: Backend, ip: str, environ: Mapping[str, str], output: Output) -> int:
     output.raw(f"# {_summary(spec, backend, ip, '<port>')} (port chosen at start)")
-    for cmd in _commands(backend, spec, job_env(spec, ip, "<port>"), environ, dry_run=True):
+    for cmd in backend.commands(spec, job_env(spec, ip, "<port>"), environ, True):
         output.raw(f"[{cmd.name}] {render(cmd, environ)}")
-    for line in getattr(backend, "describe", lambda s: [])(spec):
+    for line in backend.describe(spec):
         output.raw(line)
     return 0
 
@@ -188,7 +180,7 @@ def _run(spec: LaunchSpec, environ: dict[str, str], output: Output, stop: StopSi
         ip = scheduler_ip(spec, environ)
         if spec.dry_run:
             return _dry_run(spec, backend, ip, environ, output)
-        getattr(backend, "prepare", lambda s, e: None)(spec, environ)
+        backend.prepare(spec, environ)
         runner = SchedulerRunner.start(scheduler_env(spec, ip, environ), scheduler_factory)
     except Exception as exc:  # bad host IP, rsync failed, scheduler could not bind...
         logger.error("%s", exc)
@@ -196,15 +188,10 @@ def _run(spec: LaunchSpec, environ: dict[str, str], output: Output, stop: StopSi
     logger.info("%s", _summary(spec, backend, ip, runner.port))
     job = Job(output, owns_descendants=owns_descendants)
     try:
-        cmds = _commands(backend, spec, job_env(spec, ip, runner.port), environ)
+        cmds = backend.commands(spec, job_env(spec, ip, runner.port), environ, False)
         for cmd in cmds:
             logger.debug("[%s] %s", cmd.name, render(cmd, environ))
-        start = getattr(backend, "start", None)
-        if start:
-            start(spec, job, cmds)
-        else:
-            for cmd in cmds:
-                job.spawn(cmd)
+        backend.start(spec, job, cmds)
     except Exception as exc:  # mpirun not found, a script could not be written...
         logger.error("could not start the job: %s", exc)
         job.stop()

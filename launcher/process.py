@@ -2,7 +2,7 @@
 
 Every process gets its own session (so its own process group), its output lines are
 prefixed with their source (``[worker 1] ...``), and a job is stopped as a whole: SIGTERM
-to every process group, a grace period, SIGKILL, then a sweep of ``/proc`` for anything
+to every process group, a grace period, SIGKILL, then a sweep (psutil) for anything
 still in one of the job's groups. Nothing is ever killed by name.
 """
 from __future__ import annotations
@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import IO
+
+import psutil
 
 from .output import Labeler, Output, deliver
 
@@ -81,45 +83,41 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def _live() -> list[psutil.Process]:
+    """Every process of this machine that is not a zombie (one that already exited)."""
+    out = []
+    for proc in psutil.process_iter(["status"]):
+        if proc.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(proc)
+    return out
+
+
 def group_members(pgids: Iterable[int]) -> dict[int, list[int]]:
-    """pgid -> live (non-zombie) pids in that process group, for the given groups (Linux /proc)."""
+    """pgid -> live (non-zombie) pids in that process group, for the given groups."""
     wanted, found = set(pgids), {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for proc in _live():
         try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
+            pgid = os.getpgid(proc.pid)
         except OSError:
             continue
-        if fields[0] != b"Z" and int(fields[2]) in wanted:
-            found.setdefault(int(fields[2]), []).append(int(entry))
+        if pgid in wanted:
+            found.setdefault(pgid, []).append(proc.pid)
     return found
 
 
-def _proc_stat(pid: str) -> tuple[bytes, int] | None:
-    """(state, ppid) of a pid, None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return None
-    return fields[0], int(fields[1])
-
-
 def descendants(root: int) -> list[int]:
-    """Live (non-zombie) descendants of ``root`` (Linux /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            st = _proc_stat(entry)
-            if st is not None and st[0] != b"Z":
-                children.setdefault(st[1], []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
+    """Live (non-zombie) descendants of ``root``."""
+    try:
+        kids = psutil.Process(root).children(recursive=True)
+    except psutil.Error:
+        return []
+    out = []
+    for kid in kids:
+        try:
+            if kid.status() != psutil.STATUS_ZOMBIE:
+                out.append(kid.pid)
+        except psutil.Error:
+            continue
     return out
 
 

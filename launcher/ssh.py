@@ -58,7 +58,8 @@ def build_commands(spec: LaunchSpec, job: Mapping[str, str], forward: Mapping[st
     return cmds
 
 
-def commands(spec: LaunchSpec, job: Mapping[str, str], environ: Mapping[str, str]) -> list[Command]:
+def commands(spec: LaunchSpec, job: Mapping[str, str], environ: Mapping[str, str],
+             dry_run: bool = False) -> list[Command]:
     return build_commands(spec, job, forwarded_env(environ))
 
 

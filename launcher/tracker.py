@@ -6,13 +6,12 @@ there is no probe-then-release race (style R25).
 """
 from __future__ import annotations
 
-import fcntl
 import logging
-import socket
-import struct
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from ps import netutil
 
 from .hosts import Task, is_loopback
 from .output import EXIT_MARKER
@@ -93,52 +92,20 @@ def rank_wrapper(spec: LaunchSpec, role: str, argv: list[str]) -> list[str]:
 
 # --- the scheduler's address -------------------------------------------------------
 
-def interface_ip(ifname: str) -> str:
-    """IPv4 address of a network interface (SIOCGIFADDR); OSError if it has none."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname.encode()[:15]))
-    return socket.inet_ntoa(packed[20:24])
-
-
-def route_source_ip(host: str) -> str:
-    """The local address the kernel would use toward ``host`` (a UDP connect sends nothing)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((host, 9))
-        return s.getsockname()[0]
-
-
-def own_ip() -> str:
-    """This machine's address for cluster managers that pick the hosts (slurm, sge, yarn)."""
-    try:
-        ip = socket.gethostbyname(socket.gethostname())
-    except OSError:
-        ip = "127.0.0.1"
-    if not ip.startswith("127."):
-        return ip
-    for _, name in socket.if_nameindex():
-        try:
-            candidate = interface_ip(name)
-        except OSError:
-            continue
-        if not candidate.startswith("127."):
-            return candidate
-    return ip
-
-
 def scheduler_ip(spec: LaunchSpec, environ: Mapping[str, str]) -> str:
     """--host-ip, else DMLC_INTERFACE's address, else what the job's hosts can reach."""
     if spec.host_ip:
         return spec.host_ip
     if environ.get("DMLC_INTERFACE"):
-        return interface_ip(environ["DMLC_INTERFACE"])
+        return netutil.interface_ip(environ["DMLC_INTERFACE"])
     if spec.launcher == "local" or (spec.launcher in ("ssh", "mpi") and not spec.hosts):
         return "127.0.0.1"
     remote = [h.name for h in spec.hosts if not is_loopback(h.name)]
     if spec.hosts and not remote:
         return "127.0.0.1"
     if remote:
-        return route_source_ip(remote[0])
-    return own_ip()
+        return netutil.route_source(remote[0])
+    return netutil.host_ip()
 
 
 # --- the scheduler ---------------------------------------------------------------

@@ -1,14 +1,13 @@
-"""Addresses: resolve the scheduler's name, pick the address this node announces, the\naddress of an interface, a free port. The one place for these (ps and the launcher)."""
+"""Addresses: resolve the scheduler's name, pick the address a node announces, an
+interface's address, a free port. The one place for these, in ps and in the launcher."""
 from __future__ import annotations
 
-import fcntl
 import socket
-import struct
+
+import psutil
 
 from .config import Config
 from .errors import ConfigError
-
-_SIOCGIFADDR = 0x8915
 
 
 def resolve(host: str, variable: str = "DMLC_PS_ROOT_URI") -> str:
@@ -19,28 +18,41 @@ def resolve(host: str, variable: str = "DMLC_PS_ROOT_URI") -> str:
         raise ConfigError(f"{variable}={host!r} does not resolve to an address: {exc}") from None
 
 
-def interface_ip(prefix: str) -> str:
+def interface_addresses() -> dict[str, str]:
+    """Interface name -> its first IPv4 address, in the kernel's interface order."""
+    found = {name: next((a.address for a in addrs if a.family == socket.AF_INET), None)
+             for name, addrs in psutil.net_if_addrs().items()}
+    return {name: found[name] for _, name in socket.if_nameindex() if found.get(name)}
+
+
+def interface_ip(prefix: str, variable: str = "DMLC_INTERFACE") -> str:
     """IPv4 address of the first interface whose name starts with ``prefix`` (ps-lite rule)."""
-    names = [name for _, name in socket.if_nameindex() if name.startswith(prefix)]
-    for name in names:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            try:
-                packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
-            except OSError:
-                continue
-            return socket.inet_ntoa(packed[20:24])
-    raise ConfigError(f"DMLC_INTERFACE={prefix!r}: no interface with an IPv4 address matches "
-                      f"(interfaces: {', '.join(n for _, n in socket.if_nameindex())})")
+    addresses = interface_addresses()
+    match = next((ip for name, ip in addresses.items() if name.startswith(prefix)), None)
+    if match is None:
+        raise ConfigError(f"{variable}={prefix!r}: no interface with an IPv4 address matches "
+                          f"(interfaces: {', '.join(n for _, n in socket.if_nameindex())})")
+    return match
 
 
-def route_source(target_ip: str, port: int) -> str:
-    """The local address the kernel would use to reach ``target_ip`` (no packet is sent)."""
+def route_source(target_ip: str, port: int = 9) -> str:
+    """The local address the kernel would use to reach ``target_ip`` (a UDP connect sends
+    nothing). Raises OSError when there is no route."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((target_ip, port or 9))
-            return s.getsockname()[0]
-        except OSError:
-            return "127.0.0.1"
+        s.connect((target_ip, port or 9))
+        return s.getsockname()[0]
+
+
+def host_ip() -> str:
+    """This machine's address for peers elsewhere: its host name's, else the first
+    non-loopback interface's, else 127.0.0.1."""
+    try:
+        ip = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        ip = "127.0.0.1"
+    if not ip.startswith("127."):
+        return ip
+    return next((a for a in interface_addresses().values() if not a.startswith("127.")), ip)
 
 
 def announce_host(cfg: Config, scheduler_ip: str) -> str:
@@ -50,12 +62,16 @@ def announce_host(cfg: Config, scheduler_ip: str) -> str:
         return resolve(cfg.node_host, "DMLC_NODE_HOST")
     if cfg.interface:
         return interface_ip(cfg.interface)
-    return route_source(scheduler_ip, cfg.root_port or 0)
+    try:
+        return route_source(scheduler_ip, cfg.root_port or 0)
+    except OSError:
+        return "127.0.0.1"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that was free a moment ago. Only for a process that cannot bind port 0 itself
-    and report it (MXNet's native scheduler); anything of ours binds port 0."""
+    and report it (MXNet's native scheduler, a scheduler started by hand); anything of ours
+    that can binds port 0."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

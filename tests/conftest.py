@@ -1,79 +1,16 @@
-"""Shared fixtures: free ports, subprocess tracking (killed by pid), cluster helpers."""
+"""Fixtures every test gets: processes killed by group at teardown, and a check that a test
+leaves no thread or process of its own behind. Helpers live in tests/helpers.py."""
 from __future__ import annotations
 
-import os
-import select
-import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
+import threading
 
+import psutil
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-PYTHON = sys.executable
+from tests.helpers import Procs, free_port, poll_for
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cluster_env(port: int, servers: int = 2, workers: int = 2, **extra: str) -> dict[str, str]:
-    """Environment for one process of a loopback job (PYTHONPATH points at this checkout)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MXNET_KVSTORE"))}
-    env.update(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(port), DMLC_NUM_SERVER=str(servers),
-               DMLC_NUM_WORKER=str(workers), PYTHONPATH=str(ROOT), PS_CONNECT_TIMEOUT="30",
-               PS_HEARTBEAT_INTERVAL="0.5", PS_HEARTBEAT_TIMEOUT="10")
-    env.update(extra)
-    return env
-
-
-class Procs:
-    """Starts processes in their own process groups and kills whatever is left, by pid."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, args: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
-        proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=str(ROOT), start_new_session=True, **kw)
-        self.procs.append(proc)
-        return proc
-
-    def role(self, role: str, env: dict[str, str], script: str | None = None, *args: str) -> subprocess.Popen:
-        env = {**env, "DMLC_ROLE": role}
-        cmd = [PYTHON, "-m", "ps"] if script is None else [PYTHON, script, *args]
-        return self.start(cmd, env)
-
-    def finish(self, proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str]:
-        """Wait for ``proc``; return (exit code, stdout, stderr)."""
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill(proc)
-            out, err = proc.communicate()
-            pytest.fail(f"process {proc.args} did not exit within {timeout}s\nstdout:{out}\nstderr:{err}")
-        return proc.returncode, out, err
-
-    @staticmethod
-    def kill(proc: subprocess.Popen) -> None:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(5)
-
-    def cleanup(self) -> None:
-        for proc in self.procs:
-            self.kill(proc)
-            for stream in (proc.stdout, proc.stderr):
-                if stream:
-                    stream.close()
+LEAK_GRACE = 5.0     # seconds a test's threads and processes get to end after it
+OUR_THREADS = ("ps-", "bench-read")   # names of the threads ps and its tests start
 
 
 @pytest.fixture
@@ -85,34 +22,56 @@ def procs():
 
 @pytest.fixture
 def port() -> int:
+    """A scheduler port for jobs started by hand: every process must know it before the
+    scheduler is up, so it cannot be the scheduler's own port-0 pick (the launcher's is)."""
     return free_port()
 
 
-def wait_for(pred, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = pred()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+def _children() -> dict[int, psutil.Process]:
+    try:
+        return {p.pid: p for p in psutil.Process().children(recursive=True)}
+    except psutil.Error:
+        return {}
 
 
-def read_until(proc: subprocess.Popen, pred, timeout: float, what: str) -> str:
-    """Read ``proc``'s stdout line by line until ``pred(line)``, never blocking past the
-    deadline (``readline`` would). Reads the raw fd, so ``communicate`` later gets the rest."""
-    fd, buf, end = proc.stdout.fileno(), b"", time.monotonic() + timeout
-    while True:
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            text = line.decode(errors="replace")
-            if pred(text):
-                return text
-        left = end - time.monotonic()
-        if left <= 0:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        if select.select([fd], [], [], min(left, 0.5))[0]:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                raise AssertionError(f"the process ended before {what}")
-            buf += chunk
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    """Fail a test that leaves one of our threads, a non-daemon thread, or a child process
+    running; leftover processes are killed by pid first, so they cannot spoil later tests."""
+    threads_before = set(threading.enumerate())
+    children_before = set(_children())
+    yield
+
+    def stray_threads():
+        return [t for t in threading.enumerate() if t not in threads_before and t.is_alive()
+                and (t.name.startswith(OUR_THREADS) or not t.daemon)]
+
+    def stray_children():
+        return [p for pid, p in _children().items() if pid not in children_before and _running(p)]
+
+    poll_for(lambda: not stray_threads() and not stray_children(), LEAK_GRACE, 0.1)
+    threads, children = stray_threads(), stray_children()
+    for proc in children:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    problems = [f"thread {t.name!r} (daemon={t.daemon})" for t in threads]
+    problems += [f"process {p.pid} {' '.join(_cmdline(p))[:120]!r}" for p in children]
+    if problems:
+        pytest.fail(f"{request.node.nodeid} left running after {LEAK_GRACE:g}s: " + "; ".join(problems),
+                    pytrace=False)
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return ["?"]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.process import start_group, stop_group
+
 ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = {"row", "impl", "workers", "servers", "case", "keys", "key_bytes", "round_bytes", "rep", "rounds",
            "round_ms", "round_ms_p90", "worker_gbps", "aggregate_gbps", "speedup", "cpu_busy_pct",
@@ -21,13 +23,12 @@ def run_bench(tmp_path: Path, *extra: str, timeout: float = 55) -> list[dict[str
     out = tmp_path / "out.csv"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MXNET_KVSTORE"))}
     env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "ps.bench", "--quick", "--csv", str(out), *extra],
-                            cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = start_group([sys.executable, "-m", "ps.bench", "--quick", "--csv", str(out), *extra], env,
+                       cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)      # the bench kills its own children on SIGTERM/^C, not on SIGKILL
+        stop_group(proc, grace=10)   # SIGTERM first: the bench then stops the jobs it started
         stdout, stderr = proc.communicate()
         pytest.fail(f"ps.bench --quick did not finish within {timeout}s\n{stdout}\n{stderr}")
     assert proc.returncode == 0, f"{stdout}\n{stderr}"

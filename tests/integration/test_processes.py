@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tests.conftest import PYTHON, cluster_env
+from tests.helpers import PYTHON, cluster_env
 
 SCRIPT = "tests/integration/worker_script.py"
 

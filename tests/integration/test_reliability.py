@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.conftest import cluster_env, read_until, wait_for
+from tests.helpers import cluster_env, processes_with_env, read_until, wait_for
 
 SCRIPT = "tests/integration/fault_worker.py"
 
@@ -76,25 +76,12 @@ def test_garbage_on_scheduler_and_server_ports_does_not_hurt(procs, port):
 
 def job_processes(port):
     """pids of every live process whose environment names this job's scheduler port."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if f"DMLC_PS_ROOT_PORT={port}".encode() in env and state != "Z":
-            found.append(int(pid))
-    return found
+    return processes_with_env("DMLC_PS_ROOT_PORT", str(port))
 
 
 def test_killed_worker_through_the_launcher_ends_the_job(procs):
     import re
-    from tests.conftest import PYTHON
+    from tests.helpers import PYTHON
     env = cluster_env(0)
     launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local",
                             PYTHON, SCRIPT, "long"], env)

@@ -17,6 +17,12 @@ import uuid
 
 import pytest
 
+from launcher.process import start_group, stop_group
+from tests.helpers import poll_for, processes_with_env
+
+__all__ = ["ROOT", "INFRA", "WORKER", "PY", "source", "bash", "need_root", "poll_for", "marked_pids",
+           "Launch", "worker_cmd"]
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INFRA = os.path.join(ROOT, "tests", "infra")
 WORKER = os.path.join(ROOT, "tests", "launcher", "job_worker.py")
@@ -44,33 +50,9 @@ def need_root(*tools: str) -> None:
         pytest.skip(f"needs {', '.join(missing)} (see tests/infra/apt-packages.txt)")
 
 
-def poll_for(pred, timeout: float, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(interval)
-    return pred()
-
-
 def marked_pids(marker: str) -> list[int]:
     """Live processes whose environment holds PS_TEST_JOB=<marker>."""
-    needle = f"PS_TEST_JOB={marker}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry))
-        except (OSError, IndexError):
-            continue
-    return found
+    return processes_with_env("PS_TEST_JOB", marker)
 
 
 class Launch:
@@ -82,9 +64,8 @@ class Launch:
         self.lines: list[str] = []
         self._lock = threading.Lock()
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(self.argv, cwd=cwd, env={**os.environ, **(env or {})},
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
+        self.proc = start_group(self.argv, {**os.environ, **(env or {})}, cwd=cwd, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self._readers = [threading.Thread(target=self._pump, args=(s,), daemon=True)
                          for s in (self.proc.stdout, self.proc.stderr)]
         for t in self._readers:
@@ -135,11 +116,9 @@ class Launch:
     def cleanup(self) -> None:
         """Kill the launcher's group and anything carrying this job's marker (by pid)."""
         if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(10)
+            stop_group(self.proc, grace=0, sig=signal.SIGKILL)
+        for t in self._readers:
+            t.join(5)
         for pid in marked_pids(self.marker):
             try:
                 os.kill(pid, signal.SIGKILL)

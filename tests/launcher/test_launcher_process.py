@@ -15,7 +15,7 @@ from launcher.launch import parse_args, run
 from launcher.output import EXIT_MARKER, Output
 from launcher.process import Command, Job, StopSignal, group_members, supervise
 
-from .launch_util import poll_for
+from tests.helpers import alive, poll_for
 
 pytestmark = pytest.mark.launcher
 
@@ -52,14 +52,6 @@ def py(code: str) -> tuple[str, ...]:
 def make_job(grace: float = 4.0):
     out, err = io.StringIO(), io.StringIO()
     return Job(Output(stdout=out, stderr=err), grace=grace, kill_wait=2.0), out, err
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def test_prefixed_output_log_files_and_success(tmp_path):

@@ -280,3 +280,12 @@ def test_render_shows_only_what_the_launcher_adds():
     assert render(cmd, {"PATH": "/bin"}) == "env 'X=1 2' python 'a b.py'"
     assert render(Command("w", ("ssh", "h", "cmd; x")), {}) == "ssh h 'cmd; x'"
     assert render(Command("w", ("x",), {"A": "1"}), {"A": "1", "PORT": "80"}) == "env -u PORT x"
+
+
+def test_every_launcher_name_has_a_backend_with_the_whole_interface():
+    from launcher.backend import BACKENDS, Backend
+    from launcher.spec import LAUNCHERS
+    assert set(BACKENDS) == set(LAUNCHERS)
+    for name, backend in BACKENDS.items():
+        assert isinstance(backend, Backend) and backend.name == name
+        assert all(callable(getattr(backend, f)) for f in ("commands", "host_count", "describe", "prepare", "start"))

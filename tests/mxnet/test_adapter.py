@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import PYTHON, cluster_env
+from tests.helpers import PYTHON, cluster_env
 
 mx = pytest.importorskip("mxnet")
 pytestmark = pytest.mark.mxnet

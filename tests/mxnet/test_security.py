@@ -4,7 +4,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.conftest import PYTHON, cluster_env
+from tests.helpers import PYTHON, cluster_env
 from tests.mxnet.test_adapter import WORKER, assert_close, gw
 
 pytestmark = pytest.mark.mxnet

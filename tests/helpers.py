@@ -1,0 +1,134 @@
+"""Helpers every test directory shares: the checkout, process starting and stopping (by
+process group, through launcher.process), bounded waits, and finding a job's processes."""
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from launcher.process import start_group, stop_group
+from ps.netutil import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+__all__ = ["ROOT", "PYTHON", "free_port", "cluster_env", "Procs", "poll_for", "wait_for", "read_until",
+           "alive", "processes_with_env"]
+
+
+def cluster_env(port: int, servers: int = 2, workers: int = 2, **extra: str) -> dict[str, str]:
+    """Environment for one process of a loopback job (PYTHONPATH points at this checkout)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MXNET_KVSTORE"))}
+    env.update(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(port), DMLC_NUM_SERVER=str(servers),
+               DMLC_NUM_WORKER=str(workers), PYTHONPATH=str(ROOT), PS_CONNECT_TIMEOUT="30",
+               PS_HEARTBEAT_INTERVAL="0.5", PS_HEARTBEAT_TIMEOUT="10")
+    env.update(extra)
+    return env
+
+
+class Procs:
+    """Starts processes in their own process groups and kills whatever is left, by group."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, args: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
+        proc = start_group(args, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           cwd=str(ROOT), **kw)
+        self.procs.append(proc)
+        return proc
+
+    def role(self, role: str, env: dict[str, str], script: str | None = None, *args: str) -> subprocess.Popen:
+        env = {**env, "DMLC_ROLE": role}
+        cmd = [PYTHON, "-m", "ps"] if script is None else [PYTHON, script, *args]
+        return self.start(cmd, env)
+
+    def finish(self, proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str]:
+        """Wait for ``proc``; return (exit code, stdout, stderr)."""
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill(proc)
+            out, err = proc.communicate()
+            pytest.fail(f"process {proc.args} did not exit within {timeout}s\nstdout:{out}\nstderr:{err}")
+        return proc.returncode, out, err
+
+    @staticmethod
+    def kill(proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            stop_group(proc, grace=0)
+
+    def cleanup(self) -> None:
+        for proc in self.procs:
+            self.kill(proc)
+            for stream in (proc.stdout, proc.stderr):
+                if stream:
+                    stream.close()
+
+
+def poll_for(pred, timeout: float, interval: float = 0.05):
+    """``pred()``'s first true value within ``timeout`` s, else its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(interval)
+    return pred()
+
+
+def wait_for(pred, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
+    """Like :func:`poll_for`, but a timeout fails the test naming ``what``."""
+    value = poll_for(pred, timeout, interval)
+    if not value:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return value
+
+
+def read_until(proc: subprocess.Popen, pred, timeout: float, what: str) -> str:
+    """Read ``proc``'s stdout line by line until ``pred(line)``, never blocking past the
+    deadline (``readline`` would). Reads the raw fd, so ``communicate`` later gets the rest."""
+    fd, buf, end = proc.stdout.fileno(), b"", time.monotonic() + timeout
+    while True:
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            text = line.decode(errors="replace")
+            if pred(text):
+                return text
+        left = end - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        if select.select([fd], [], [], min(left, 0.5))[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise AssertionError(f"the process ended before {what}")
+            buf += chunk
+
+
+def alive(pid: int) -> bool:
+    """Running, and not a zombie that only waits to be reaped."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """pids of live processes (not this one) whose environment has ``name=value``: how a test
+    finds every process of a job it started, wherever in the process tree they ended up."""
+    found = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        if proc.info["pid"] == os.getpid() or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            if proc.environ().get(name) == value:
+                found.append(proc.info["pid"])
+        except psutil.Error:
+            continue
+    return found

@@ -1,0 +1,28 @@
+"""ps.netutil: the one place for interface addresses, routes and free ports."""
+import socket
+
+import pytest
+
+from ps.errors import ConfigError
+from ps.netutil import free_port, host_ip, interface_addresses, interface_ip, route_source
+
+
+def test_loopback_interface_by_prefix():
+    assert interface_addresses()["lo"] == "127.0.0.1"
+    assert interface_ip("l") == "127.0.0.1"
+
+
+def test_an_unknown_interface_names_the_variable_and_the_interfaces():
+    with pytest.raises(ConfigError, match=r"DMLC_INTERFACE='nosuch0'.*interfaces: .*lo"):
+        interface_ip("nosuch0")
+
+
+def test_route_source_to_loopback_and_host_ip():
+    assert route_source("127.0.0.1") == "127.0.0.1"
+    socket.inet_aton(host_ip())           # an IPv4 address, whatever this machine has
+
+
+def test_free_port_can_be_bound():
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))

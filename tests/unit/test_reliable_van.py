@@ -1,0 +1,110 @@
+"""ReliableVan (PS_RESEND) over the in-process van: acks, resends, order, duplicates, lost peers."""
+import threading
+import time
+
+import pytest
+
+from ps.message import Command, Message
+from ps.van import create_van
+from ps.van.reliable import ReliableVan
+
+A_ID, B_ID = 9, 8
+
+
+class Pair:
+    """Van A (a worker) sends to van B (a server); ``drop`` decides which arrivals B loses."""
+
+    def __init__(self, drop=lambda msg: False, timeout=0.05, give_up=30.0, clock=time.monotonic):
+        self.received: list[Message] = []
+        self.arrived = threading.Condition()
+        self.a = ReliableVan(create_van("inproc"), timeout, give_up, clock=clock)
+        self.b = ReliableVan(create_van("inproc", drop=drop), timeout, give_up)
+        b_addr = self.b.start(self._on_b, "reliable-test", name="B")
+        a_addr = self.a.start(lambda msg: None, "reliable-test", name="A")
+        self.a.connect(B_ID, b_addr)
+        self.b.connect(A_ID, a_addr)
+
+    def _on_b(self, msg):
+        with self.arrived:
+            self.received.append(msg)
+            self.arrived.notify_all()
+
+    def send(self, i):
+        self.a.send(Message(Command.SERVER_CMD, A_ID, B_ID, {"i": i}))
+
+    def wait_for(self, n, timeout=5.0):
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: len(self.received) >= n, timeout), \
+                f"{len(self.received)}/{n} messages delivered within {timeout}s"
+        return [m.body["i"] for m in self.received]
+
+    def close(self):
+        self.a.stop()
+        self.b.stop()
+
+
+@pytest.fixture
+def pairs():
+    made = []
+    yield lambda **kw: made.append(Pair(**kw)) or made[-1]
+    for p in made:
+        p.close()
+
+
+def drop_first(pred):
+    """Lose the first arrival that matches ``pred``, deliver everything after it."""
+    state = {"dropped": False}
+
+    def drop(msg):
+        if not state["dropped"] and msg.cmd != Command.ACK and pred(msg):
+            state["dropped"] = True
+            return True
+        return False
+    return drop
+
+
+def test_a_lost_message_is_resent_and_delivered_once(pairs):
+    p = pairs(drop=drop_first(lambda m: True))
+    p.send(1)
+    assert p.wait_for(1) == [1]
+    time.sleep(0.3)                                   # resends after the ack would be duplicates
+    assert [m.body["i"] for m in p.received] == [1]
+    assert p.a.transport_stats()["resent"] >= 1
+    assert p.a.pending() == 0                         # acknowledged
+
+
+def test_messages_after_a_lost_one_wait_and_arrive_in_order(pairs):
+    p = pairs(drop=drop_first(lambda m: m.seq == 2))
+    for i in range(1, 6):
+        p.send(i)
+    assert p.wait_for(5) == [1, 2, 3, 4, 5]
+    assert p.b.transport_stats()["reordered"] >= 1
+
+
+def test_a_duplicate_is_dropped(pairs):
+    p = pairs()
+    p.send(1)
+    assert p.wait_for(1) == [1]
+    again = Message(Command.SERVER_CMD, A_ID, B_ID, {"i": 1}, seq=1)     # the same channel sequence number
+    p.a.inner.send(again)
+    deadline = time.monotonic() + 5
+    while p.b.transport_stats()["duplicates"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert p.b.transport_stats()["duplicates"] == 1
+    assert [m.body["i"] for m in p.received] == [1]
+
+
+def test_a_peer_that_never_acknowledges_is_reported_lost(pairs):
+    now = [0.0]
+    p = pairs(drop=lambda msg: True, clock=lambda: now[0], give_up=10.0)
+    lost = []
+    p.a.on_peer_lost = lambda peer, msg, waited: lost.append((peer, msg.body["i"], waited))
+    p.send(7)
+    time.sleep(0.1)
+    assert lost == []                                 # still resending
+    now[0] = 10.5
+    deadline = time.monotonic() + 5
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert lost == [(B_ID, 7, 10.5)]
+    assert p.a.pending() == 0

@@ -9,6 +9,7 @@ The tree (catch ``PSError`` to catch them all)::
     │   └── PeerLostError    another node died or left (names the node)
     ├── PSTimeoutError       a bounded wait ran out (also a TimeoutError)
     ├── ProtocolError        a malformed message (logged and dropped by nodes)
+    │   └── NativeNodeError  a native MXNet (ps-lite) node tried to join: ends the job
     └── RemoteError          a server rejected a request (bad key, shape, dtype...)
 """
 from __future__ import annotations
@@ -44,6 +45,15 @@ class PSTimeoutError(PSError, TimeoutError):
 
 class ProtocolError(PSError):
     """A message could not be decoded or violates the protocol."""
+
+
+class NativeNodeError(ProtocolError):
+    """MXNet's own C++ kvstore (ps-lite's wire protocol) reached a ps node: its script
+    imported mxnet without ps. Not a stray packet to drop: that node would wait forever."""
+
+    def __init__(self, message: str, role: str = "node", host: str = "", port: int = 0):
+        super().__init__(message)
+        self.role, self.host, self.port = role, host, port
 
 
 class RemoteError(PSError):

@@ -22,6 +22,7 @@ import msgpack
 import numpy as np
 
 from .errors import ProtocolError
+from .pslite import native_node
 
 VERSION = 1
 MAX_META_BYTES = 64 << 20      # a meta frame larger than this is refused before decoding
@@ -217,6 +218,9 @@ def decode(frames: Sequence[Any], route: bytes | None = None) -> Message:
     except ProtocolError:
         raise
     except Exception as exc:
+        native = native_node(head.tobytes())
+        if native is not None:
+            raise native from None
         raise ProtocolError(f"undecodable meta: {exc}") from None
     if version != VERSION:
         raise ProtocolError(f"protocol version {version!r}, expected {VERSION}")

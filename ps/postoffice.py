@@ -49,6 +49,7 @@ class Postoffice:
         self.dropped = 0
         self.van = reliable(van, config) if van is not None else for_config(config, self._dropper())
         self.van.on_peer_lost = self._on_peer_lost
+        self.van.on_native_node = self.fail
         self.clock = clock
         self.node_id = 0
         self.rank = -1

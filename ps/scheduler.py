@@ -68,6 +68,7 @@ class Scheduler:
         self.config = config
         self.van = reliable(van, config) if van is not None else for_config(config)
         self.van.on_peer_lost = self._on_peer_lost
+        self.van.on_native_node = self._on_native_node
         self.clock = clock
         self.error: str | None = None
         self.exit_code: int | None = None
@@ -328,6 +329,12 @@ class Scheduler:
             if other != node_id and other not in self._closed_workers:
                 self._send_to(other, Command.NODE_FAILED, body)
         self._finish(1, reason)
+
+    def _on_native_node(self, exc: Exception) -> None:
+        """A native MXNet node would wait for this job forever, and the job for it: end it."""
+        with self._lock:
+            if not self._done.is_set():
+                self._abort(str(exc))
 
     def _abort(self, reason: str) -> None:
         for info in [*self._pending, *self._nodes.values()]:

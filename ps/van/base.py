@@ -5,6 +5,7 @@ import abc
 import logging
 from typing import Any, Callable, Protocol
 
+from ..errors import NativeNodeError
 from ..message import Message
 
 logger = logging.getLogger(__name__)
@@ -26,6 +27,7 @@ class Van(Protocol):
     address: str = ""
     local_address: str | None = None   # an ipc:// twin of ``address`` for peers on this machine
     on_peer_lost: PeerLost | None = None   # set by the owner; called by vans that resend (PS_RESEND)
+    on_native_node: Callable[[NativeNodeError], None] | None = None   # a native MXNet node spoke to us
 
     @abc.abstractmethod
     def start(self, on_message: OnMessage, host: str, port: int = 0,

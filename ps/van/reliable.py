@@ -76,6 +76,14 @@ class ReliableVan(Van):
         self._thread.start()
         return address
 
+    @property
+    def on_native_node(self):  # type: ignore[override]
+        return self.inner.on_native_node
+
+    @on_native_node.setter
+    def on_native_node(self, fn) -> None:
+        self.inner.on_native_node = fn
+
     def connect(self, node_id: int, address: str) -> None:
         self.inner.connect(node_id, address)
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import zmq
 
-from ..errors import ProtocolError, TransportError
+from ..errors import NativeNodeError, ProtocolError, TransportError
 from ..message import Message, decode, encode, node_name
 from .base import OnMessage, Van
 
@@ -286,6 +286,12 @@ class ZmqVan(Van):
             route = frames[0].bytes if is_router else None
             try:
                 msg = decode(frames[1:] if is_router else frames, route)
+            except NativeNodeError as exc:
+                if self.on_native_node is not None:
+                    self.on_native_node(exc)
+                else:
+                    logger.error("%s: %s", self.address, exc)
+                continue
             except ProtocolError as exc:
                 logger.warning("%s: dropped a malformed message: %s", self.address, exc)
                 continue

@@ -12,9 +12,10 @@ PS = ROOT / "ps"
 ALLOWED = {
     # the core, bottom up
     "errors": set(), "_logging": set(), "keys": set(), "compression": set(), "bufguard": set(),
-    "_timing": {"errors"}, "config": {"errors"}, "message": {"errors"}, "_security": {"errors"},
+    "_timing": {"errors"}, "config": {"errors"}, "pslite": {"errors"}, "message": {"errors", "pslite"},
+    "_security": {"errors"},
     "netutil": {"config", "errors"},
-    "van.base": {"message"},
+    "van.base": {"errors", "message"},
     "van.zmq_van": {"errors", "message", "van.base"},
     "van.inproc_van": {"errors", "message", "van.base"},
     "van.reliable": {"message", "van.base"},

@@ -166,7 +166,7 @@ def run(spec: LaunchSpec, environ: Mapping[str, str] | None = None, *, stop: Sto
 
 def _dry_run(spec: LaunchSpec, backend: Backend, ip: str, environ: Mapping[str, str], output: Output) -> int:
     output.raw(f"# {_summary(spec, backend, ip, '<port>')} (port chosen at start)")
-    for cmd in backend.commands(spec, job_env(spec, ip, "<port>"), environ, True):
+    for cmd in backend.commands(spec, job_env(spec, ip, "<port>", environ), environ, True):
         output.raw(f"[{cmd.name}] {render(cmd, environ)}")
     for line in backend.describe(spec):
         output.raw(line)
@@ -188,7 +188,7 @@ def _run(spec: LaunchSpec, environ: dict[str, str], output: Output, stop: StopSi
     logger.info("%s", _summary(spec, backend, ip, runner.port))
     job = Job(output, owns_descendants=owns_descendants)
     try:
-        cmds = backend.commands(spec, job_env(spec, ip, runner.port), environ, False)
+        cmds = backend.commands(spec, job_env(spec, ip, runner.port, environ), environ, False)
         for cmd in cmds:
             logger.debug("[%s] %s", cmd.name, render(cmd, environ))
         backend.start(spec, job, cmds)

@@ -7,11 +7,14 @@ there is no probe-then-release race (style R25).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ps import netutil
+from ps.config import value_of
+from ps.mxnet_autoload import MXNET_AUTOLOAD
 
 from .hosts import Task, is_loopback
 from .output import EXIT_MARKER
@@ -47,9 +50,11 @@ def inherited_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k not in NOT_FORWARDED and k not in RESERVED}
 
 
-def job_env(spec: LaunchSpec, root_uri: str, root_port: int | str) -> dict[str, str]:
-    """Variables every process of the job gets (dmlc tracker's base env)."""
-    return {
+def job_env(spec: LaunchSpec, root_uri: str, root_port: int | str,
+            environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Variables every process of the job gets (dmlc tracker's base env), and the MXNet
+    autoload hook first on PYTHONPATH unless PS_MXNET_AUTOLOAD=0 (docs/mxnet.md)."""
+    env = {
         "DMLC_NUM_WORKER": str(spec.num_workers),
         "DMLC_NUM_SERVER": str(spec.num_servers),
         "DMLC_PS_ROOT_URI": root_uri,
@@ -57,6 +62,10 @@ def job_env(spec: LaunchSpec, root_uri: str, root_port: int | str) -> dict[str, 
         "DMLC_JOB_CLUSTER": spec.launcher,
         "PYTHONUNBUFFERED": "1",  # children's output reaches the prefixed console line by line
     }
+    environ = {} if environ is None else environ
+    if value_of("PS_MXNET_AUTOLOAD", environ):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (MXNET_AUTOLOAD, environ.get("PYTHONPATH")) if p)
+    return env
 
 
 def role_env(spec: LaunchSpec, role: str, job: Mapping[str, str]) -> dict[str, str]:

@@ -1,13 +1,17 @@
 """``python -m ps``: run the scheduler or server role named by DMLC_ROLE.
 
 Exit status 0 at a clean job end; 1 with a one-line reason on stderr otherwise.
+``python -m ps --mxnet-autoload-path`` prints the directory to put on PYTHONPATH so that
+plain ``import mxnet`` scripts get ps's kvstores (docs/mxnet.md).
 """
 from __future__ import annotations
 
 import sys
 
 
-def main(environ=None) -> int:
+def main(environ=None, argv=None) -> int:
+    if argv:                      # only from the command line: ps.mxnet calls main() too
+        return _command(argv)
     from . import _logging
     from .config import Config
     from .errors import PSError
@@ -44,5 +48,15 @@ def main(environ=None) -> int:
     return 2
 
 
+def _command(argv) -> int:
+    if list(argv) == ["--mxnet-autoload-path"]:
+        from .mxnet_autoload import MXNET_AUTOLOAD
+        print(MXNET_AUTOLOAD)
+        return 0
+    print(f"usage: python -m ps [--mxnet-autoload-path]  (got {' '.join(argv)!r}); the role comes "
+          "from DMLC_ROLE", file=sys.stderr)
+    return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(argv=sys.argv[1:]))

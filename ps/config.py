@@ -123,6 +123,10 @@ VARIABLES: tuple[Var, ...] = (
     Var("PS_MXNET_ENGINE", "mxnet_engine", _bool, True,
         "ps.mxnet: 1 runs a pushpull of one CPU array as an MXNet engine operation (overlaps "
         "with compute, like MXNet's own kvstore); 0: calls wait for their replies"),
+    Var("PS_MXNET_AUTOLOAD", "mxnet_autoload", _bool, True,
+        "python -m ps.launch: 1 puts ps's import hook on its processes' PYTHONPATH, so a script's "
+        "plain `import mxnet` gets ps's dist_* kvstores (no line changed); 0: off (import ps.mxnet "
+        "yourself)"),
     Var("MXNET_ENGINE_TYPE", "mxnet_engine_type", _str, None,
         "MXNet's own; with NaiveEngine ps.mxnet keeps pushpulls outside the engine"),
     Var("MXNET_MKLDNN_ENABLED", "mxnet_mkldnn", _bool, True,
@@ -132,6 +136,14 @@ VARIABLES: tuple[Var, ...] = (
     Var("MXNET_KVSTORE_REDUCTION_NTHREADS", "reduction_nthreads", lambda n, r: _int(n, r, 1), 4,
         "threads a server may use to merge and update large arrays"),
 )
+
+
+def value_of(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """One variable, parsed (its default when unset): for the launcher, which is no node."""
+    env = os.environ if environ is None else environ
+    var = next(v for v in VARIABLES if v.name == name)
+    raw = env.get(name)
+    return var.default if raw is None else var.parse(name, raw)
 
 
 def role_from_env(environ: Mapping[str, str] | None = None) -> str:
@@ -166,6 +178,7 @@ class Config:
     secret_file: str | None = None
     allow_pickle: bool = False
     mxnet_engine: bool = True
+    mxnet_autoload: bool = True
     mxnet_engine_type: str | None = None
     mxnet_mkldnn: bool = True
     bigarray_bound: int = 1_000_000

@@ -11,7 +11,9 @@ from .errors import NativeNodeError
 
 ROLES = {0: "server", 1: "worker", 2: "scheduler"}      # ps-lite's Node::Role
 FIX = ("its script imports mxnet without ps, so MXNet's own C++ kvstore (ps-lite) answered "
-       "kvstore='dist_*'. Put `import ps.mxnet` before `import mxnet` in the script (see docs/mxnet.md)")
+       "kvstore='dist_*'. Start the job with `python -m ps.launch` (unless PS_MXNET_AUTOLOAD=0), set "
+       "PYTHONPATH=$(python -m ps --mxnet-autoload-path) for processes started by hand, or put "
+       "`import ps.mxnet` before `import mxnet` in the script (see docs/mxnet.md)")
 
 
 def _varint(buf: bytes, i: int) -> tuple[int, int]:

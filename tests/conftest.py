@@ -58,13 +58,13 @@ def no_leaks(request):
 
     poll_for(lambda: not stray_threads() and not stray_children(), LEAK_GRACE, 0.1)
     threads, children = stray_threads(), stray_children()
+    problems = [f"thread {t.name!r} (daemon={t.daemon})" for t in threads]
+    problems += [f"process {p.pid} {' '.join(_cmdline(p))[:120]!r}" for p in children]   # before the kill
     for proc in children:
         try:
             proc.kill()
         except psutil.Error:
             pass
-    problems = [f"thread {t.name!r} (daemon={t.daemon})" for t in threads]
-    problems += [f"process {p.pid} {' '.join(_cmdline(p))[:120]!r}" for p in children]
     if problems:
         pytest.fail(f"{request.node.nodeid} left running after {LEAK_GRACE:g}s: " + "; ".join(problems),
                     pytrace=False)

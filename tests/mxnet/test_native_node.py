@@ -1,5 +1,6 @@
 """A script that imports plain mxnet reaches a ps job through MXNet's own C++ kvstore
-(ps-lite): the job ends within seconds, naming it and the fix, instead of waiting forever."""
+(ps-lite): the job ends within seconds, naming it and the fix, instead of waiting forever.
+Under the launcher with its hook turned off: tests/mxnet/test_autoload.py."""
 import time
 
 import pytest
@@ -20,14 +21,3 @@ def test_the_scheduler_names_a_native_mxnet_worker_and_ends_the_job(procs, port)
     assert code == 1, err
     assert time.monotonic() - started < 20
     assert "a native MXNet kvstore worker at" in err and "import ps.mxnet" in err, err
-
-
-def test_the_launcher_ends_a_job_whose_script_imports_plain_mxnet(procs):
-    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "1", "-s", "1", "--launcher", "local",
-                            PYTHON, "-c", NATIVE_WORKER], cluster_env(0, PS_CONNECT_TIMEOUT="60"))
-    started = time.monotonic()
-    code, out, err = procs.finish(launcher, timeout=40)
-    assert code != 0
-    assert time.monotonic() - started < 30
-    assert "native MXNet kvstore worker" in out + err, out + err
-    assert "joined" not in out

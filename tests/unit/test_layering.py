@@ -30,9 +30,10 @@ ALLOWED = {
     "kvstore": {"_logging", "_timing", "compression", "config", "customer", "errors", "keys", "message",
                 "postoffice", "van", "worker"},
     "testing": {"config", "errors", "kvstore", "scheduler", "server", "van"},
-    "__main__": {"_logging", "config", "errors", "scheduler", "server"},
+    "__main__": {"_logging", "config", "errors", "mxnet_autoload", "scheduler", "server"},
     "__init__": {"config", "customer", "errors", "kvstore", "optim"},
     "launch": {"launcher.launch"},
+    "mxnet_autoload": set(),
     # optimizers: pure numpy, import nothing of the runtime
     "optim.numerics": set(), "optim.lr_scheduler": set(), "optim.pickled": set(),
     "optim.base": {"optim.lr_scheduler", "optim.numerics"},
@@ -45,6 +46,7 @@ ALLOWED = {
     "mxnet.kvstore": {"_security", "_timing", "errors", "kvstore", "mxnet.arrays", "mxnet.engine",
                       "optim.from_mxnet", "optim.pickled"},
     "mxnet": {"__main__", "config", "mxnet.kvstore"},
+    "mxnet.autoload.sitecustomize": {"config", "mxnet"},   # python startup hook: imports ps.mxnet lazily
     # benchmarks: drive real processes; only their workers import ps
     "bench": set(), "bench.measure": set(), "bench.report": set(),
     "bench.cluster": {"launcher.process", "netutil"},

@@ -19,7 +19,7 @@ def test_a_native_worker_is_named_with_its_address_and_the_fix():
     assert isinstance(err, NativeNodeError)
     assert (err.role, err.host, err.port) == ("worker", "192.0.2.2", 35023)
     assert "native MXNet kvstore worker at 192.0.2.2:35023" in str(err)
-    assert "import ps.mxnet" in str(err)
+    assert "python -m ps.launch" in str(err) and "import ps.mxnet" in str(err)
     assert native_node(SERVER_ADD_NODE).role == "server"
 
 

@@ -1,0 +1,46 @@
+"""An MXNet Gluon training script that knows nothing of ps (no `import ps`): run by
+test_autoload.py under `python -m ps.launch`, where `kvstore='dist_sync'` must land on ps.
+
+    python plain_gluon.py            # one worker of a dist_sync job
+    python plain_gluon.py --local    # the reference: one process, both workers' batches
+"""
+import json
+import sys
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+
+STEPS, BATCH, WORKERS = 6, 8, 2
+
+
+def batch(rank, step):
+    rng = np.random.RandomState(100 * step + rank)
+    return rng.uniform(-1, 1, (BATCH, 10)).astype(np.float32), rng.uniform(-1, 1, (BATCH, 3)).astype(np.float32)
+
+
+def main():
+    local = "--local" in sys.argv
+    kv = mx.kv.create("local" if local else "dist_sync")
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(16, activation="relu", in_units=10), gluon.nn.Dense(3, in_units=16))
+    net.initialize(mx.init.Xavier(rnd_type="uniform", magnitude=1.0))
+    for i, p in enumerate(net.collect_params().values()):      # the same start on every worker
+        p.set_data(mx.nd.array(np.random.RandomState(i).uniform(-0.3, 0.3, p.shape)))
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05, "momentum": 0.9}, kvstore=kv)
+    loss_fn = gluon.loss.L2Loss()
+    ranks = range(WORKERS) if local else [kv.rank]
+    for step in range(STEPS):
+        xs, ys = zip(*(batch(r, step) for r in ranks))
+        x, y = mx.nd.array(np.concatenate(xs)), mx.nd.array(np.concatenate(ys))
+        with autograd.record():
+            loss = loss_fn(net(x), y).sum()
+        loss.backward()
+        trainer.step(BATCH)                 # sum over every worker's samples, / the per-worker batch
+    weights = {name: p.data().asnumpy().ravel().tolist() for name, p in net.collect_params().items()}
+    print("RESULT " + json.dumps({"kvstore": f"{type(trainer._kvstore).__module__}.{type(trainer._kvstore).__name__}",
+                                  "rank": 0 if local else kv.rank, "weights": weights}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Zero-edit MXNet scripts: under `python -m ps.launch`, a script that imports plain mxnet
+gets ps's dist_sync kvstore (the launcher's PYTHONPATH hook), with single-process numbers."""
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from tests.helpers import PYTHON, ROOT, cluster_env
+
+pytest.importorskip("mxnet")
+
+SCRIPT = str(ROOT / "tests" / "mxnet" / "plain_gluon.py")
+
+
+def results(text):
+    return [json.loads(line.split("RESULT ", 1)[1]) for line in text.splitlines() if "RESULT " in line]
+
+
+def test_an_unmodified_gluon_script_trains_on_ps_with_single_process_numbers(procs):
+    env = cluster_env(0)
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local",
+                            PYTHON, SCRIPT], env)
+    code, out, err = procs.finish(launcher, timeout=120)
+    assert code == 0, out + err
+    workers = results(out)
+    assert sorted(r["rank"] for r in workers) == [0, 1], out
+    assert {r["kvstore"] for r in workers} == {"ps.mxnet.Dist_Sync"}, out
+    ref = subprocess.run([PYTHON, SCRIPT, "--local"], capture_output=True, text=True, timeout=120,
+                         env={**env, "PYTHONPATH": str(ROOT)})
+    (local,) = results(ref.stdout)
+    for worker in workers:
+        for name, values in local["weights"].items():
+            np.testing.assert_allclose(worker["weights"][name], values, atol=1e-5, err_msg=name)
+
+
+def test_the_autoload_can_be_turned_off(procs):
+    env = cluster_env(0, PS_MXNET_AUTOLOAD="0", PS_CONNECT_TIMEOUT="60")
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "1", "-s", "1", "--launcher", "local",
+                            PYTHON, SCRIPT], env)
+    code, out, err = procs.finish(launcher, timeout=60)
+    assert code != 0
+    assert "native MXNet kvstore worker" in out + err, out + err
+
+
+def test_by_hand_one_variable_puts_the_hook_in_place():
+    path = subprocess.run([PYTHON, "-m", "ps", "--mxnet-autoload-path"], capture_output=True, text=True,
+                          timeout=60, cwd=str(ROOT), check=True).stdout.strip()
+    probe = ("import sys, mxnet; print('ps.mxnet' in sys.modules, "
+             "type(mxnet.kv.create('local')).__module__)")
+    out = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, timeout=120, cwd="/",
+                         env={**cluster_env(0), "PYTHONPATH": f"{path}:{ROOT}", "DMLC_ROLE": "worker"})
+    assert out.stdout.split()[0] == "True", out.stdout + out.stderr
+
+
+def test_by_hand_the_same_plain_script_serves_every_role(procs, port):
+    """MXNet's manual start runs the training script in every role; with the hook on
+    PYTHONPATH, its `import mxnet` runs ps's scheduler and servers instead of MXNet's."""
+    path = subprocess.run([PYTHON, "-m", "ps", "--mxnet-autoload-path"], capture_output=True, text=True,
+                          timeout=60, cwd=str(ROOT), check=True).stdout.strip()
+    env = cluster_env(port, servers=1, workers=2, PYTHONPATH=f"{path}:{ROOT}")
+    others = [procs.role("scheduler", env, SCRIPT), procs.role("server", env, SCRIPT)]
+    workers = [procs.role("worker", env, SCRIPT) for _ in range(2)]
+    outs = []
+    for w in workers:
+        code, out, err = procs.finish(w, timeout=120)
+        assert code == 0, out + err
+        outs += results(out)
+    assert {r["kvstore"] for r in outs} == {"ps.mxnet.Dist_Sync"}
+    for p in others:
+        assert procs.finish(p, timeout=30)[0] == 0

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 .venv/bin/python -m pip install -q -e . 2>&1 | grep -v -i warning || true
 PY=.venv/bin/python
 export DMLC_PS_ROOT_URI=127.0.0.1 DMLC_NUM_SERVER=2 DMLC_NUM_WORKER=2
-export DMLC_PS_ROOT_PORT=$($PY -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
+export DMLC_PS_ROOT_PORT=$($PY -c 'from ps.netutil import free_port; print(free_port())')
 export PS_VERBOSE=${PS_VERBOSE:-1}
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null' EXIT

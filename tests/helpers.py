@@ -39,8 +39,8 @@ class Procs:
         self.procs: list[subprocess.Popen] = []
 
     def start(self, args: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
-        proc = start_group(args, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           cwd=str(ROOT), **kw)
+        kw.setdefault("cwd", str(ROOT))
+        proc = start_group(args, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
         self.procs.append(proc)
         return proc
 

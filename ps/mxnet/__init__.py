@@ -21,10 +21,11 @@ if role_from_env() != "worker":        # must happen before anything imports mxn
 
 import os  # noqa: E402
 
-from .kvstore import PSKVStore, patch_trainer, register, settle_before_fork  # noqa: E402
+from .kvstore import PSKVStore, patch_profiler, patch_trainer, register, settle_before_fork  # noqa: E402
 
 globals().update(register())          # ps.mxnet.Dist_Sync, ... (MXNet names them by class)
 patch_trainer()
+patch_profiler()
 os.register_at_fork(before=settle_before_fork)
 
 __all__ = ["PSKVStore"]

@@ -65,3 +65,10 @@ def first(value: Any, key: Any) -> Any:
     if isinstance(key, (list, tuple)):
         return [first(v, None) for v in value]
     return value[0] if isinstance(value, list) else value
+
+
+def flatten(value: Any) -> list:
+    """The arrays of ``value``, however nested in lists (one per key, one per device)."""
+    if isinstance(value, (list, tuple)):
+        return [a for v in value for a in flatten(v)]
+    return [value]

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
+import inspect
 import logging
 import threading
 import types
@@ -15,7 +17,7 @@ import numpy as np
 
 from .._timing import Deadline
 from ..kvstore import CLOSE_WAIT, KVStore
-from .arrays import as_list, dense_cpu, first, numpy_view, single, to_numpy
+from .arrays import as_list, dense_cpu, first, flatten, numpy_view, single, to_numpy
 from .engine import Engine
 
 logger = logging.getLogger(__name__)
@@ -94,7 +96,8 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         self._settle()
         self._sync_optimizer_params()
         self._reap()
-        self._pending.append((self._kv.push(key, to_numpy(value)), value))
+        with mxnet_errors():
+            self._pending.append((self._kv.push(key, to_numpy(value)), value))
 
     def _reap(self) -> None:
         """Surface errors of finished pushes without waiting for the others."""
@@ -108,7 +111,11 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         if out is None:
             raise ValueError(f"pull of key {key!r} needs out=")
         self._settle()
-        self._kv.pull(key, out=to_numpy(out, write=True))
+        if not ignore_sparse and any(getattr(o, "stype", "default") != "default" for o in flatten(out)):
+            raise mx.base.MXNetError(f"pull of key {key!r} into a row_sparse array with ignore_sparse=False: "
+                                     "use row_sparse_pull(key, out, row_ids)")
+        with mxnet_errors():             # row_sparse outs are left alone (ignore_sparse, as MXNet)
+            self._kv.pull(key, out=to_numpy(out, write=True))
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
         """Push gradients, write the new values into ``out`` (into ``value`` if None).
@@ -127,17 +134,22 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         if self._defer:        # started when the step's loop ends, last parameter first
             self._queued.append((key, value, targets))
             return
-        self._kv.pushpull(key, to_numpy(value), out=to_numpy(targets, write=True), block=False).wait()
+        with mxnet_errors():
+            self._kv.pushpull(key, to_numpy(value), out=to_numpy(targets, write=True), block=False).wait()
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> None:
-        """Pull the dense value and keep the requested rows (ps stores dense values)."""
+        """Pull the dense value and keep the requested rows, each once and in order, as MXNet
+        does with repeated row ids (ps stores dense values)."""
         if out is None or row_ids is None:
             raise ValueError("row_sparse_pull needs out and row_ids")
-        dense = self._kv.pull(key)
+        self._settle()
+        with mxnet_errors():
+            dense = self._kv.pull(key)
         for o, rid in zip(as_list(out), as_list(row_ids) * (len(as_list(out)) if not
                                                                isinstance(row_ids, (list, tuple)) else 1)):
             full = mx.nd.array(dense, dtype=o.dtype).tostype("row_sparse")
-            mx.nd.sparse.retain(full, rid).copyto(o)
+            rows = np.unique(rid.asnumpy().astype(np.int64)) if hasattr(rid, "asnumpy") else np.unique(rid)
+            mx.nd.sparse.retain(full, mx.nd.array(rows, dtype="int64")).copyto(o)
 
     def _engine_pushpull(self, key: Any, value: Any, targets: Any, priority: int) -> bool:
         """Hand the pushpull to MXNet's engine, as MXNet's own dist kvstore does: it starts
@@ -361,6 +373,15 @@ class PSKVStore(mx.kvstore.KVStoreBase):
             self._kv.close()
 
 
+@contextlib.contextmanager
+def mxnet_errors() -> Iterator[None]:
+    """MXNet raises MXNetError for a key that was never initialized; so does ps.mxnet."""
+    try:
+        yield
+    except KeyError as exc:
+        raise mx.base.MXNetError(exc.args[0] if exc.args else str(exc)) from None
+
+
 def _engine(kv: KVStore) -> Engine | None:
     """PS_MXNET_ENGINE=0 keeps every call outside MXNet's engine (the step then waits for
     its last reply); so does MXNet's naive engine."""
@@ -392,6 +413,30 @@ def register() -> dict[str, type]:
         mx.kvstore.KVStoreBase.register(cls)
         classes[cls.__name__] = cls
     return classes
+
+
+SERVER_PROFILING = ("ps servers do not run MXNet's profiler (profile_process='server'): they are Python "
+                    "processes; profile them with py-spy (see docs/mxnet.md). Worker profiling works as in MXNet")
+
+
+def patch_profiler() -> None:
+    """MXNet's server profiling goes through its C++ kvstore's handle, which a ps store has not:
+    without this, ``profile_process='server'`` fails with "KVStoreHandle passed to profiler is null"."""
+    for name in ("set_config", "set_state", "dump", "pause", "resume"):
+        original = getattr(mx.profiler, name)
+        if getattr(original, "_ps_patched", False):
+            continue
+        signature = inspect.signature(original)
+
+        def checked(*args: Any, _original: Any = original, _signature: Any = signature, **kwargs: Any) -> Any:
+            bound = _signature.bind_partial(*args, **kwargs).arguments
+            process = bound.get("profile_process", bound.get("kwargs", {}).get("profile_process", "worker"))
+            if process == "server":
+                raise mx.base.MXNetError(SERVER_PROFILING)
+            return _original(*args, **kwargs)
+        checked = functools.wraps(original)(checked)
+        checked._ps_patched = True
+        setattr(mx.profiler, name, checked)
 
 
 def patch_trainer() -> None:

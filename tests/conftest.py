@@ -65,6 +65,7 @@ def no_leaks(request):
             proc.kill()
         except psutil.Error:
             pass
+    psutil.wait_procs(children, timeout=5)     # reap them: no zombies piling up in pytest
     if problems:
         pytest.fail(f"{request.node.nodeid} left running after {LEAK_GRACE:g}s: " + "; ".join(problems),
                     pytrace=False)

@@ -9,12 +9,12 @@ from .config import Config
 from .customer import Handle
 from .errors import (ClosedError, ConfigError, PeerLostError, ProtocolError, PSError,
                      PSTimeoutError, RemoteError, TransportError)
-from .kvstore import KVStore
+from .kvstore import KVStore, RowSparse
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "KVStore", "Handle", "Config", "optim",
+    "KVStore", "RowSparse", "Handle", "Config", "optim",
     "PSError", "ConfigError", "TransportError", "ClosedError", "PeerLostError",
     "PSTimeoutError", "ProtocolError", "RemoteError",
 ]

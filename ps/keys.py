@@ -2,7 +2,10 @@
 
 An array with fewer than ``MXNET_KVSTORE_BIGARRAY_BOUND`` elements lives whole on server
 ``(key * 9973) % num_servers``; a larger one is cut into ``num_servers`` contiguous slices
-with round-half-away boundaries, slice i on server i (MXNet ``EncodeDefaultKey``).
+with round-half-away boundaries, slice i on server i (MXNet ``EncodeDefaultKey``). The cut
+falls between rows (MXNet cuts its row_sparse keys so): every slice holds whole rows, so a
+row-sparse push or pull of any key finds each row on one server. A key with fewer rows
+than servers leaves the last servers out.
 MXNet computes the hash in 32-bit ``int`` and overflows for keys >= 215330; ps uses
 exact integers there, so those keys may land on another server than MXNet's.
 """
@@ -54,11 +57,13 @@ def _round_half_away(x: float) -> int:
 
 
 @lru_cache(maxsize=65536)
-def plan(key: int, size: int, num_servers: int, bound: int) -> tuple[Slice, ...]:
-    """The slices of a ``size``-element array under ``key``; empty slices are left out."""
+def plan(key: int, size: int, num_servers: int, bound: int, row_len: int = 1) -> tuple[Slice, ...]:
+    """The slices of a ``size``-element array of ``row_len``-element rows under ``key``;
+    empty slices are left out."""
     if size < bound or num_servers == 1:
         return (Slice((key * 9973) % num_servers, 0, size),)
-    edges = [_round_half_away(size / num_servers * i) for i in range(num_servers + 1)]
+    rows = size // row_len
+    edges = [_round_half_away(rows / num_servers * i) * row_len for i in range(num_servers + 1)]
     return tuple(Slice(i, edges[i], edges[i + 1] - edges[i])
                  for i in range(num_servers) if edges[i + 1] > edges[i])
 

@@ -4,6 +4,9 @@
     kv.init(3, np.zeros((1000, 1000), np.float32))
     kv.push(3, grad)                         # returns at once; don't change grad until waited
     w = kv.pull(3)                           # waits for this worker's earlier pushes to key 3
+
+    kv.push(3, ps.RowSparse(rows, values))   # only these rows travel (values: one row each)
+    r = kv.row_sparse_pull(3, row_ids)       # RowSparse of those rows, each once, sorted
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import functools
 import logging
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -44,10 +47,20 @@ class KeyInfo:
     dtype: np.dtype
     dtype_code: int
     slices: tuple[Slice, ...]
+    row_len: int = 1          # elements per row (slices hold whole rows)
 
     @property
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
+
+
+class RowSparse(NamedTuple):
+    """Some rows of a key's value (MXNet's row_sparse): ``values[i]`` is row ``rows[i]``,
+    ``values.shape == (len(rows),) + shape[1:]``. A push of one sends only these rows; the
+    servers update only them where the optimizer is lazy (MXNet's ``lazy_update``)."""
+
+    rows: np.ndarray
+    values: np.ndarray
 
 
 class KVStore:
@@ -171,9 +184,10 @@ class KVStore:
             raise ValueError(f"key {key!r} is already initialized; a key can be initialized only once")
         int_key = keys_mod.to_int_key(key)
         self._key_kind = kind
-        info = KeyInfo(key, int_key, tuple(value.shape), value.dtype, dtype_code(value.dtype),
-                       keys_mod.plan(int_key, value.size, self.num_servers, self._po.config.bigarray_bound))
-        return info
+        row_len = max(1, int(np.prod(value.shape[1:], dtype=np.int64))) if value.ndim >= 2 else 1
+        return KeyInfo(key, int_key, tuple(value.shape), value.dtype, dtype_code(value.dtype),
+                       keys_mod.plan(int_key, value.size, self.num_servers, self._po.config.bigarray_bound, row_len),
+                       row_len)
 
     def _value(self, info: KeyInfo, value: Any, what: str) -> np.ndarray:
         """One contiguous array for ``info``; a list (one per device) is summed first."""
@@ -228,9 +242,74 @@ class KVStore:
         handles = []
         for k, v in self._pairs(key, value):
             info = self._info(k)
+            what = f"push to key {k!r}"
+            if _is_rows(v):
+                rows, values = self._rows_value(info, v)
+                handles.append(self._worker.request_rows(Op.PUSH, info.key, info.slices, info.dtype_code,
+                                                         info.row_len, rows, values, None, what))
+                continue
             flat = self._value(info, v, "push to").reshape(-1)
-            handles.append(self._request(Op.PUSH, info, flat, None, f"push to key {k!r}"))
+            handles.append(self._request(Op.PUSH, info, flat, None, what))
         return self._finish(handles, lambda: None, block)
+
+    def row_sparse_pull(self, key: Any, row_ids: Any, priority: int = 0, block: bool = True) -> Any:
+        """Fetch rows ``row_ids`` (any shape, repeats allowed) of ``key``: a RowSparse of
+        those rows, each once and in increasing order, as MXNet's ``row_sparse_pull``
+        (after this worker's earlier pushes to the key). Only those rows travel."""
+        self._check_open()
+        info = self._info(key)
+        rows = self._row_ids(info, row_ids)
+        values = np.empty((rows.size,) + info.shape[1:], info.dtype)
+        requests = []
+        if rows.size:
+            requests.append(self._worker.request_rows(Op.PULL, info.key, info.slices, info.dtype_code, info.row_len,
+                                                      rows, None, values.reshape(-1), f"row_sparse_pull of key {key!r}"))
+        return self._finish(requests, lambda: RowSparse(rows, values), block)
+
+    def _row_ids(self, info: KeyInfo, row_ids: Any) -> np.ndarray:
+        """Sorted distinct int64 row ids, checked against the key's rows."""
+        return np.unique(self._check_rows(info, np.asarray(row_ids).reshape(-1)))
+
+    def _rows_value(self, info: KeyInfo, value: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of a RowSparse push (a list is summed), sorted, each once, values 2-D."""
+        parts = list(value) if isinstance(value, (list, tuple)) and not isinstance(value, RowSparse) else [value]
+        all_rows, all_values = [], []
+        for part in parts:
+            rows = np.asarray(part.rows).reshape(-1)
+            values = np.asarray(part.values)
+            if values.shape != (rows.size,) + info.shape[1:]:
+                raise ValueError(f"push to key {info.name!r}: {rows.size} rows need values of shape "
+                                 f"{(rows.size,) + info.shape[1:]}, got {values.shape}")
+            if values.dtype != info.dtype:
+                raise TypeError(f"push to key {info.name!r}: dtype {values.dtype} does not match the "
+                                f"initialized dtype {info.dtype}")
+            all_rows.append(self._check_rows(info, rows))
+            all_values.append(values.reshape(rows.size, info.row_len))
+        rows, values = np.concatenate(all_rows), np.concatenate(all_values)
+        unique, inverse = np.unique(rows, return_inverse=True)
+        if unique.size == rows.size:
+            order = np.argsort(rows, kind="stable")
+            return rows[order], np.ascontiguousarray(values[order])
+        summed = np.zeros((unique.size, info.row_len), info.dtype)
+        np.add.at(summed, inverse.reshape(-1), values)
+        return unique, summed
+
+    @staticmethod
+    def _check_rows(info: KeyInfo, rows: np.ndarray) -> np.ndarray:
+        """int64 row ids (MXNet passes them as floats), each a row of the key."""
+        if not info.shape:
+            raise ValueError(f"key {info.name!r} is a scalar: it has no rows")
+        if rows.size and not np.issubdtype(rows.dtype, np.integer):
+            as_int = rows.astype(np.int64)
+            if not np.array_equal(as_int, rows):
+                raise ValueError(f"row ids of key {info.name!r} must be whole numbers, got {rows[as_int != rows][:3]}")
+            rows = as_int
+        rows = rows.astype(np.int64, copy=False)
+        if rows.size and (rows.min() < 0 or rows.max() >= info.shape[0]):
+            bad = rows.min() if rows.min() < 0 else rows.max()
+            raise ValueError(f"row id {bad} is out of range for key {info.name!r} of shape {info.shape}")
+        return rows
+
 
     def pull(self, key: Any, out: Any = None, priority: int = 0, block: bool = True,
              ignore_sparse: bool = True) -> Any:
@@ -395,3 +474,9 @@ def _int_keyed(spec: dict[str, Any]) -> dict[str, Any]:
         if params.get(name):
             params[name] = {keys_mod.to_int_key(k): v for k, v in params[name].items()}
     return {**spec, "params": params}
+
+
+def _is_rows(value: Any) -> bool:
+    if isinstance(value, RowSparse):
+        return True
+    return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(v, RowSparse) for v in value)

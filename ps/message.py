@@ -4,12 +4,18 @@ Frame 0 is ``msgpack([VERSION, cmd, sender, recver, request, seq, body])``. For
 ``Command.DATA`` the body is a list of :class:`Entry` records, one per key chunk, each
 an array on the wire::
 
-    [ts, op, key, offset, length, total, dtype_code, error]
+    [ts, op, key, offset, length, total, dtype_code, error, row_len]
 
 ``op`` is a bit set of ``Op``; ``offset``/``length``/``total`` count elements of the
 server's slice; ``dtype_code`` indexes ``DTYPES``; ``error`` is None or ``[kind, text]``. Each entry that carries values
 (push/init requests, pull replies without error) owns the next array frame, sent
-zero-copy and read back with ``np.frombuffer``. Nothing here unpickles: a frame that
+zero-copy and read back with ``np.frombuffer``.
+
+Row-sparse entries (``Op.ROWS``, ``row_len`` elements per row) move whole rows of a
+row-aligned slice: a request carries a frame of uint32 row ids local to the server's slice
+(and, for a push, then a frame of those rows' values); ``offset``/``length``/``total``
+count rows of the request (a push may come in chunks), while the pull reply counts
+elements of the rows asked for, in the order asked. Nothing here unpickles: a frame that
 is not what the meta says is a :class:`ProtocolError`, logged and dropped by the van.
 """
 from __future__ import annotations
@@ -24,7 +30,7 @@ import numpy as np
 from .errors import ProtocolError
 from .pslite import native_node
 
-VERSION = 1
+VERSION = 2
 MAX_META_BYTES = 64 << 20      # a meta frame larger than this is refused before decoding
 MAX_ENTRIES = 1 << 20
 
@@ -58,6 +64,7 @@ class Op:
     INIT = 4
     TWO_BIT = 8     # push values travel 2-bit packed (ps/compression.py)
     FP16 = 16       # push values travel as float16, the key keeps its dtype
+    ROWS = 32       # whole rows: row ids travel with the values (row_sparse push / pull)
 
 
 DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (
@@ -77,10 +84,22 @@ class Entry(NamedTuple):
     total: int           # elements in the server's slice
     dtype_code: int      # index into DTYPES (the key's dtype, whatever the wire encoding)
     error: Any = None    # None, or [kind, text] in a reply
+    row_len: int = 0     # Op.ROWS entries: elements per row
 
     def failed(self, kind: str, text: str) -> "Entry":
         """The error reply to this entry: no data, the whole slice answered."""
-        return Entry(self.ts, self.op, self.key, 0, 0, self.total, self.dtype_code, [kind, text])
+        return Entry(self.ts, self.op, self.key, 0, 0, self.total, self.dtype_code, [kind, text], self.row_len)
+
+
+class Rows(NamedTuple):
+    """The data of an ``Op.ROWS`` request entry: row ids local to the server's slice, and
+    (a push) the values of those rows, ``len(ids) * row_len`` elements."""
+
+    ids: np.ndarray
+    values: np.ndarray | None = None
+
+
+ROW_ID = np.dtype("<u4")
 
 
 class Batch:
@@ -97,6 +116,10 @@ class Batch:
     def add(self, entry: Entry, data: np.ndarray | None) -> int:
         """Append; the payload bytes so far (the caller sends once it passes its limit)."""
         self.entries.append(entry)
+        if isinstance(data, Rows):
+            self.frames.append(data.ids)
+            self.nbytes += data.ids.nbytes
+            data = data.values
         if data is not None:
             self.frames.append(data)
             self.nbytes += data.nbytes
@@ -187,8 +210,9 @@ class Message:
 
 
 def entry_has_data(request: bool, op: int, error: Any) -> bool:
+    """Whether the entry owns a data item (an array, or Rows for a row-sparse request)."""
     if request:
-        return bool(op & (Op.PUSH | Op.INIT))
+        return bool(op & (Op.PUSH | Op.INIT | Op.ROWS))
     return bool(op & Op.PULL) and error is None
 
 
@@ -244,20 +268,43 @@ def _frame_layout(request: bool, op: int, code: int, n: int) -> tuple[np.dtype, 
     return dtype, n * dtype.itemsize
 
 
+def _frame(it: Any, key: int, dtype: np.dtype, n: int) -> np.ndarray:
+    frame = next(it, None)
+    if frame is None:
+        raise ProtocolError(f"entry for key {key} has no data frame")
+    buf = _buffer(frame)
+    if buf.nbytes != n * dtype.itemsize:
+        raise ProtocolError(f"key {key}: frame has {buf.nbytes} bytes, entry says {n} x {dtype}")
+    return np.frombuffer(buf, dtype=dtype)
+
+
+def _rows(it: Any, key: int, op: int, n: int, row_len: int, code: int) -> Rows:
+    ids = _frame(it, key, ROW_ID, n)
+    if not op & Op.PUSH:
+        return Rows(ids)
+    return Rows(ids, _frame(it, key, DTYPES[code], n * row_len))
+
+
 def _data_arrays(entries: Any, frames: Sequence[Any], request: bool) -> list[np.ndarray]:
     if not isinstance(entries, list):
         raise ProtocolError("DATA body must be a list of entries")
     arrays: list[np.ndarray] = []
     it = iter(frames)
     for i, raw in enumerate(entries):
-        if not (isinstance(raw, list) and len(raw) == 8):
+        if not (isinstance(raw, list) and len(raw) in (8, 9)):
             raise ProtocolError(f"malformed entry {raw!r:.100}")
-        ts, op, key, off, n, total, code, error = raw
-        if not all(isinstance(v, int) for v in (ts, op, key, off, n, total, code)) or \
-                not (0 <= off and 0 <= n and off + n <= total) or not 0 <= code < len(DTYPES):
+        if len(raw) == 8:
+            raw.append(0)
+        ts, op, key, off, n, total, code, error, row_len = raw
+        if not all(isinstance(v, int) for v in (ts, op, key, off, n, total, code, row_len)) or \
+                not (0 <= off and 0 <= n and off + n <= total) or not 0 <= code < len(DTYPES) or \
+                (op & Op.ROWS and row_len <= 0):
             raise ProtocolError(f"malformed entry {raw!r:.100}")
         entries[i] = _new_entry(Entry, raw)
         if not entry_has_data(request, op, error):
+            continue
+        if request and op & Op.ROWS:
+            arrays.append(_rows(it, key, op, n, row_len, code))
             continue
         frame = next(it, None)
         if frame is None:

@@ -12,6 +12,11 @@ server only has to send what the store returns. Rules (design §5, MXNet's where
   an elementwise one, each chunk is used as soon as every worker has pushed it, so no
   full-size sum is kept (see ``_reduce``); other optimizers get the round's full sum.
 * ``dist_async``: each push goes through the optimizer at once.
+* Row-sparse pushes (``Op.ROWS``) join the same rounds; at the close the rows are summed
+  per row id and only those rows go through the optimizer (``Updater.update_rows``: MXNet's
+  lazy update where MXNet has one), or, without an optimizer, the sum replaces the value
+  and the rows nobody pushed become zero (MXNet's server assigns the row_sparse sum). A
+  round where some workers pushed dense and others rows is summed dense.
 * A bad request gets an error reply; nothing else changes.
 """
 from __future__ import annotations
@@ -24,7 +29,7 @@ import numpy as np
 from . import compression as comp
 from .bufguard import BufferGuard
 from .keys import CHUNK_BYTES, chunks
-from .message import DTYPES, Entry, Op, id_to_rank, node_name
+from .message import DTYPES, Entry, Op, Rows, id_to_rank, node_name
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +50,10 @@ class Updater(Protocol):
 
     def update_chunk(self, key: int, offset: int, grad: np.ndarray, weight: np.ndarray) -> None: ...
 
+    def update_rows(self, key: int, rows: np.ndarray, grad: np.ndarray, weight: np.ndarray) -> None:
+        """``grad`` holds the rows ``rows`` (sorted, distinct) of a gradient shaped like
+        ``weight`` (2-D: rows of the key's slice)."""
+
     def get_states(self) -> bytes: ...
 
     def set_states(self, data: bytes) -> None: ...
@@ -61,17 +70,28 @@ SCRATCH_MAX_BYTES = 4 << 20   # keep the chunk-sum scratch up to this size (a ch
 
 
 class Round:
-    __slots__ = ("merged", "members", "received", "complete", "waiters", "pulls", "frames", "started")
+    __slots__ = ("merged", "members", "received", "complete", "waiters", "pulls", "frames", "started",
+                 "rows", "row_len")
 
     def __init__(self) -> None:
         self.merged: np.ndarray | None = None   # full-size sum, only for non-elementwise optimizers
         self.members: dict[int, int] = {}       # worker -> ts of its push in this round
         self.received: dict[int, int] = {}      # worker -> elements received so far
         self.complete: set[int] = set()
-        self.waiters: list[tuple[int, int, int]] = []   # (worker, ts, op) answered at close
-        self.pulls: list[tuple[int, int, int]] = []     # deferred pulls
+        self.waiters: list[Waiter] = []         # pushes answered at close
+        self.pulls: list[Waiter] = []           # deferred pulls
         self.frames: dict[int, list] = {}       # chunk offset -> received arrays not summed yet
         self.started = False                    # a chunk sum went into the value already
+        self.rows: list[Rows] | None = None     # row-sparse pushes, in arrival order
+        self.row_len = 0
+
+
+class Waiter(NamedTuple):
+    """A request answered when its round closes."""
+
+    worker: int
+    entry: Entry
+    ids: np.ndarray | None = None           # a row-sparse pull: the rows asked for
 
 
 class KeyState:
@@ -122,6 +142,10 @@ class Store:
         values, lent to the replies through the guard: see ps/bufguard.py)."""
         op = entry.op
         try:
+            if op & Op.ROWS:
+                if op & Op.PUSH:
+                    return self.push_rows(sender, entry, data)
+                return self.pull_rows(sender, entry, data)
             if op & Op.INIT:
                 return self.init(sender, entry, data)
             if op & Op.PUSH:
@@ -144,7 +168,7 @@ class Store:
         if code != ks.dtype_code:
             raise StoreError("TypeError", f"key {key}: dtype {DTYPES[code]} does not match the "
                                           f"initialized dtype {DTYPES[ks.dtype_code]}")
-        if total != ks.total:
+        if total != ks.total and not entry.op & Op.ROWS:    # rows entries count rows
             raise StoreError("ValueError", f"key {key}: {total} elements sent but this server holds "
                                            f"{ks.total} (shape differs from the initialized value)")
         return ks
@@ -179,13 +203,99 @@ class Store:
             return self._push_async(sender, entry, data, ks)
         rnd = self._round_for(ks, sender, entry.ts)
         self._gather(ks, rnd, entry.offset, entry.length, data)
+        return self._count(ks, rnd, sender, entry, ks.total)
+
+    def _count(self, ks: KeyState, rnd: Round, sender: int, entry: Entry, whole: int) -> list[Reply]:
+        """Count one chunk of a worker's push; once ``whole`` arrived, the push is complete."""
         got = rnd.received.get(sender, 0) + entry.length
         rnd.received[sender] = got
-        if got < ks.total:
+        if got < whole:
             return []
         rnd.complete.add(sender)
-        rnd.waiters.append((sender, entry.ts, entry.op))
+        rnd.waiters.append(Waiter(sender, entry))
         return self._close_rounds(ks)
+
+    # -- rows ----------------------------------------------------------------------------
+    def _rows_key(self, entry: Entry, ids: np.ndarray) -> KeyState:
+        key, row_len = entry.key, entry.row_len
+        ks = self._ready_key(entry)
+        if ks.total % row_len:
+            raise StoreError("ValueError", f"key {key}: rows of {row_len} elements do not tile the "
+                                           f"{ks.total} elements this server holds (shape differs)")
+        if ids.size and int(ids.max()) >= ks.total // row_len:
+            raise StoreError("IndexError", f"key {key}: row {int(ids.max())} of this server's slice is "
+                                           f"out of range (it holds {ks.total // row_len} rows)")
+        return ks
+
+    def push_rows(self, sender: int, entry: Entry, data: Rows) -> list[Reply]:
+        ks = self._rows_key(entry, data.ids)
+        if sender in self.closed_workers:
+            raise StoreError("PeerLostError", f"{self._who(sender)} already closed its store")
+        if not self.sync:
+            return self._push_rows_async(sender, entry, data, ks)
+        rnd = self._round_for(ks, sender, entry.ts)
+        if rnd.rows is None:
+            rnd.rows = []
+        rnd.rows.append(data)
+        rnd.row_len = entry.row_len
+        return self._count(ks, rnd, sender, entry, entry.total)    # rows entries count rows
+
+    def _push_rows_async(self, sender: int, entry: Entry, data: Rows, ks: KeyState) -> list[Reply]:
+        if self.updater is None:
+            raise StoreError("RuntimeError", "dist_async needs an optimizer on the servers: call "
+                                             "kv.set_optimizer(...) before the first push")
+        if entry.length != entry.total:
+            part = ks.partial.setdefault((sender, entry.ts), [[], 0])
+            part[0].append(data)
+            part[1] += entry.length
+            if part[1] < entry.total:
+                return []
+            parts = ks.partial.pop((sender, entry.ts))[0]
+            data = Rows(np.concatenate([p.ids for p in parts]), np.concatenate([p.values for p in parts]))
+        row_len = entry.row_len
+        self._writable(ks)
+        self.updater.update_rows(ks.key, data.ids, data.values.reshape(-1, row_len).astype(ks.merge_dtype, copy=False),
+                                 ks.value.reshape(-1, row_len))
+        return self._answer(ks, Waiter(sender, entry))
+
+    def pull_rows(self, sender: int, entry: Entry, data: Rows) -> list[Reply]:
+        ks = self._rows_key(entry, data.ids)
+        waiter = Waiter(sender, entry, data.ids)
+        for rnd in reversed(ks.rounds):
+            if sender in rnd.members:      # wait for this worker's own push to be applied
+                rnd.pulls.append(waiter)
+                return []
+        return self._answer(ks, waiter)
+
+    def _apply_rows(self, ks: KeyState, rnd: Round) -> None:
+        """Close a round that holds row-sparse pushes (see the module docstring)."""
+        row_len = rnd.row_len
+        if rnd.frames:                          # some workers pushed dense: sum dense
+            grad = np.zeros(ks.total, ks.merge_dtype)
+            for off, pend in rnd.frames.items():
+                for frame in pend:
+                    np.add(grad[off:off + frame.size], frame, out=grad[off:off + frame.size], casting="unsafe")
+            rnd.frames = {}
+            by_row = grad.reshape(-1, row_len)
+            for data in rnd.rows:
+                by_row[data.ids] += data.values.reshape(-1, row_len)
+            self._writable(ks)
+            if self.updater is None:
+                np.copyto(ks.value, grad, casting="unsafe")
+            else:
+                self.updater(ks.key, grad, ks.value)
+            return
+        rows = np.unique(np.concatenate([data.ids for data in rnd.rows])).astype(np.int64)
+        summed = np.zeros((rows.size, row_len), ks.merge_dtype)
+        for data in rnd.rows:                   # in arrival order, as dense sums; ids distinct per push
+            summed[np.searchsorted(rows, data.ids)] += data.values.reshape(-1, row_len)
+        self._writable(ks)
+        weight = ks.value.reshape(-1, row_len)
+        if self.updater is None:
+            weight[:] = 0
+            weight[rows] = summed
+        else:
+            self.updater.update_rows(ks.key, rows, summed, weight)
 
     def _decompress(self, entry: Entry, data: np.ndarray, ks: KeyState) -> np.ndarray:
         if entry.op & Op.FP16:
@@ -274,10 +384,8 @@ class Store:
         while ks.rounds and len(ks.rounds[0].complete) >= self.num_workers:
             rnd = ks.rounds.pop(0)
             self._apply_round(ks, rnd)
-            for worker, ts, op in rnd.waiters:
-                replies += self._answer(ks, worker, ts, op)
-            for worker, ts, op in rnd.pulls:
-                replies += self._answer(ks, worker, ts, op)
+            for waiter in rnd.waiters + rnd.pulls:
+                replies += self._answer(ks, waiter)
             if ks.rounds:                      # chunks the next round completed while it waited
                 nxt = ks.rounds[0]
                 for off in [o for o, pend in nxt.frames.items() if len(pend) >= self.num_workers]:
@@ -285,6 +393,9 @@ class Store:
         return replies + self._fail_doomed(ks)
 
     def _apply_round(self, ks: KeyState, rnd: Round) -> None:
+        if rnd.rows is not None:
+            self._apply_rows(ks, rnd)
+            return
         merged = rnd.merged
         if merged is None:                     # used chunk by chunk already
             return
@@ -297,7 +408,7 @@ class Store:
         ks.value = self.guard.writable(ks.value)
 
     def _push_async(self, sender: int, entry: Entry, data: np.ndarray, ks: KeyState) -> list[Reply]:
-        ts, op, key, off, n, total = entry.ts, entry.op, entry.key, entry.offset, entry.length, entry.total
+        ts, key, off, n, total = entry.ts, entry.key, entry.offset, entry.length, entry.total
         if self.updater is None:
             raise StoreError("RuntimeError", "dist_async needs an optimizer on the servers: call "
                                              "kv.set_optimizer(...) before the first push")
@@ -310,24 +421,28 @@ class Store:
             data = ks.partial.pop((sender, ts))[0]
         self._writable(ks)
         self.updater(key, data.astype(ks.value.dtype, copy=False), ks.value)
-        return self._answer(ks, sender, ts, op)
+        return self._answer(ks, Waiter(sender, entry))
 
     # -- pull ----------------------------------------------------------------------------
     def pull(self, sender: int, entry: Entry) -> list[Reply]:
-        ts, op = entry.ts, entry.op
         ks = self._ready_key(entry)
         for rnd in reversed(ks.rounds):
             if sender in rnd.members:      # wait for this worker's own push to be applied
-                rnd.pulls.append((sender, ts, op))
+                rnd.pulls.append(Waiter(sender, entry))
                 return []
-        return self._answer(ks, sender, ts, op)
+        return self._answer(ks, Waiter(sender, entry))
 
-    def _answer(self, ks: KeyState, dest: int, ts: int, op: int) -> list[Reply]:
+    def _answer(self, ks: KeyState, waiter: Waiter) -> list[Reply]:
+        dest, (ts, op, key, _, _, total, code, _, row_len), ids = waiter
         if not op & Op.PULL:
-            return [Reply(dest, Entry(ts, op, ks.key, 0, 0, ks.total, ks.dtype_code), None)]
+            return [Reply(dest, Entry(ts, op, key, 0, 0, total, code, None, row_len), None)]
+        if ids is not None:                # the rows asked for, copied: nothing lent
+            value = ks.value.reshape(-1, row_len)[ids].reshape(-1)
+            return [Reply(dest, Entry(ts, op, key, off, n, value.size, code, None, row_len), value[off:off + n])
+                    for off, n in chunks(value.size, value.itemsize, self.chunk_bytes)]
         value = ks.value
         self.guard.lend(value)
-        return [Reply(dest, Entry(ts, op, ks.key, off, n, ks.total, ks.dtype_code), value[off:off + n])
+        return [Reply(dest, Entry(ts, op, key, off, n, ks.total, code), value[off:off + n])
                 for off, n in chunks(ks.total, value.itemsize, self.chunk_bytes)]
 
     # -- workers leaving -----------------------------------------------------------------
@@ -352,10 +467,10 @@ class Store:
             text = (f"the sync round of key {ks.key} can never complete: "
                     f"{', '.join(self._who(w) for w in gone)} closed its store without pushing "
                     "(do all workers run the same number of steps?)")
-            for worker, ts, op in rnd.waiters + rnd.pulls + [(w, t, Op.PUSH) for w, t in rnd.members.items()
-                                                             if w not in rnd.complete]:
-                replies.append(self._error(worker, Entry(ts, op, ks.key, 0, 0, ks.total, ks.dtype_code),
-                                           "PeerLostError", text))
+            unanswered = [Waiter(w, Entry(t, Op.PUSH, ks.key, 0, 0, ks.total, ks.dtype_code))
+                          for w, t in rnd.members.items() if w not in rnd.complete]
+            for waiter in rnd.waiters + rnd.pulls + unanswered:
+                replies.append(self._error(waiter.worker, waiter.entry, "PeerLostError", text))
         ks.rounds = keep
         return replies
 

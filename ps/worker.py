@@ -18,7 +18,7 @@ from ._timing import Deadline
 from .customer import Customer, Handle, Request
 from .errors import PSError, RemoteError
 from .keys import CHUNK_BYTES, Slice, chunks
-from .message import DTYPES, Batch, Command, Entry, Message, Op, node_name, server_id
+from .message import DTYPES, ROW_ID, Batch, Command, Entry, Message, Op, Rows, node_name, server_id
 from .postoffice import Postoffice
 
 
@@ -62,7 +62,42 @@ class KVWorker:
                                chunk if encode is None else encode(chunk))
         return req
 
-    def _emit(self, sid: int, entry: Entry, data: np.ndarray | None) -> None:
+    def request_rows(self, op: int, key: int, slices: tuple[Slice, ...], code: int, row_len: int,
+                     rows: np.ndarray, values: np.ndarray | None, out: np.ndarray | None, what: str) -> Request:
+        """Queue a row-sparse push (``values``: one row per id) or pull (into flat ``out``)
+        of the sorted, distinct global ``rows``; each server gets the ids of its own rows.
+
+        A push goes to every server of the key, with no rows where it has none: a sync
+        round counts one push per worker. A pull asks only the servers that hold rows, so
+        the caller makes no request for no rows.
+        """
+        op |= Op.ROWS
+        parts = []
+        for s in slices:
+            first, end = s.start // row_len, (s.start + s.size) // row_len
+            lo, hi = np.searchsorted(rows, (first, end))
+            if op & Op.PUSH or hi > lo:
+                parts.append((server_id(s.server), first, int(lo), int(hi)))
+        if op & Op.PUSH:
+            req = self.customer.new_request(len(parts), None, {sid: 0 for sid, *_ in parts}, what)
+        else:
+            req = self.customer.new_request(len(rows) * row_len, out,
+                                            {sid: lo * row_len for sid, _, lo, _ in parts}, what)
+        per_chunk = max(1, CHUNK_BYTES // (row_len * DTYPES[code].itemsize))
+        with self._lock:
+            for sid, first, lo, hi in parts:
+                ids = (rows[lo:hi] - first).astype(ROW_ID)
+                n = hi - lo
+                if not op & Op.PUSH:
+                    self._emit(sid, Entry(req.ts, op, key, 0, n, n, code, None, row_len), Rows(ids))
+                    continue
+                for off in range(0, max(n, 1), per_chunk):
+                    m = min(per_chunk, n - off)
+                    self._emit(sid, Entry(req.ts, op, key, off, m, n, code, None, row_len),
+                               Rows(ids[off:off + m], values[lo + off:lo + off + m].reshape(-1)))
+        return req
+
+    def _emit(self, sid: int, entry: Entry, data: np.ndarray | Rows | None) -> None:
         box = self._outbox.get(sid)
         if box is None:
             if not self._flush_scheduled:

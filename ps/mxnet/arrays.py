@@ -18,6 +18,10 @@ def to_numpy(value: Any, write: bool = False) -> Any:
     return view if view is not None else value.asnumpy()
 
 
+def is_sparse(value: Any) -> bool:
+    return any(getattr(a, "stype", "default") != "default" for a in flatten(value))
+
+
 def numpy_view(nd: Any, write: bool, wait: bool = True) -> np.ndarray | None:
     """A numpy array over a dense CPU NDArray's own memory (no copy); None where that is not
     possible. With ``wait`` it is usable at once: MXNet's engine has finished every pending

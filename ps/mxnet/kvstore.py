@@ -16,8 +16,8 @@ import mxnet as mx
 import numpy as np
 
 from .._timing import Deadline
-from ..kvstore import CLOSE_WAIT, KVStore
-from .arrays import as_list, dense_cpu, first, flatten, numpy_view, single, to_numpy
+from ..kvstore import CLOSE_WAIT, KVStore, RowSparse
+from .arrays import as_list, dense_cpu, first, flatten, is_sparse, numpy_view, single, to_numpy
 from .engine import Engine
 
 logger = logging.getLogger(__name__)
@@ -39,12 +39,19 @@ def _store(kvtype: str) -> KVStore:
     return _shared
 
 
-class PSKVStore(mx.kvstore.KVStoreBase):
-    """A ps worker behind MXNet's kvstore interface (instantiated by MXNet, no arguments)."""
+class PSKVStore(mx.kvstore.KVStore):
+    """A ps worker behind MXNet's kvstore interface (instantiated by MXNet, no arguments).
+
+    It derives from MXNet's own ``KVStore``, not only from ``KVStoreBase``: MXNet's sparse
+    paths (``Trainer._init_kvstore``, ``model._create_sparse_kvstore``) accept only that
+    class. It has no C handle (``handle`` is None): every method of ``KVStore`` that uses
+    one is overridden here.
+    """
 
     _TYPE = "dist_sync"
 
-    def __init__(self) -> None:
+    def __init__(self) -> None:     # not KVStore.__init__: there is no C kvstore behind it
+        self.handle = None
         self._kv = _store(self._TYPE)
         self._updater: Any = None           # Trainer.load_states reads ._updater.optimizer
         self._optimizer: Any = None
@@ -63,6 +70,9 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref()._at_exit())
         _live_stores.add(self)
+
+    def __del__(self) -> None:      # KVStore.__del__ would free the C handle there is not
+        pass
 
     # -- properties MXNet reads ------------------------------------------------------------
     @property
@@ -97,7 +107,7 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         self._sync_optimizer_params()
         self._reap()
         with mxnet_errors():
-            self._pending.append((self._kv.push(key, to_numpy(value)), value))
+            self._pending.append((self._kv.push(key, push_values(value)), value))
 
     def _reap(self) -> None:
         """Surface errors of finished pushes without waiting for the others."""
@@ -128,6 +138,10 @@ class PSKVStore(mx.kvstore.KVStoreBase):
         self._raise_async_error()
         self._sync_optimizer_params()
         targets = value if out is None else out
+        if is_sparse(value):                 # rows go up; the pull fills the dense outputs
+            self.push(key, value, priority)
+            self.pull(key, out=targets, priority=priority)
+            return
         if self._engine is not None and self._engine_pushpull(key, value, targets, priority):
             return
         self._settle()
@@ -138,18 +152,28 @@ class PSKVStore(mx.kvstore.KVStoreBase):
             self._kv.pushpull(key, to_numpy(value), out=to_numpy(targets, write=True), block=False).wait()
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> None:
-        """Pull the dense value and keep the requested rows, each once and in order, as MXNet
-        does with repeated row ids (ps stores dense values)."""
+        """Pull rows ``row_ids`` into row_sparse ``out``: only those rows travel, each once
+        and in increasing order (MXNet's result for repeated ids). One ``row_ids`` per
+        output, or one for all; a list of keys takes a list of each."""
         if out is None or row_ids is None:
             raise ValueError("row_sparse_pull needs out and row_ids")
         self._settle()
-        with mxnet_errors():
-            dense = self._kv.pull(key)
-        for o, rid in zip(as_list(out), as_list(row_ids) * (len(as_list(out)) if not
-                                                               isinstance(row_ids, (list, tuple)) else 1)):
-            full = mx.nd.array(dense, dtype=o.dtype).tostype("row_sparse")
-            rows = np.unique(rid.asnumpy().astype(np.int64)) if hasattr(rid, "asnumpy") else np.unique(rid)
-            mx.nd.sparse.retain(full, mx.nd.array(rows, dtype="int64")).copyto(o)
+        many = isinstance(key, (list, tuple))
+        for k, outs, ids in zip(key if many else [key], out if many else [out], row_ids if many else [row_ids]):
+            outs, ids = as_list(outs), as_list(ids)
+            if len(ids) == 1:
+                ids = ids * len(outs)
+            if len(ids) != len(outs):
+                raise ValueError(f"row_sparse_pull of key {k!r}: {len(outs)} outputs but {len(ids)} row_ids")
+            for o, rid in zip(outs, ids):
+                if getattr(o, "stype", "default") != "row_sparse":
+                    raise mx.base.MXNetError(f"row_sparse_pull of key {k!r}: out must be a row_sparse "
+                                             f"NDArray, got stype {getattr(o, 'stype', type(o).__name__)!r}")
+                with mxnet_errors():
+                    got = self._kv.row_sparse_pull(k, rid.asnumpy() if hasattr(rid, "asnumpy") else rid)
+                with mx.autograd.pause():    # Gluon pulls inside record(); MXNet's C++ pull is not an op
+                    mx.nd.sparse.row_sparse_array((got.values, got.rows), shape=o.shape, ctx=o.context,
+                                                  dtype=o.dtype).copyto(o)
 
     def _engine_pushpull(self, key: Any, value: Any, targets: Any, priority: int) -> bool:
         """Hand the pushpull to MXNet's engine, as MXNet's own dist kvstore does: it starts
@@ -336,6 +360,13 @@ class PSKVStore(mx.kvstore.KVStoreBase):
             self._settle()        # earlier steps' pushes still use the old values
             self._kv.server_command("set_params", changed)
 
+    def _set_updater(self, updater: Any) -> None:
+        raise mx.base.MXNetError(f"{self._TYPE} on ps updates on the servers: use set_optimizer "
+                                 "(a worker-side updater would see only this worker's gradients)")
+
+    def _send_command_to_servers(self, head: int, body: str) -> None:
+        raise mx.base.MXNetError("ps servers take no MXNet server commands; " + SERVER_PROFILING)
+
     def set_gradient_compression(self, compression_params: dict[str, Any]) -> None:
         self._kv.set_gradient_compression(compression_params)
 
@@ -371,6 +402,16 @@ class PSKVStore(mx.kvstore.KVStoreBase):
             self._settle(timeout=self._kv.config.request_timeout or CLOSE_WAIT)
         finally:
             self._kv.close()
+
+
+def push_values(value: Any) -> Any:
+    """What a push sends: row_sparse NDArrays as ``ps.RowSparse`` (their rows only), dense
+    ones as :func:`to_numpy` views."""
+    if isinstance(value, (list, tuple)):
+        return [push_values(v) for v in value]
+    if getattr(value, "stype", "default") == "row_sparse":
+        return RowSparse(value.indices.asnumpy().astype(np.int64), value.data.asnumpy())
+    return to_numpy(value)
 
 
 @contextlib.contextmanager

@@ -5,7 +5,8 @@ code: a server only builds optimizers from :data:`REGISTRY`. The modules, each w
 
 * ``base``: the :class:`Optimizer` base (hyper-parameters, lr/wd multipliers, update
   counts, the lr schedule), the registry and :func:`from_spec`;
-* ``rules``: the update rules (sgd, nag, adam, adagrad, rmsprop, adadelta, signum, ftrl, lamb);
+* ``rules``: the update rules (sgd, nag, adam, adagrad, rmsprop, adadelta, signum, ftrl, lamb, and
+  MXNet's ``test``);
 * ``numerics``: MXNet's arithmetic (float32 parsing of hyper-parameters, its powf, ...);
 * ``updater``: :class:`Updater`, one optimizer applied to many keys, states saved without pickle;
 * ``lr_scheduler``: MXNet's learning-rate schedulers;
@@ -19,12 +20,12 @@ from __future__ import annotations
 from .base import REGISTRY, Optimizer, from_spec, register
 from .lr_scheduler import (SCHEDULERS, CosineScheduler, FactorScheduler, LRScheduler,
                            MultiFactorScheduler, PolyScheduler, scheduler_from_spec)
-from .rules import LAMB, NAG, SGD, AdaDelta, AdaGrad, Adam, Ftrl, RMSProp, Signum
+from .rules import LAMB, NAG, SGD, AdaDelta, AdaGrad, Adam, Ftrl, RMSProp, Signum, Test
 from .updater import Updater
 
 __all__ = [
     "REGISTRY", "Optimizer", "Updater", "from_spec", "register",
-    "SGD", "NAG", "Adam", "AdaGrad", "RMSProp", "AdaDelta", "Signum", "Ftrl", "LAMB",
+    "SGD", "NAG", "Adam", "AdaGrad", "RMSProp", "AdaDelta", "Signum", "Ftrl", "LAMB", "Test",
     "LRScheduler", "FactorScheduler", "MultiFactorScheduler", "PolyScheduler", "CosineScheduler",
     "SCHEDULERS", "scheduler_from_spec",
 ]

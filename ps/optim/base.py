@@ -56,6 +56,10 @@ class Optimizer:
     # update each chunk as soon as its gradient is summed (Updater.begin/update_chunk)
     # instead of keeping a full-size sum per key.
     elementwise = False
+    # True where MXNet's update of a row_sparse gradient changes only the gradient's rows
+    # (its "lazy update"); otherwise the rows not in the gradient count as zero gradient.
+    # Only an elementwise optimizer can be lazy (Updater.update_rows runs it on those rows).
+    lazy_rows = False
 
     def __init__(self, learning_rate: float | None = None, wd: float = 0.0, rescale_grad: float = 1.0,
                  clip_gradient: float | None = None, lr_mult: dict | None = None,

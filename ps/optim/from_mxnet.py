@@ -32,6 +32,7 @@ _OPTIMIZERS: dict[str, tuple[str, dict[str, str]]] = {
     "LAMB": ("lamb", {"beta1": "beta1", "beta2": "beta2", "epsilon": "epsilon",
                       "lower_bound": "lower_bound", "upper_bound": "upper_bound",
                       "bias_correction": "bias_correction"}),
+    "Test": ("test", {}),
 }
 
 # MXNet scheduler class name -> (ps name, specific attributes as {spec param: MXNet attribute}).

@@ -55,6 +55,15 @@ class MXNetUpdater:
         self._updater(key, self.mx.nd.array(grad, dtype=weight.dtype), w)
         weight[:] = w.asnumpy()
 
+    def update_rows(self, key: int, rows: np.ndarray, grad: np.ndarray, weight: np.ndarray) -> None:
+        """MXNet's optimizer on a row_sparse gradient: its own lazy or dense rule applies."""
+        mx = self.mx
+        w = mx.nd.array(weight, dtype=weight.dtype)
+        g = mx.nd.sparse.row_sparse_array((grad.astype(weight.dtype, copy=False), rows), shape=weight.shape,
+                                          dtype=weight.dtype)
+        self._updater(key, g, w)
+        weight[:] = w.asnumpy()
+
     def begin(self, key: int, weight: np.ndarray) -> None:
         raise TypeError("MXNet's own updater is not elementwise: it cannot update in chunks")
 

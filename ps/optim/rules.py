@@ -23,6 +23,10 @@ class SGD(Optimizer):
         super().__init__(**kwargs)
         self.momentum, self.lazy_update = float(momentum), bool(lazy_update)
 
+    @property
+    def lazy_rows(self) -> bool:
+        return self.lazy_update
+
     def create_state(self, key: int, weight: np.ndarray) -> Any:
         return np.zeros_like(weight) if self.momentum != 0.0 else None
 
@@ -104,6 +108,10 @@ class Adam(Optimizer):
         super().__init__(learning_rate=learning_rate, **kwargs)
         self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
         self.lazy_update = bool(lazy_update)
+
+    @property
+    def lazy_rows(self) -> bool:
+        return self.lazy_update
 
     def create_state(self, key: int, weight: np.ndarray) -> Any:
         return zeros(weight, 2)
@@ -321,3 +329,21 @@ class LAMB(Optimizer):
         if self.upper_bound and self.upper_bound >= 0:
             r1 = min(r1, f32(np.float32, self.upper_bound))
         return np.float32(1) if r1 == 0 or r2 == 0 else r1 / r2
+
+
+@register
+class Test(Optimizer):
+    """MXNet's ``test`` optimizer (``weight += rescale_grad * grad``; its tests use it), so
+    their jobs run without MXNet on the servers. Like MXNet's, it counts no updates."""
+
+    elementwise = True
+    lazy_rows = True    # a row the gradient lacks gets += 0: unchanged either way
+
+    def create_state(self, key: int, weight: np.ndarray) -> Any:
+        return None
+
+    def begin_update(self, key: int) -> tuple[float, float]:
+        return 0.0, 0.0
+
+    def _step(self, key, w, g, state, lr, wd):
+        w += g * f32(w.dtype.type, self.rescale_grad)

@@ -41,6 +41,23 @@ def _slice(state: Any, off: int, n: int) -> Any:
     return tuple(_slice(s, off, n) for s in state)
 
 
+def _take(state: Any, rows: np.ndarray, row_len: int) -> Any:
+    """Flat copies of ``rows`` of every state array (states are flat, like the weight)."""
+    if state is None or isinstance(state, np.ndarray):
+        return None if state is None else state.reshape(-1, row_len)[rows].reshape(-1)
+    return tuple(_take(s, rows, row_len) for s in state)
+
+
+def _put(state: Any, rows: np.ndarray, row_len: int, taken: Any) -> None:
+    if state is None:
+        return
+    if isinstance(state, np.ndarray):
+        state.reshape(-1, row_len)[rows] = taken.reshape(-1, row_len)
+        return
+    for s, t in zip(state, taken):
+        _put(s, rows, row_len, t)
+
+
 class Updater:
     """Applies one optimizer to many keys, keeping a state per key (MXNet ``get_updater``).
 
@@ -81,6 +98,26 @@ class Updater:
         n = grad.size
         self.optimizer.step_multi_precision(key, weight[off:off + n], grad, _slice(self.states[key], off, n),
                                             *self._lr_wd[key])
+
+    def update_rows(self, key: int, rows: np.ndarray, grad: np.ndarray, weight: np.ndarray) -> None:
+        """One update from a row-sparse gradient: ``grad`` holds rows ``rows`` (sorted,
+        distinct) of a gradient shaped like the 2-D ``weight``. A lazy optimizer updates
+        those rows of the weight and states only (gathered, stepped, put back: the same
+        arithmetic as a dense step on them); another gets the gradient dense, with zeros."""
+        flat = weight.reshape(-1)
+        if not (self.optimizer.lazy_rows and self.elementwise):
+            dense = np.zeros(weight.shape, grad.dtype)
+            dense[rows] = grad
+            self(key, dense.reshape(-1), flat)
+            return
+        state = self._state(key, flat)
+        row_len = weight.shape[1]
+        lr, wd = self.optimizer.begin_update(key)
+        w = weight[rows]
+        taken = _take(state, rows, row_len)
+        self.optimizer.step_multi_precision(key, w.reshape(-1), grad.reshape(-1), taken, lr, wd)
+        weight[rows] = w
+        _put(state, rows, row_len, taken)
 
     def _state(self, key: int, weight: np.ndarray) -> Any:
         if key not in self.states:

@@ -69,5 +69,5 @@ class Van(Protocol):
         """True when called from the van's own I/O thread."""
 
     def transport_stats(self) -> dict[str, int]:
-        """Counters of what the transport did beyond sending (resends, duplicates...)."""
+        """Counters of the transport: bytes sent and received, resends, duplicates..."""
         return {}

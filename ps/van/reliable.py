@@ -165,7 +165,7 @@ class ReliableVan(Van):
         self._expected[peer] = expected
 
     def transport_stats(self) -> dict[str, int]:
-        return dict(self.stats)
+        return {**self.inner.transport_stats(), **self.stats}
 
     def pending(self) -> int:
         with self._lock:

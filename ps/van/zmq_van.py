@@ -33,6 +33,8 @@ class ZmqVan(Van):
         self._ipc = ipc
         self._curve = curve
         self._verbose = verbose
+        self._bytes_sent = 0         # meta and data frames, without zmq's routing frames
+        self._bytes_received = 0
         self._drop = drop
         self._ctx: zmq.Context | None = None
         self._router: zmq.Socket | None = None
@@ -168,6 +170,10 @@ class ZmqVan(Van):
         return self._thread is not None and threading.current_thread() is self._thread
 
     # -- sending -------------------------------------------------------------------------
+    def transport_stats(self) -> dict[str, int]:
+        """Bytes of ps messages this van sent and received (meta and data frames)."""
+        return {"bytes_sent": self._bytes_sent, "bytes_received": self._bytes_received}
+
     def send(self, msg: Message) -> None:
         if self.in_io_thread:
             self._send_now(msg)
@@ -203,6 +209,7 @@ class ZmqVan(Van):
 
     def _send_now(self, msg: Message) -> None:
         frames = encode(msg)
+        nbytes = sum(memoryview(f).nbytes for f in frames)
         if msg.route is not None:
             sock, frames = self._router, [msg.route, *frames]
         else:
@@ -215,6 +222,7 @@ class ZmqVan(Van):
         except zmq.ZMQError as exc:
             logger.warning("dropping %r: %s", msg, exc.strerror)
             return
+        self._bytes_sent += nbytes
         if msg.on_sent is not None:
             msg.on_sent(tracker)
         if self._verbose >= 2:
@@ -284,6 +292,7 @@ class ZmqVan(Van):
             except zmq.Again:
                 return
             route = frames[0].bytes if is_router else None
+            self._bytes_received += sum(len(f) for f in frames) - (len(frames[0]) if is_router else 0)
             try:
                 msg = decode(frames[1:] if is_router else frames, route)
             except NativeNodeError as exc:

@@ -34,6 +34,7 @@ CASES = [
     ("signum", {"momentum": 0.9, "wd_lh": 0.02}, 0.01), ("signum", {"momentum": 0.0}, 0.01),
     ("ftrl", {}, 0.1),
     ("lamb", {}, 0.01), ("lamb", {"bias_correction": False, "lower_bound": 0.5, "upper_bound": 3.0}, 0.01),
+    ("test", {}, 0.1),
 ]
 
 

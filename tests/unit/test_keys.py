@@ -52,3 +52,13 @@ def test_str_keys_are_stable_and_distinct():
 def test_bad_keys(bad):
     with pytest.raises((TypeError, ValueError)):
         to_int_key(bad)
+
+
+def test_big_keys_are_cut_between_rows():
+    """Every slice holds whole rows, so a row-sparse push finds each row on one server."""
+    for rows, row_len, servers in [(7, 3, 2), (1000, 64, 3), (5, 4, 2), (2, 10, 3)]:
+        sl = plan(0, rows * row_len, servers, 1, row_len)
+        assert sum(s.size for s in sl) == rows * row_len
+        assert all(s.start % row_len == 0 and s.size % row_len == 0 for s in sl)
+    assert [s.size for s in plan(0, 7 * 3, 2, 1, 3)] == [12, 9]     # 4 rows, 3 rows
+    assert len(plan(0, 2 * 10, 3, 1, 10)) == 2                      # fewer rows than servers

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from ps.errors import ProtocolError
-from ps.message import VERSION, Command, Message, Op, decode, dtype_code, encode
+from ps.message import VERSION, Batch, Command, Entry, Message, Op, Rows, decode, dtype_code, encode
 
 
 def data_msg(request=True):
@@ -54,6 +54,10 @@ def meta(*fields):
     [meta(VERSION, 0, 9, 8, True, 0, [[1, 1, 3, 4, 6, 6, 0, None]]), b"\0" * 24],         # off+n > total
     [meta(VERSION, 0, 9, 8, True, 0, []), b"extra"],
     [meta(VERSION, 3, 9, 1, True, 0, {}), b"extra"],
+    [meta(VERSION, 0, 9, 8, True, 0, [[1, 33, 3, 0, 1, 1, 0, None, 0]]), b"\0" * 4, b"\0" * 4],   # rows, row_len 0
+    [meta(VERSION, 0, 9, 8, True, 0, [[1, 33, 3, 0, 1, 1, 0, None, 2]]), b"\0" * 4],              # no values frame
+    [meta(VERSION, 0, 9, 8, True, 0, [[1, 33, 3, 0, 1, 1, 0, None, 2]]), b"\0" * 4, b"\0" * 4],  # 1 value, 2 needed
+    [meta(VERSION, 0, 9, 8, True, 0, [[1, 34, 3, 0, 2, 2, 0, None, 2]]), b"\0" * 4],              # 1 id, 2 said
 ])
 def test_malformed_is_protocol_error(frames):
     with pytest.raises(ProtocolError):
@@ -63,3 +67,17 @@ def test_malformed_is_protocol_error(frames):
 def test_object_dtype_refused():
     with pytest.raises(TypeError, match="not supported"):
         dtype_code(np.dtype(object))
+
+
+def test_rows_entries_carry_ids_then_values():
+    batch = Batch()
+    ids, vals = np.array([4, 9], np.uint32), np.arange(6, dtype=np.float32)
+    batch.add(Entry(1, Op.PUSH | Op.ROWS, 3, 0, 2, 2, 0, None, 3), Rows(ids, vals))
+    batch.add(Entry(2, Op.PULL | Op.ROWS, 3, 0, 1, 1, 0, None, 3), Rows(np.array([7], np.uint32)))
+    assert batch.nbytes == ids.nbytes + vals.nbytes + 4
+    out = decode([bytes(memoryview(f)) for f in encode(Message(Command.DATA, 9, 8, batch.entries, batch.frames))])
+    push, pull = out.frames
+    np.testing.assert_array_equal(push.ids, ids)
+    np.testing.assert_array_equal(push.values, vals)
+    np.testing.assert_array_equal(pull.ids, [7]) and pull.values is None
+    assert out.body[0].row_len == 3

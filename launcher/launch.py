@@ -29,6 +29,7 @@ from .spec import (
     default_server_command,
     parse_env_pair,
 )
+from .secret import job_secret
 from .tracker import SchedulerRunner, job_env, scheduler_env, scheduler_ip
 
 logger = logging.getLogger("launcher")
@@ -59,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slurm-worker-nodes", type=int, help="slurm: srun -N for the workers")
     p.add_argument("--sge-queue", help="sge: qsub -q QUEUE")
     p.add_argument("--yarn-queue", help="yarn: -queue QUEUE")
+    p.add_argument("--no-auth", action="store_true",
+                   help="no per-job signing key: servers then run no pickled MXNet optimizer (default: a job "
+                        "on this machine gets a fresh key in PS_JOB_KEY_FILE; docs/security.md)")
     p.add_argument("--p3", action="store_true", help=argparse.SUPPRESS)  # MXNet's P3 van: not in ps
     p.add_argument("command", nargs=argparse.REMAINDER, help="the worker command and its arguments")
     return p
@@ -104,7 +108,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str],
         timeout=args.timeout, verbose=args.verbose, host_ip=args.host_ip,
         server_command=default_server_command(command, python),
         slurm_server_nodes=args.slurm_server_nodes, slurm_worker_nodes=args.slurm_worker_nodes,
-        sge_queue=args.sge_queue, yarn_queue=args.yarn_queue)
+        sge_queue=args.sge_queue, yarn_queue=args.yarn_queue, auth=not args.no_auth)
 
 
 @contextlib.contextmanager
@@ -175,6 +179,16 @@ def _dry_run(spec: LaunchSpec, backend: Backend, ip: str, environ: Mapping[str, 
 
 def _run(spec: LaunchSpec, environ: dict[str, str], output: Output, stop: StopSignal | None,
          scheduler_factory: Callable[[Mapping[str, str]], Any] | None, owns_descendants: bool) -> int:
+    if spec.dry_run:
+        return _start(spec, environ, output, stop, scheduler_factory, owns_descendants)
+    with job_secret(spec, environ, spec.auth) as secret:
+        if secret is not None:
+            environ = {**environ, "PS_JOB_KEY_FILE": secret}
+        return _start(spec, environ, output, stop, scheduler_factory, owns_descendants)
+
+
+def _start(spec: LaunchSpec, environ: dict[str, str], output: Output, stop: StopSignal | None,
+           scheduler_factory: Callable[[Mapping[str, str]], Any] | None, owns_descendants: bool) -> int:
     backend = BACKENDS[spec.launcher]
     try:
         ip = scheduler_ip(spec, environ)

@@ -51,6 +51,7 @@ class LaunchSpec:
     slurm_worker_nodes: int | None = None
     sge_queue: str | None = None
     yarn_queue: str | None = None
+    auth: bool = True                        # a per-job secret where every process is local (secret.py)
 
     def role_command(self, role: str) -> tuple[str, ...]:
         return self.server_command if role == "server" else self.command

@@ -15,14 +15,14 @@ from zmq.utils import z85
 from .errors import ConfigError
 
 
-def read_secret(path: str) -> bytes:
+def read_secret(path: str, name: str = "PS_SECRET_FILE") -> bytes:
     try:
         with open(path, "rb") as f:
             secret = f.read().strip()
     except OSError as exc:
-        raise ConfigError(f"PS_SECRET_FILE={path!r} cannot be read: {exc.strerror}") from None
+        raise ConfigError(f"{name}={path!r} cannot be read: {exc.strerror}") from None
     if len(secret) < 16:
-        raise ConfigError(f"PS_SECRET_FILE={path!r} holds {len(secret)} bytes; use at least 16 "
+        raise ConfigError(f"{name}={path!r} holds {len(secret)} bytes; use at least 16 "
                           "random bytes (e.g. `head -c 32 /dev/urandom | base64 > FILE`)")
     return secret
 
@@ -37,5 +37,19 @@ def curve_keys(secret: bytes) -> tuple[bytes, bytes]:
 
 
 def hmac_key(secret: bytes) -> bytes:
-    """A separate key for signing payloads (the opt-in pickled optimizer)."""
+    """A separate key for signing payloads (the pickled optimizer)."""
     return hashlib.blake2b(secret, digest_size=32, person=b"ps-hmac-v1").digest()
+
+
+NO_KEY = ("start it with python -m ps.launch on one machine (a key per job by default), or give every "
+          "process the same PS_JOB_KEY_FILE or PS_SECRET_FILE (docs/security.md)")
+
+
+def signing_key(secret_file: str | None, job_key_file: str | None) -> bytes | None:
+    """The key pickled optimizers are signed with: the cluster's secret, else the job key
+    the launcher writes (PS_JOB_KEY_FILE); None: this job signs nothing, so unpickles nothing."""
+    if secret_file:
+        return hmac_key(read_secret(secret_file))
+    if job_key_file:
+        return hmac_key(read_secret(job_key_file, "PS_JOB_KEY_FILE"))
+    return None

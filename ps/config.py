@@ -118,8 +118,13 @@ VARIABLES: tuple[Var, ...] = (
         "seconds one push/pull/barrier may take; 0 = no bound (a dead peer is reported anyway)"),
     Var("PS_SECRET_FILE", "secret_file", _str, None,
         "file holding a shared secret: authenticate and encrypt all traffic (CURVE)"),
-    Var("PS_ALLOW_PICKLE", "allow_pickle", _bool, False,
-        "1: a server accepts a pickled MXNet optimizer (trusted clusters only)"),
+    Var("PS_JOB_KEY_FILE", "job_key_file", _str, None,
+        "file holding this job's signing key (python -m ps.launch writes one per job on one machine): "
+        "workers sign pickled MXNet optimizers with it, servers unpickle only what it signs; "
+        "PS_SECRET_FILE, if set, signs instead. Unlike PS_SECRET_FILE it does not secure the traffic"),
+    Var("PS_ALLOW_PICKLE", "allow_pickle", _bool, True,
+        "1: a server runs MXNet optimizers ps has no numpy version of, pickled by a worker and "
+        "HMAC-signed with PS_SECRET_FILE or PS_JOB_KEY_FILE (never unsigned); 0: refuse them"),
     Var("PS_MXNET_ENGINE", "mxnet_engine", _bool, True,
         "ps.mxnet: 1 runs a pushpull of one CPU array as an MXNet engine operation (overlaps "
         "with compute, like MXNet's own kvstore); 0: calls wait for their replies"),
@@ -176,7 +181,8 @@ class Config:
     connect_timeout: float = 120.0
     request_timeout: float = 0.0
     secret_file: str | None = None
-    allow_pickle: bool = False
+    job_key_file: str | None = None
+    allow_pickle: bool = True
     mxnet_engine: bool = True
     mxnet_autoload: bool = True
     mxnet_engine_type: str | None = None

@@ -125,16 +125,14 @@ class KVServer:
         store.set_updater(optim.Updater(opt), opt.multi_precision)
 
     def _set_optimizer_pickle(self, store: Store, body: dict[str, Any]) -> None:
-        cfg = self.po.config
-        if not cfg.allow_pickle:
-            raise PermissionError("this server does not accept pickled optimizers; start the servers "
-                                  "with PS_ALLOW_PICKLE=1 and PS_SECRET_FILE (trusted clusters only)")
-        if not cfg.secret_file:
-            raise PermissionError("PS_ALLOW_PICKLE=1 needs PS_SECRET_FILE: pickles are accepted only "
-                                  "from an authenticated cluster")
         from . import _security
         from .optim import pickled
-        key = _security.hmac_key(_security.read_secret(cfg.secret_file))
+        cfg = self.po.config
+        if not cfg.allow_pickle:
+            raise PermissionError("this server refuses pickled optimizers (PS_ALLOW_PICKLE=0)")
+        key = _security.signing_key(cfg.secret_file, cfg.job_key_file)
+        if key is None:
+            raise PermissionError(f"this job has no signing key, so its servers unpickle nothing: {_security.NO_KEY}")
         opt = pickled.load_optimizer(body["payload"], body["signature"], key)
         store.set_updater(pickled.MXNetUpdater(opt), bool(opt.multi_precision))
 

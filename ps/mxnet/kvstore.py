@@ -325,18 +325,22 @@ class PSKVStore(mx.kvstore.KVStore):
         self._sent = {"lr": optimizer.lr, "rescale_grad": optimizer.rescale_grad}
 
     def _set_pickled(self, optimizer: Any, unknown: ValueError) -> None:
-        """No numpy version: send MXNet's own optimizer, signed, if this cluster has a secret
-        (servers accept it only with PS_ALLOW_PICKLE=1)."""
-        import pickle
+        """No numpy version: run MXNet's own optimizer on the servers, pickled by value
+        (cloudpickle: a class defined in the script itself travels too) and HMAC-signed with
+        the job's key (PS_SECRET_FILE, else PS_JOB_KEY_FILE, which the launcher writes per job
+        on one machine); servers check the signature before unpickling."""
+        import cloudpickle
 
         from .. import _security
-        from ..optim import pickled
         from ..errors import RemoteError
-        secret_file = self._kv.config.secret_file
-        if not secret_file:
-            raise unknown
-        payload = pickle.dumps(optimizer)
-        signature = pickled.sign(payload, _security.hmac_key(_security.read_secret(secret_file)))
+        from ..optim import pickled
+        cfg = self._kv.config
+        key = _security.signing_key(cfg.secret_file, cfg.job_key_file)
+        if key is None:
+            raise ValueError(f"{unknown}. MXNet's own optimizer runs on the servers only signed with the "
+                             f"job's key: {_security.NO_KEY}") from None
+        payload = cloudpickle.dumps(optimizer)
+        signature = pickled.sign(payload, key)
         try:
             self._kv.set_pickled_optimizer(payload, signature)
         except RemoteError as refused:

@@ -141,7 +141,7 @@ def spec_from_mxnet(opt: Any, keys: Iterable[Any] | None = None) -> dict[str, An
     cls = _genuine(opt, mx.optimizer, _OPTIMIZERS)
     if cls is None:
         raise ValueError(f"ps has no server-side implementation of optimizer {type(opt).__name__!r}; "
-                         f"known: {', '.join(sorted(REGISTRY))}; or start servers with PS_ALLOW_PICKLE=1")
+                         f"known: {', '.join(sorted(REGISTRY))}")
     name, attrs = _OPTIMIZERS[cls]
     lr_mult, wd_mult = _multipliers(opt, keys)
     sched = _scheduler_spec(opt.lr_scheduler)

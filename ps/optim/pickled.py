@@ -1,8 +1,9 @@
-"""The opt-in path for optimizers ps has no numpy version of (PS_ALLOW_PICKLE=1).
+"""MXNet optimizers ps has no numpy version of, in an authenticated job.
 
-The worker pickles the MXNet optimizer and signs it with a key derived from
-PS_SECRET_FILE; the server checks the signature *before* unpickling, so only a member of
-the authenticated cluster can make a server run code. The server then imports mxnet
+The worker pickles the MXNet optimizer by value (cloudpickle) and signs it with a key
+derived from PS_SECRET_FILE; the server checks the signature *before* unpickling, so only a
+member of the authenticated cluster can make a server run code (PS_ALLOW_PICKLE=0 refuses
+even that). The server then imports mxnet
 (with DMLC_ROLE hidden, or mxnet would start its own C++ server) and runs MXNet's updater.
 """
 from __future__ import annotations

@@ -117,3 +117,23 @@ def test_entry_points_run():
                              text=True, check=False, timeout=30)
         assert res.returncode == 0, (cmd, res.stderr)
         assert "[worker 0] " in res.stdout
+
+
+@pytest.mark.parametrize("extra,has_key", [([], True), (["--no-auth"], False)])
+def test_each_job_gets_its_own_signing_key_removed_at_the_end(launch, extra, has_key):
+    """A 0600 key file in a 0700 folder of its own, the same for every process of the job,
+    gone when the job ends; --no-auth gives none (docs/security.md)."""
+    script = ("import os, stat, ps; kv = ps.KVStore('dist_sync'); p = os.environ.get('PS_JOB_KEY_FILE'); "
+              "print('key', p, p and oct(stat.S_IMODE(os.stat(p).st_mode)), "
+              "p and oct(stat.S_IMODE(os.stat(os.path.dirname(p)).st_mode)), flush=True); kv.close()")
+    job = launch(["-n", "2", "-s", "1", "--launcher", "local", *extra, PY, "-c", script])
+    assert job.wait(60) == 0, job.output
+    keys = {line.split("] ", 1)[1] for line in job.matching("[worker ")}
+    assert len(keys) == 1, job.output                          # one key for the whole job
+    (line,) = keys
+    if not has_key:
+        assert line == "key None None None", job.output
+        return
+    _, path, mode, folder_mode = line.split()
+    assert (mode, folder_mode) == ("0o600", "0o700"), line
+    assert not os.path.exists(path) and not os.path.exists(os.path.dirname(path))

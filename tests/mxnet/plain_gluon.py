@@ -3,6 +3,7 @@ test_autoload.py under `python -m ps.launch`, where `kvstore='dist_sync'` must l
 
     python plain_gluon.py            # one worker of a dist_sync job
     python plain_gluon.py --local    # the reference: one process, both workers' batches
+    ... --own-optimizer              # with an optimizer class defined here (runs pickled on servers)
 """
 import json
 import sys
@@ -19,6 +20,17 @@ def batch(rank, step):
     return rng.uniform(-1, 1, (BATCH, 10)).astype(np.float32), rng.uniform(-1, 1, (BATCH, 3)).astype(np.float32)
 
 
+class ScaledSGD(mx.optimizer.Optimizer):
+    """The script's own optimizer (ps has no numpy version): plain SGD with the step scaled."""
+
+    def create_state(self, index, weight):
+        return None
+
+    def update(self, index, weight, grad, state):
+        self._update_count(index)
+        weight[:] -= 0.7 * self._get_lr(index) * grad * self.rescale_grad
+
+
 def main():
     local = "--local" in sys.argv
     kv = mx.kv.create("local" if local else "dist_sync")
@@ -27,7 +39,11 @@ def main():
     net.initialize(mx.init.Xavier(rnd_type="uniform", magnitude=1.0))
     for i, p in enumerate(net.collect_params().values()):      # the same start on every worker
         p.set_data(mx.nd.array(np.random.RandomState(i).uniform(-0.3, 0.3, p.shape)))
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05, "momentum": 0.9}, kvstore=kv)
+    if "--own-optimizer" in sys.argv:
+        optimizer = ScaledSGD(learning_rate=0.05)
+    else:
+        optimizer = mx.optimizer.SGD(learning_rate=0.05, momentum=0.9)
+    trainer = gluon.Trainer(net.collect_params(), optimizer, kvstore=kv)
     loss_fn = gluon.loss.L2Loss()
     ranks = range(WORKERS) if local else [kv.rank]
     for step in range(STEPS):

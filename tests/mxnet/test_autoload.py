@@ -17,16 +17,19 @@ def results(text):
     return [json.loads(line.split("RESULT ", 1)[1]) for line in text.splitlines() if "RESULT " in line]
 
 
-def test_an_unmodified_gluon_script_trains_on_ps_with_single_process_numbers(procs):
+@pytest.mark.parametrize("flags", [[], ["--own-optimizer"]], ids=["sgd", "script-optimizer"])
+def test_an_unmodified_gluon_script_trains_on_ps_with_single_process_numbers(procs, flags):
+    """Also with an optimizer class the script defines: with no flag and no PS_SECRET_FILE the
+    launcher's per-job secret lets the servers run it (pickled by value, signed)."""
     env = cluster_env(0)
     launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local",
-                            PYTHON, SCRIPT], env)
+                            PYTHON, SCRIPT, *flags], env)
     code, out, err = procs.finish(launcher, timeout=120)
     assert code == 0, out + err
     workers = results(out)
     assert sorted(r["rank"] for r in workers) == [0, 1], out
     assert {r["kvstore"] for r in workers} == {"ps.mxnet.Dist_Sync"}, out
-    ref = subprocess.run([PYTHON, SCRIPT, "--local"], capture_output=True, text=True, timeout=120,
+    ref = subprocess.run([PYTHON, SCRIPT, "--local", *flags], capture_output=True, text=True, timeout=120,
                          env={**env, "PYTHONPATH": str(ROOT)})
     (local,) = results(ref.stdout)
     for worker in workers:

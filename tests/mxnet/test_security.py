@@ -1,4 +1,4 @@
-"""PS_SECRET_FILE (CURVE) and the opt-in pickled optimizer, with real processes."""
+"""PS_SECRET_FILE (CURVE) and pickled MXNet optimizers (authenticated jobs only), with real processes."""
 import os
 
 import numpy as np
@@ -43,19 +43,22 @@ def test_secret_cluster_refuses_a_node_without_the_secret(procs, port, secret, t
         assert code == 0, err[-2000:]
 
 
-def test_unknown_optimizer_is_refused_without_opt_in(procs, port, secret, tmp_path):
-    env = env_for(port, PS_SECRET_FILE=secret)           # authenticated, but no PS_ALLOW_PICKLE
+@pytest.mark.parametrize("extra,says", [({"PS_ALLOW_PICKLE": "0"}, "PS_ALLOW_PICKLE=0"),
+                                        ({"PS_SECRET_FILE": None}, "signed with the job")])
+def test_unknown_optimizer_is_refused_unauthenticated_or_opted_out(procs, port, secret, tmp_path, extra, says):
+    env = env_for(port, PS_SECRET_FILE=secret, **{k: v for k, v in extra.items() if v is not None})
+    env = {k: v for k, v in env.items() if extra.get(k, "") is not None}
     others = [procs.role("scheduler", env), procs.role("server", env)]
     ws = [gluon_worker(procs, env, tmp_path / f"w{i}.npz", HALF) for i in range(2)]
     errors = [procs.finish(w, timeout=120) for w in ws]
     assert all(code != 0 for code, _, _ in errors)
-    assert any("'HalfSGD'" in err and "PS_ALLOW_PICKLE=1" in err for _, _, err in errors)
+    assert any("'HalfSGD'" in err and says in err for _, _, err in errors), errors[0][2][-2000:]
     for p in others:
         procs.finish(p, timeout=60)
 
 
-def test_pickled_optimizer_runs_with_opt_in_and_secret(procs, port, secret, tmp_path):
-    env = env_for(port, PS_SECRET_FILE=secret, PS_ALLOW_PICKLE="1")
+def test_pickled_optimizer_runs_in_an_authenticated_job(procs, port, secret, tmp_path):
+    env = env_for(port, PS_SECRET_FILE=secret)            # no opt-in needed
     others = [procs.role("scheduler", env), procs.role("server", env)]
     ws = [gluon_worker(procs, env, tmp_path / f"w{i}.npz", HALF) for i in range(2)]
     for p in ws + others:

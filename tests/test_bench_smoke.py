@@ -64,3 +64,24 @@ def test_quick_vs_native(tmp_path):
     check_times(rows, {"ps", "native"})
     medians = [r for r in rows if r["row"] == "median" and r["impl"] == "ps"]
     assert all(float(r["speedup"]) > 0 for r in medians), medians
+
+
+@pytest.mark.mxnet
+def test_sparse_bench_moves_only_the_rows(tmp_path):
+    """A tiny `python -m ps.bench.sparse`: both jobs run, and ps's bytes per step stay within
+    a few percent of the rows up and down (a dense pull would be 40x more here)."""
+    pytest.importorskip("mxnet")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MXNET_KVSTORE"))}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = start_group([sys.executable, "-m", "ps.bench.sparse", "--rows", "20000", "--batch", "256", "--steps", "4",
+                        "--warmup", "1", "--reps", "1", "--timeout", "80"], env, cwd=str(ROOT),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=100)
+    finally:
+        stop_group(proc)
+    assert proc.returncode == 0, stderr[-3000:]
+    rows = {line.split("|")[1].strip(): line.split("|") for line in stdout.splitlines() if line.startswith("| ps")
+            or line.startswith("| native")}
+    assert set(rows) == {"ps", "native"}, stdout
+    assert 1.0 <= float(rows["ps"][4]) < 1.1, stdout       # bytes / (rows up + rows down)

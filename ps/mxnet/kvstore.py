@@ -87,6 +87,10 @@ class PSKVStore(mx.kvstore.KVStore):
     def num_workers(self) -> int:
         return self._kv.num_workers
 
+    def transport_stats(self) -> dict[str, int]:
+        """ps's transport counters (bytes sent and received, resends...): ``ps.KVStore.transport_stats``."""
+        return self._kv.transport_stats()
+
     @staticmethod
     def is_capable(capability: str) -> bool:
         if capability.lower() == mx.kvstore.KVStoreBase.OPTIMIZER:

@@ -53,6 +53,7 @@ ALLOWED = {
     "bench.gluon": {"mxnet"},
     "bench.worker": {"__init__", "bench.gluon"},
     "bench.soak": {"__init__", "launcher.process", "netutil"},
+    "bench.sparse": {"launcher.process", "mxnet", "netutil"},
     "bench.cli": {"bench.cluster", "bench.gluon", "bench.measure", "bench.report"},
     "bench.__main__": {"bench.cli"},
 }

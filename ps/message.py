@@ -269,6 +269,7 @@ def _frame_layout(request: bool, op: int, code: int, n: int) -> tuple[np.dtype, 
 
 
 def _frame(it: Any, key: int, dtype: np.dtype, n: int) -> np.ndarray:
+    """The next frame as ``n`` items of ``dtype``; ProtocolError if missing or of another size."""
     frame = next(it, None)
     if frame is None:
         raise ProtocolError(f"entry for key {key} has no data frame")
@@ -306,15 +307,8 @@ def _data_arrays(entries: Any, frames: Sequence[Any], request: bool) -> list[np.
         if request and op & Op.ROWS:
             arrays.append(_rows(it, key, op, n, row_len, code))
             continue
-        frame = next(it, None)
-        if frame is None:
-            raise ProtocolError(f"entry for key {key} has no data frame")
         dtype, nbytes = _frame_layout(request, op, code, n)
-        buf = _buffer(frame)
-        if buf.nbytes != nbytes:
-            raise ProtocolError(f"key {key}: frame has {buf.nbytes} bytes, entry says "
-                                f"{n} x {DTYPES[code]} = {nbytes}")
-        arrays.append(np.frombuffer(buf, dtype=dtype))
+        arrays.append(_frame(it, key, dtype, nbytes // dtype.itemsize))
     if next(it, None) is not None:
         raise ProtocolError("more data frames than entries")
     return arrays

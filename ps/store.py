@@ -433,17 +433,17 @@ class Store:
         return self._answer(ks, Waiter(sender, entry))
 
     def _answer(self, ks: KeyState, waiter: Waiter) -> list[Reply]:
-        dest, (ts, op, key, _, _, total, code, _, row_len), ids = waiter
+        dest, req, ids = waiter
+        ts, op, key, code, row_len = req.ts, req.op, req.key, req.dtype_code, req.row_len
         if not op & Op.PULL:
-            return [Reply(dest, Entry(ts, op, key, 0, 0, total, code, None, row_len), None)]
-        if ids is not None:                # the rows asked for, copied: nothing lent
+            return [Reply(dest, Entry(ts, op, key, 0, 0, req.total, code, None, row_len), None)]
+        if ids is None:                    # the whole slice, lent (ps/bufguard.py)
+            value = ks.value
+            self.guard.lend(value)
+        else:                              # the rows asked for, copied: nothing lent
             value = ks.value.reshape(-1, row_len)[ids].reshape(-1)
-            return [Reply(dest, Entry(ts, op, key, off, n, value.size, code, None, row_len), value[off:off + n])
-                    for off, n in chunks(value.size, value.itemsize, self.chunk_bytes)]
-        value = ks.value
-        self.guard.lend(value)
-        return [Reply(dest, Entry(ts, op, key, off, n, ks.total, code), value[off:off + n])
-                for off, n in chunks(ks.total, value.itemsize, self.chunk_bytes)]
+        return [Reply(dest, Entry(ts, op, key, off, n, value.size, code, None, row_len), value[off:off + n])
+                for off, n in chunks(value.size, value.itemsize, self.chunk_bytes)]
 
     # -- workers leaving -----------------------------------------------------------------
     def worker_closed(self, worker: int) -> list[Reply]:

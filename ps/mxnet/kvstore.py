@@ -333,7 +333,11 @@ class PSKVStore(mx.kvstore.KVStore):
         (cloudpickle: a class defined in the script itself travels too) and HMAC-signed with
         the job's key (PS_SECRET_FILE, else PS_JOB_KEY_FILE, which the launcher writes per job
         on one machine); servers check the signature before unpickling."""
-        import cloudpickle
+        try:
+            import cloudpickle
+        except ImportError:
+            raise ValueError(f"{unknown}. Running MXNet's own optimizer on the servers needs cloudpickle "
+                             "(pip install 'ps[mxnet]' or pip install cloudpickle)") from None
 
         from .. import _security
         from ..errors import RemoteError

@@ -79,5 +79,6 @@ def test_rows_entries_carry_ids_then_values():
     push, pull = out.frames
     np.testing.assert_array_equal(push.ids, ids)
     np.testing.assert_array_equal(push.values, vals)
-    np.testing.assert_array_equal(pull.ids, [7]) and pull.values is None
+    np.testing.assert_array_equal(pull.ids, [7])
+    assert pull.values is None
     assert out.body[0].row_len == 3

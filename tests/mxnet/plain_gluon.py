@@ -1,5 +1,6 @@
 """An MXNet Gluon training script that knows nothing of ps (no `import ps`): run by
-test_autoload.py under `python -m ps.launch`, where `kvstore='dist_sync'` must land on ps.
+test_autoload.py under `python -m ps.launch`, where `kvstore='dist_sync'` must land on ps, and
+on MXNet's own parameter server for the side-by-side.
 
     python plain_gluon.py            # one worker of a dist_sync job
     python plain_gluon.py --local    # the reference: one process, both workers' batches
@@ -12,7 +13,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
-STEPS, BATCH, WORKERS = 6, 8, 2
+STEPS, BATCH, WORKERS = 10, 8, 2
 
 
 def batch(rank, step):

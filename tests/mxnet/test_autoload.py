@@ -37,6 +37,36 @@ def test_an_unmodified_gluon_script_trains_on_ps_with_single_process_numbers(pro
             np.testing.assert_allclose(worker["weights"][name], values, atol=1e-5, err_msg=name)
 
 
+def test_the_same_script_gives_native_mxnet_dist_sync_numbers(procs, port):
+    """The target of the MXNet issue: 10 steps on ps (launcher) and on MXNet's own C++
+    parameter server (its scheduler and servers are `python -c "import mxnet"`, as MXNet's
+    manual start), the same unmodified script; every weight within 1e-5."""
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local",
+                            PYTHON, SCRIPT], cluster_env(0))
+    native_env = cluster_env(port, PS_MXNET_AUTOLOAD="0")
+    native_env.pop("PYTHONPATH")
+    mxnet_only = [PYTHON, "-c", "import mxnet"]
+    others = [procs.start(mxnet_only, {**native_env, "DMLC_ROLE": role}) for role in ("scheduler", "server", "server")]
+    workers = [procs.start([PYTHON, SCRIPT], {**native_env, "DMLC_ROLE": "worker"}) for _ in range(2)]
+    native = []
+    for w in workers:
+        code, out, err = procs.finish(w, timeout=120)
+        assert code == 0, out + err
+        native += results(out)
+    for p in others:
+        assert procs.finish(p, timeout=30)[0] == 0
+    assert {r["kvstore"] for r in native} == {"mxnet.kvstore.kvstore.KVStore"}, native
+    code, out, err = procs.finish(launcher, timeout=120)
+    assert code == 0, out + err
+    ours = results(out)
+    assert {r["kvstore"] for r in ours} == {"ps.mxnet.Dist_Sync"}, out
+    assert sorted(r["rank"] for r in ours) == sorted(r["rank"] for r in native) == [0, 1]
+    for mine in ours:
+        theirs = next(r for r in native if r["rank"] == mine["rank"])
+        for name, values in theirs["weights"].items():
+            np.testing.assert_allclose(mine["weights"][name], values, rtol=0, atol=1e-5, err_msg=name)
+
+
 def test_the_autoload_can_be_turned_off(procs):
     env = cluster_env(0, PS_MXNET_AUTOLOAD="0", PS_CONNECT_TIMEOUT="60")
     launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "1", "-s", "1", "--launcher", "local",

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, NamedTuple
 
 import psutil
 
@@ -46,6 +46,8 @@ class Proc:
         self.cmd, self.popen, self.output, self.on_exit = cmd, popen, output, on_exit
         self.pgid = popen.pid  # start_new_session: the child leads its own group
         self.code: int | None = None
+        self.started = time.monotonic()
+        self.ended: float | None = None   # when the launcher saw it exit
         self.readers = [self._reader(popen.stdout, False), self._reader(popen.stderr, True)]
 
     def _reader(self, stream: IO[bytes] | None, err: bool) -> threading.Thread:
@@ -68,6 +70,7 @@ class Proc:
             rc = self.popen.poll()
             if rc is not None:
                 self.code = exit_status(rc)
+                self.ended = time.monotonic()
         return self.code
 
     def close_stdin(self) -> None:
@@ -76,6 +79,15 @@ class Proc:
                 self.popen.stdin.close()
             except OSError:
                 pass
+
+
+class Ended(NamedTuple):
+    """How one process of the job ended, for the launcher's closing report."""
+
+    name: str
+    status: int | None           # None: still running (a batch task nobody reported)
+    seconds: float               # wall time, from its start (or the job's) to its exit
+    stopped: bool = False        # it was still running when the launcher stopped the job
 
 
 def exit_status(returncode: int) -> int:
@@ -180,6 +192,9 @@ class Job:
         self.output, self.grace, self.kill_wait = output, grace, kill_wait
         self.owns_descendants = owns_descendants
         self.procs: list[Proc] = []
+        self.started = time.monotonic()
+        self.reported: dict[str, Ended] = {}     # exits observed by other means (batch tasks)
+        self._stopped: set[str] = set()          # names still running when stop() began
         self._events: queue.SimpleQueue = queue.SimpleQueue()  # (name, code) from non-Popen sources
         self._stop_hooks: list[Callable[[], None]] = []
         self._cleanups: list[Callable[[], None]] = []
@@ -212,9 +227,21 @@ class Job:
                 ended.append((proc.cmd.name, proc.code))
         while True:
             try:
-                ended.append(self._events.get_nowait())
+                name, code = self._events.get_nowait()
             except queue.Empty:
                 return ended
+            ended.append((name, code))
+            self.reported.setdefault(name, Ended(name, code, time.monotonic() - self.started))
+
+    def ends(self) -> list[Ended]:
+        """Every process's (and reported task's) exit status and wall time, in start order."""
+        self.poll()
+        now = time.monotonic()
+        out = [Ended(p.cmd.name, p.poll(), (p.ended or now) - p.started, p.cmd.name in self._stopped)
+               for p in self.procs]
+        own = {p.cmd.name for p in self.procs}
+        out += [e._replace(stopped=e.name in self._stopped) for e in self.reported.values() if e.name not in own]
+        return out
 
     @property
     def running(self) -> list[Proc]:
@@ -232,6 +259,7 @@ class Job:
             except Exception:
                 logger.exception("stop hook failed")
         running = self.running
+        self._stopped.update(p.cmd.name for p in running)
         delayed = [p for p in running if p.cmd.stop_delay and after_failure]
         self._terminate([p for p in running if p not in delayed])
         if delayed:
@@ -370,7 +398,46 @@ def supervise(job: Job, sched: object | None = None, stop: StopSignal | None = N
         if sched is not None:
             sched.close()
         job.close()
+        report_ends(job.ends(), sched, time.monotonic() - start)
     return code
+
+
+def report_ends(ends: list[Ended], sched: object | None, seconds: float) -> None:
+    """One line per process: how it ended and how long it ran (the scheduler's is the job's)."""
+    if sched is not None:
+        code = getattr(sched, "code", None)
+        ends = [Ended("scheduler", code, seconds), *ends]
+    if len(ends) > 16:                 # a big job: one line per role instead
+        ends = _per_role(ends)
+    width = max((len(e.name) for e in ends), default=0)
+    for e in ends:
+        if e.status is None:
+            how = "no exit status seen"
+        elif e.stopped:
+            how = f"stopped by the launcher (status {e.status})"
+        elif e.status > 128 and e.status - 128 in signal.valid_signals():
+            how = f"killed by {signal.Signals(e.status - 128).name} (status {e.status})"
+        else:
+            how = f"exit {e.status}"
+        logger.info("%-*s  %s after %.1fs", width, e.name, how, e.seconds)
+
+
+def _per_role(ends: list[Ended]) -> list[Ended]:
+    """Collapse each role's processes into one line: the worst status, the longest wall time."""
+    groups: dict[str, list[Ended]] = {}
+    for e in ends:
+        groups.setdefault(e.name.split(" ")[0], []).append(e)
+    out = []
+    for role, members in groups.items():
+        if len(members) == 1:
+            out.append(members[0])
+            continue
+        failed = [e for e in members if e.status]
+        worst = failed[0] if failed else members[0]
+        label = f"{role}s ({len(members)}; {len(failed)} failed, first {worst.name})" if failed \
+            else f"{role}s ({len(members)})"
+        out.append(Ended(label, worst.status, max(e.seconds for e in members), worst.stopped))
+    return out
 
 
 def _first_failure(ended: list[tuple[str, int]]) -> int:

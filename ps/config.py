@@ -116,6 +116,9 @@ VARIABLES: tuple[Var, ...] = (
         "seconds the cluster may take to form"),
     Var("PS_REQUEST_TIMEOUT", "request_timeout", _float, 0.0,
         "seconds one push/pull/barrier may take; 0 = no bound (a dead peer is reported anyway)"),
+    Var("PS_STALL_WARNING", "stall_warning", _float, 60.0,
+        "seconds a sync round or barrier may wait for some workers before the server (or the "
+        "scheduler) and the waiting workers log which ranks, hosts and keys it waits for; 0 = off"),
     Var("PS_SECRET_FILE", "secret_file", _str, None,
         "file holding a shared secret: authenticate and encrypt all traffic (CURVE)"),
     Var("PS_JOB_KEY_FILE", "job_key_file", _str, None,
@@ -180,6 +183,7 @@ class Config:
     heartbeat_timeout: float = 30.0
     connect_timeout: float = 120.0
     request_timeout: float = 0.0
+    stall_warning: float = 60.0
     secret_file: str | None = None
     job_key_file: str | None = None
     allow_pickle: bool = True

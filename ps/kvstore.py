@@ -328,9 +328,10 @@ class KVStore:
         return self.pull(key, out=out)
 
     def _pull_like(self, op: int, key: Any, value: Any, out: Any, block: bool) -> Any:
-        names = key if isinstance(key, (list, tuple)) else [key]
-        values = value if isinstance(key, (list, tuple)) else [value]
-        outs = out if isinstance(key, (list, tuple)) and out is not None else [out] * len(names)
+        many = isinstance(key, (list, tuple))
+        names = key if many else [key]
+        values = [None] * len(names) if value is None else value if many else [value]
+        outs = out if many and out is not None else [out] * len(names)
         if len(values) != len(names) or len(outs) != len(names):
             raise ValueError(f"{len(names)} keys but {len(values)} values / {len(outs)} outputs")
         handles, finals = [], []

@@ -54,6 +54,7 @@ class Command(enum.IntEnum):
     NODE_FAILED = 9   # scheduler -> everyone: a node died
     ABORT = 10        # scheduler -> node: the job cannot go on (formation timeout, bad config)
     SERVER_CMD = 11   # worker <-> server: optimizer, learning rate, states... (request/reply)
+    STALL = 12        # server/scheduler -> waiting nodes: who a sync round or barrier still waits for
 
 
 class Op:

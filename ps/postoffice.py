@@ -201,6 +201,9 @@ class Postoffice:
             self.fail(PeerLostError(msg.body["reason"], msg.body.get("node")))
         elif cmd == Command.ABORT:
             self.fail(PSError(msg.body["reason"]))
+        elif cmd == Command.STALL:          # this node waits on a stalled round or barrier
+            text = msg.body.get("text") if isinstance(msg.body, dict) else msg.body
+            logger.warning("%s %d (%s) is waiting: %s", self.role.name.lower(), self.rank, self, text)
         elif cmd != Command.HEARTBEAT:
             logger.debug("%s: ignoring %r", self, msg)
 

@@ -25,6 +25,15 @@ DISCONNECT_GRACE = 2.0   # a node whose connection stays down this long is dead
 
 
 @dataclass
+class Barrier:
+    """One open barrier: who has arrived, since when, whether its stall was reported."""
+
+    since: float
+    arrived: set[int]
+    warned: bool = False
+
+
+@dataclass
 class Member:
     """A node as the scheduler knows it: what it registered with, then its rank and liveness."""
 
@@ -77,7 +86,7 @@ class Scheduler:
         self._done = threading.Event()
         self._pending: list[Member] = []         # registrations before formation
         self._nodes: dict[int, Member] = {}      # id -> node after formation
-        self._barriers: dict[str, set[int]] = {}
+        self._barriers: dict[str, Barrier] = {}
         self._closed_workers: set[int] = set()
         self._terminated: set[int] = set()
         self._terminate_sent_at: float | None = None
@@ -145,6 +154,7 @@ class Scheduler:
                 logger.warning("servers %s did not acknowledge the end of the job", ", ".join(missing))
                 self._finish(0)
                 return
+            self._warn_stalled_barriers(now)
             for node_id, since in list(self._down_since.items()):
                 if self._gone(node_id):
                     del self._down_since[node_id]
@@ -268,14 +278,17 @@ class Scheduler:
         if group not in GROUPS or msg.sender not in self._nodes:
             self._reply(msg.route, Command.BARRIER, {"group": group, "error": f"bad barrier request {msg.body!r}"})
             return
-        arrived = self._barriers.setdefault(group, set())
-        arrived.add(msg.sender)
+        barrier = self._barriers.get(group)
+        if barrier is None:
+            barrier = self._barriers[group] = Barrier(self.clock(), set())
+        barrier.arrived.add(msg.sender)
         self._check_barrier(group)
 
     def _check_barrier(self, group: str) -> None:
-        arrived = self._barriers.get(group)
-        if not arrived:
+        barrier = self._barriers.get(group)
+        if barrier is None:
             return
+        arrived = barrier.arrived
         members = self._members(group)
         gone = [i for i in members if i in self._closed_workers and i not in arrived]
         if gone:
@@ -288,6 +301,26 @@ class Scheduler:
         for node_id in arrived:
             self._send_to(node_id, Command.BARRIER, {"group": group, "error": error})
         del self._barriers[group]
+        if barrier.warned and error is None:
+            logger.warning("scheduler: the stalled barrier '%s' went on after %.0fs", group,
+                           self.clock() - barrier.since)
+
+    def _warn_stalled_barriers(self, now: float) -> None:
+        """PS_STALL_WARNING: name, once, whom a barrier has waited for too long, here and to
+        the nodes that wait in it."""
+        after = self.config.stall_warning
+        for group, barrier in self._barriers.items():
+            if barrier.warned or not after or now - barrier.since < after:
+                continue
+            barrier.warned = True
+            missing = [i for i in self._members(group) if i not in barrier.arrived]
+            text = (f"barrier '{group}' has waited {now - barrier.since:.0f}s for "
+                    f"{', '.join(self._describe(i) for i in missing)}; "
+                    f"{len(barrier.arrived)} of {len(missing) + len(barrier.arrived)} arrived "
+                    f"(PS_STALL_WARNING={after:g}s)")
+            logger.warning("scheduler: %s", text)
+            for node_id in barrier.arrived:
+                self._send_to(node_id, Command.STALL, {"text": f"scheduler: {text}"})
 
     def _members(self, group: str) -> list[int]:
         return [i for i, n in self._nodes.items() if n.role in GROUPS[group]]

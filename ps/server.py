@@ -14,9 +14,9 @@ from .bufguard import BufferGuard
 from .config import Config
 from .errors import PSError
 from .keys import CHUNK_BYTES
-from .message import Batch, Command, Message, entry_has_data, node_name
+from .message import Batch, Command, Message, entry_has_data, id_to_rank, node_name
 from .postoffice import SCHEDULER, Postoffice
-from .store import Reply, Store, Updater
+from .store import Reply, Stall, Store, Updater
 from .van import Van
 
 logger = logging.getLogger(__name__)
@@ -33,6 +33,7 @@ class KVServer:
         self._routes: dict[int, bytes | None] = {}
         self._stopped = threading.Event()
         self._joined = threading.Event()
+        self._stalls: dict[tuple[int, int], Stall] = {}   # (key, round) -> as last warned
         self.po.on(Command.DATA, self._on_data)
         self.po.on(Command.SERVER_CMD, self._on_command)
         self.po.on(Command.WORKER_CLOSED, self._on_worker_closed)
@@ -48,7 +49,8 @@ class KVServer:
             if not self._joined.is_set():
                 self.start()
             while not self._stopped.wait(0.5):
-                pass
+                if self.po.config.stall_warning and self.store is not None:
+                    self.po.call_later(self._check_stalls)     # the store lives on the I/O thread
         except PSError as exc:
             self.error = exc
         finally:
@@ -87,6 +89,8 @@ class KVServer:
                 replies.append(Reply(msg.sender, entry.failed(type(exc).__name__, f"{self.name}: {exc}"), None))
         if replies:
             self._send(replies)
+        if self._stalls:
+            self._report_resumed()
 
     def _send(self, replies: list[Reply]) -> None:
         """Group replies per worker into messages of about CHUNK_BYTES each."""
@@ -106,6 +110,43 @@ class KVServer:
                       route=self._routes.get(dest))
         msg.on_sent = self.guard.on_sent(batch.frames)
         self.po.send(msg)
+
+    # -- stall warnings -------------------------------------------------------------------
+    def _check_stalls(self) -> None:
+        """Warn once per stalled round (PS_STALL_WARNING), naming the keys and the workers it
+        waits for, here and to the workers that wait on it; say when it moves on."""
+        after = self.po.config.stall_warning
+        self._report_resumed()
+        found = self._store().stalls(after, self.po.worker_ids)
+        new = [s for s in found if (s.key, s.round) not in self._stalls and s.missing]
+        self._stalls.update(((s.key, s.round), s) for s in new)
+        groups: dict[tuple[int, tuple[int, ...]], list[Stall]] = {}
+        for stall in new:
+            groups.setdefault((stall.round, stall.missing), []).append(stall)
+        for (rnd, missing), stalls in groups.items():
+            waiting = sorted({w for s in stalls for w in s.waiting})
+            text = (f"{self.name}: sync round {rnd} of {_keys(stalls)} has waited {max(s.waited for s in stalls):.0f}s "
+                    f"for {', '.join(self._describe(w) for w in missing)}{_waiting(waiting)} "
+                    f"(PS_STALL_WARNING={after:g}s; is that worker stuck in its data loader or a debugger?)")
+            logger.warning("%s", text)
+            for worker in waiting:
+                self.po.send(Message(Command.STALL, recver=worker, body={"text": text}, request=False,
+                                     route=self._routes.get(worker)))
+
+    def _report_resumed(self) -> None:
+        """Say when a round we warned about closes (its key counted one more round)."""
+        keys = self._store().keys
+        over = [s for s in self._stalls.values() if s.key not in keys or keys[s.key].closed >= s.round]
+        if not over:
+            return
+        for s in over:
+            del self._stalls[(s.key, s.round)]
+        logger.warning("%s: the stalled sync round %d of %s went on", self.name, max(s.round for s in over), _keys(over))
+
+    def _describe(self, worker: int) -> str:
+        node = self.po.nodes.get(worker)
+        where = f" on {node.host}" if node is not None else ""
+        return f"worker {id_to_rank(worker)} ({node_name(worker)}{where})"
 
     # -- commands ------------------------------------------------------------------------
     def _on_command(self, msg: Message) -> None:
@@ -185,3 +226,16 @@ class KVServer:
         self.error = exc
         self._stopped.set()
 
+
+
+def _keys(stalls: list[Stall]) -> str:
+    keys = sorted(s.key for s in stalls)
+    shown = ", ".join(map(str, keys[:8])) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
+    return f"key{'s' if len(keys) > 1 else ''} {shown}"
+
+
+def _waiting(workers: list[int]) -> str:
+    if not workers:
+        return ""
+    ranks = ", ".join(str(id_to_rank(w)) for w in workers)
+    return f"; worker{'s' if len(workers) > 1 else ''} {ranks} pushed and wait{'' if len(workers) > 1 else 's'}"

@@ -22,7 +22,8 @@ server only has to send what the store returns. Rules (design §5, MXNet's where
 from __future__ import annotations
 
 import logging
-from typing import Any, NamedTuple, Protocol
+import time
+from typing import Any, Callable, NamedTuple, Protocol
 
 import numpy as np
 
@@ -71,9 +72,10 @@ SCRATCH_MAX_BYTES = 4 << 20   # keep the chunk-sum scratch up to this size (a ch
 
 class Round:
     __slots__ = ("merged", "members", "received", "complete", "waiters", "pulls", "frames", "started",
-                 "rows", "row_len")
+                 "rows", "row_len", "opened")
 
-    def __init__(self) -> None:
+    def __init__(self, opened: float = 0.0) -> None:
+        self.opened = opened                    # when its first push arrived (Store's clock)
         self.merged: np.ndarray | None = None   # full-size sum, only for non-elementwise optimizers
         self.members: dict[int, int] = {}       # worker -> ts of its push in this round
         self.received: dict[int, int] = {}      # worker -> elements received so far
@@ -94,9 +96,19 @@ class Waiter(NamedTuple):
     ids: np.ndarray | None = None           # a row-sparse pull: the rows asked for
 
 
+class Stall(NamedTuple):
+    """A key's oldest open sync round that has waited long: what a stall warning names."""
+
+    key: int
+    round: int                  # this key's sync rounds so far, counting this one
+    waited: float               # seconds since its first push arrived
+    missing: tuple[int, ...]    # workers whose push has not (wholly) arrived
+    waiting: tuple[int, ...]    # workers that pushed, or whose pull waits on the round
+
+
 class KeyState:
     __slots__ = ("key", "value", "dtype_code", "total", "init_src", "init_got", "rounds", "spare",
-                 "partial", "merge_dtype")
+                 "partial", "merge_dtype", "closed")
 
     def __init__(self, key: int, dtype_code: int, total: int, init_src: tuple[int, int]):
         self.key = key
@@ -109,6 +121,7 @@ class KeyState:
         self.spare: np.ndarray | None = None    # a free buffer for the next round's sum
         self.partial: dict[tuple[int, int], list] = {}  # async: (worker, ts) -> [buffer, got]
         self.merge_dtype = DTYPES[dtype_code]
+        self.closed = 0                         # sync rounds applied so far
 
     @property
     def ready(self) -> bool:
@@ -123,8 +136,10 @@ class StoreError(Exception):
 
 class Store:
     def __init__(self, num_workers: int, sync: bool = True, name: str = "server",
-                 guard: BufferGuard | None = None, chunk_bytes: int = CHUNK_BYTES):
+                 guard: BufferGuard | None = None, chunk_bytes: int = CHUNK_BYTES,
+                 clock: Callable[[], float] = time.monotonic):
         self.num_workers = num_workers
+        self.clock = clock
         self.sync = sync
         self.name = name
         self.guard = guard or BufferGuard()
@@ -313,7 +328,7 @@ class Store:
             if sender not in rnd.members:
                 rnd.members[sender] = ts
                 return rnd
-        rnd = Round()
+        rnd = Round(self.clock())
         rnd.members[sender] = ts
         ks.rounds.append(rnd)
         return rnd
@@ -383,6 +398,7 @@ class Store:
         replies: list[Reply] = []
         while ks.rounds and len(ks.rounds[0].complete) >= self.num_workers:
             rnd = ks.rounds.pop(0)
+            ks.closed += 1
             self._apply_round(ks, rnd)
             for waiter in rnd.waiters + rnd.pulls:
                 replies += self._answer(ks, waiter)
@@ -444,6 +460,22 @@ class Store:
             value = ks.value.reshape(-1, row_len)[ids].reshape(-1)
         return [Reply(dest, Entry(ts, op, key, off, n, value.size, code, None, row_len), value[off:off + n])
                 for off, n in chunks(value.size, value.itemsize, self.chunk_bytes)]
+
+    # -- stalls --------------------------------------------------------------------------
+    def stalls(self, after: float, workers: list[int]) -> list[Stall]:
+        """Every key whose oldest open sync round has waited ``after`` seconds or more for
+        some of ``workers`` (PS_STALL_WARNING): the server names them, since otherwise a
+        stuck worker leaves everyone else waiting in silence."""
+        now = self.clock()
+        found = []
+        for ks in self.keys.values():
+            if not ks.rounds or now - ks.rounds[0].opened < after:
+                continue
+            rnd = ks.rounds[0]
+            missing = tuple(w for w in workers if w not in rnd.complete)
+            waiting = tuple(sorted(rnd.complete | {p.worker for p in rnd.pulls}))
+            found.append(Stall(ks.key, ks.closed + 1, now - rnd.opened, missing, waiting))
+        return found
 
     # -- workers leaving -----------------------------------------------------------------
     def worker_closed(self, worker: int) -> list[Reply]:

@@ -31,5 +31,5 @@ if ! [ -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v -i "warning" || true
-.venv/bin/python -m pip install -q -e '.[test,mxnet,bench]' 2>&1 | grep -v -i "warning" || true
+.venv/bin/python -m pip install -q -e '.[test,mxnet,bench,demo]' 2>&1 | grep -v -i "warning" || true
 exec .venv/bin/python -m pytest "$@"

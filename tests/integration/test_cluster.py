@@ -93,12 +93,16 @@ def test_str_keys_float16_and_lists(van):
         outs = [np.empty((3, 4), np.float16), np.empty((3, 4), np.float16)]
         kv.pushpull("fc1_weight", grads, out=outs)
         bias = kv.pushpull("fc1_bias", np.full(4, kv.rank, np.float64))
-        return outs, bias
+        both = kv.pull(["fc1_weight", "fc1_bias"])          # a list of keys, no out: new arrays
+        return outs, bias, both
     with local_cluster(2, 2, van=van) as c:
-        for outs, bias in c.run(job):
+        for outs, bias, both in c.run(job):
             for o in outs:
                 assert o.dtype == np.float16 and np.all(o == 1.5)
             np.testing.assert_array_equal(bias, np.full(4, 1.0))
+            assert [b.dtype for b in both] == [np.float16, np.float64]
+            np.testing.assert_array_equal(both[0], np.full((3, 4), 1.5))
+            np.testing.assert_array_equal(both[1], bias)
 
 
 def test_nonblocking_calls_pipeline(van):

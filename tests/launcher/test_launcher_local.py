@@ -36,6 +36,12 @@ def test_numpy_example_2x2(launch):
         "[worker 1] worker 1/2: key 3 = 3 (expected 3), sharded key ok = True"], job.output
     assert re.search(r"^\[launcher\] 2 servers, 2 workers on 1 host; scheduler 127\.0\.0\.1:\d+$",
                      job.output, re.MULTILINE), job.output
+    ends = [ln for ln in job.lines if re.match(r"^\[launcher\] \S+( \d)? +exit", ln)]
+    assert [ln.split()[1:3] for ln in ends] == [["scheduler", "exit"], ["server", "0"], ["server", "1"],
+                                                 ["worker", "0"], ["worker", "1"]], job.output
+    for line in ends:                  # one line per process: its status and wall time, at the end
+        assert re.search(r"exit 0 after \d+\.\d+s$", line), line
+    assert job.lines[-len(ends):] == ends, job.output
 
 
 def test_prefixes_match_rank_and_env_per_role(launch, tmp_path):
@@ -64,6 +70,9 @@ def test_worker_exit_status_stops_the_job(launch):
     assert time.monotonic() - t0 < 15
     assert "[worker 1] rank=1 failing" in job.lines
     assert "[launcher] worker 1 exited with status 3: stopping the job" in job.lines
+    assert any(re.match(r"^\[launcher\] worker 1 +exit 3 after \d+\.\ds$", ln) for ln in job.lines), job.output
+    assert any(re.match(r"^\[launcher\] server 0 +(stopped by the launcher \(status \d+\)|exit 1) after", ln)
+               for ln in job.lines), job.output
     assert poll_for(lambda: not marked_pids(job.marker), 10), marked_pids(job.marker)
 
 

@@ -146,9 +146,13 @@ def test_run_with_stub_scheduler_success_and_env():
     s = replace(spec("--env-server", "ONLY_S:1", *worker), server_command=py("print('server done')"))
     threading.Timer(1.0, lambda: scheds[0].finish(0)).start()
     assert run(s, scheduler_factory=factory, output=Output(None, out, err)) == 0
-    assert sorted(out.getvalue().splitlines()) == [
+    lines = out.getvalue().splitlines()
+    ends = [ln for ln in lines if " after " in ln]
+    assert sorted(set(lines) - set(ends)) == [
         "[launcher] 1 server, 2 workers on 1 host; scheduler 127.0.0.1:45678",
         "[server 0] server done", "[worker 0] 45678 0 None", "[worker 1] 45678 1 None"]
+    assert [ln.split(" exit 0 after ")[0].rstrip() for ln in ends] == [
+        "[launcher] scheduler", "[launcher] server 0", "[launcher] worker 0", "[launcher] worker 1"], lines
 
 
 def test_dry_run_starts_nothing():

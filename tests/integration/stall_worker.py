@@ -1,0 +1,22 @@
+"""A dist_sync worker whose rank 1 stops for a while: inside a sync round (``round``) or
+before a barrier (``barrier``). Used by test_stall.py; prints RESULT with what it pulled."""
+import sys
+import time
+
+import numpy as np
+
+import ps
+
+MODE, SLEEP = sys.argv[1], float(sys.argv[2])
+
+with ps.KVStore("dist_sync") as kv:
+    kv.init([3, 5], [np.zeros(4, np.float32), np.zeros(6, np.float32)])
+    for step in range(3):
+        if MODE == "round" and kv.rank == 1 and step == 1:
+            time.sleep(SLEEP)               # the others have pushed step 1 and wait for us
+        kv.push([3, 5], [np.ones(4, np.float32), np.ones(6, np.float32)])
+        got = kv.pull([3, 5])
+    if MODE == "barrier" and kv.rank == 1:
+        time.sleep(SLEEP)
+    kv.barrier()
+    print(f"RESULT rank {kv.rank} key3 {got[0].tolist()}", flush=True)

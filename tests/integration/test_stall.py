@@ -1,0 +1,48 @@
+"""PS_STALL_WARNING: a worker that stops inside a sync round (or before a barrier) is
+named by rank and host in the server's (the scheduler's) log and in the waiting worker's,
+once, and the job still completes when it wakes up. Real processes, through the launcher."""
+import re
+
+import pytest
+
+from tests.helpers import PYTHON, ROOT, cluster_env
+
+SCRIPT = str(ROOT / "tests" / "integration" / "stall_worker.py")
+
+
+def run(procs, mode, sleep, **env):
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local",
+                            PYTHON, SCRIPT, mode, str(sleep)], cluster_env(0, **env))
+    code, out, err = procs.finish(launcher, timeout=90)
+    text = out + err
+    assert code == 0, text
+    assert sorted(re.findall(r"RESULT rank (\d) key3 \[2.0, 2.0, 2.0, 2.0\]", text)) == ["0", "1"], text
+    return text.splitlines()
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_asleep_in_a_round_is_named_by_the_server_and_the_waiting_worker(procs):
+    lines = run(procs, "round", 6, PS_STALL_WARNING="2")
+    server = [ln for ln in lines if ln.startswith("[server") and "has waited" in ln]
+    assert len(server) == 1, lines           # keys 3 and 5 live on one server; once per stall
+    assert "sync round 2 of keys 3, 5" in server[0] and "for worker 1 (W[11] on 127.0.0.1)" in server[0], server
+    assert "worker 0 pushed and waits" in server[0]
+    waiting = [ln for ln in lines if ln.startswith("[worker 0]") and "is waiting" in ln]
+    assert len(waiting) == 1 and "for worker 1" in waiting[0] and "keys 3, 5" in waiting[0], lines
+    assert not any(ln.startswith("[worker 1]") and "is waiting" in ln for ln in lines), lines
+    assert any(ln.startswith("[server") and "went on" in ln for ln in lines), lines
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_late_for_a_barrier_is_named_by_the_scheduler_and_the_waiting_worker(procs):
+    lines = run(procs, "barrier", 6, PS_STALL_WARNING="2")
+    sched = [ln for ln in lines if ln.startswith("[scheduler]") and "has waited" in ln]
+    assert len(sched) == 1 and "barrier 'workers'" in sched[0] and "for worker 1 (W[11] at 127.0.0.1:" in sched[0], lines
+    waiting = [ln for ln in lines if ln.startswith("[worker 0]") and "is waiting" in ln]
+    assert len(waiting) == 1 and "worker 1" in waiting[0], lines
+
+
+@pytest.mark.timeout(120)
+def test_zero_turns_the_warning_off(procs):
+    lines = run(procs, "round", 3, PS_STALL_WARNING="0")
+    assert not any("has waited" in ln or "is waiting" in ln for ln in lines), lines

@@ -16,6 +16,7 @@ import os
 import shlex
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from .backend import BACKENDS, Backend
@@ -184,6 +185,7 @@ def _run(spec: LaunchSpec, environ: dict[str, str], output: Output, stop: StopSi
     with job_secret(spec, environ, spec.auth) as secret:
         if secret is not None:
             environ = {**environ, "PS_JOB_KEY_FILE": secret}
+            spec = replace(spec, job_key=secret)
         return _start(spec, environ, output, stop, scheduler_factory, owns_descendants)
 
 

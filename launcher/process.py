@@ -34,6 +34,7 @@ class Command:
     env: Mapping[str, str] | None = None  # complete environment; None inherits the launcher's
     host: str | None = None
     keep_stdin: bool = False  # ssh: an open stdin pipe; closing it stops the remote side
+    stdin_first: bytes = field(default=b"", repr=False)  # written to that pipe at start (ssh: the job key)
     stop_delay: float = 0.0  # a stop lets it end on its own this long before SIGTERM (mpirun)
     label: Labeler | None = field(default=None, compare=False, repr=False)
 
@@ -205,6 +206,12 @@ class Job:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         proc = Proc(cmd, popen, self.output, self.report_exit)
         self.procs.append(proc)
+        if cmd.stdin_first and popen.stdin is not None:
+            try:
+                popen.stdin.write(cmd.stdin_first)
+                popen.stdin.flush()
+            except OSError as exc:   # it died at once; its exit status tells the rest
+                logger.debug("%s: could not write its stdin: %s", cmd.name, exc)
         return proc
 
     def add_stop_hook(self, hook: Callable[[], None]) -> None:

@@ -6,9 +6,12 @@ gives its path to every process as ``PS_JOB_KEY_FILE``: workers sign a pickled M
 optimizer with it and servers unpickle only what it signs, so a script's own
 ``mx.optimizer.Optimizer`` subclass runs on the servers with no opt-in, and nothing from a
 peer without the key is unpickled. The key does not secure the traffic (``PS_SECRET_FILE``
-does: CURVE; not the default, see docs/security.md for why and what it costs). A job with
-processes on other machines gets a key only from the user (a file every host can read):
-the launcher does not copy secrets around. ``--no-auth`` turns it off.
+does: CURVE; not the default, see docs/security.md for why and what it costs).
+
+``--launcher ssh`` hands the key to every remote shell over its ssh connection (stdin, never
+argv or the environment); the shell keeps it in a 0600 ``mktemp`` file that its watchdog
+removes when the connection closes (ssh.py). Other launchers with processes on other
+machines get a key only from the user (a file every host can read). ``--no-auth`` turns it off.
 """
 from __future__ import annotations
 
@@ -27,8 +30,9 @@ logger = logging.getLogger(__name__)
 
 
 def all_local(spec: LaunchSpec) -> bool:
-    """Every process runs on this machine (so they all read the same file)."""
-    if spec.launcher == "local":
+    """Every process runs on this machine (so they all read the same file), or gets the key
+    over its ssh connection."""
+    if spec.launcher in ("local", "ssh"):
         return True
     return spec.launcher in ("ssh", "mpi") and bool(spec.hosts) and all(is_loopback(h.name) for h in spec.hosts)
 
@@ -41,9 +45,9 @@ def job_secret(spec: LaunchSpec, environ: Mapping[str, str], enabled: bool = Tru
         yield None
         return
     if not all_local(spec):
-        logger.info("processes on other hosts: no per-job key, so MXNet optimizers ps has no numpy version "
+        logger.info("processes on other hosts (--launcher %s): no per-job key, so MXNet optimizers ps has no numpy version "
                     "of cannot run on the servers (set PS_JOB_KEY_FILE or PS_SECRET_FILE to a file every "
-                    "host can read; docs/security.md)")
+                    "host can read; docs/security.md)", spec.launcher)
         yield None
         return
     folder = tempfile.mkdtemp(prefix="ps-job-")       # 0700

@@ -51,7 +51,8 @@ class LaunchSpec:
     slurm_worker_nodes: int | None = None
     sge_queue: str | None = None
     yarn_queue: str | None = None
-    auth: bool = True                        # a per-job secret where every process is local (secret.py)
+    auth: bool = True                        # a per-job signing key (secret.py)
+    job_key: str | None = None               # the key file the launcher made for this job (ssh hands it over)
 
     def role_command(self, role: str) -> tuple[str, ...]:
         return self.server_command if role == "server" else self.command

@@ -25,10 +25,18 @@ SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new")
 # The watchdog runs in its own process group (set -m; a shell without job control keeps it
 # in the command's group, which then only costs the 3 s), waits for EOF, TERMs the command's
 # group, polls it for up to 3 s, then KILLs what is left (only while the group still exists).
-# `kill -SIG -PGID`, not `kill -SIG -- -PGID`: dash's kill rejects the `--`.
+# `kill -SIG -PGID`, not `kill -SIG -- -PGID`: dash's kill rejects the `--`. It then removes
+# the job key file KEY_FROM_STDIN made, if any.
 WATCHDOG = ('exec 3<&0; set -m 2>/dev/null; ( trap "" TERM INT HUP; cat >/dev/null; kill -TERM -$$ 2>/dev/null; '
             'n=0; while [ $n -lt 30 ] && kill -0 -$$ 2>/dev/null; do sleep 0.1; n=$((n+1)); done; '
-            'kill -KILL -$$ 2>/dev/null ) <&3 >/dev/null 2>&1 & set +m; exec 3<&- </dev/null; ')
+            'kill -KILL -$$ 2>/dev/null; [ -z "$_ps_key" ] || rm -f "$_ps_key" ) <&3 >/dev/null 2>&1 & '
+            'set +m; exec 3<&- </dev/null; ')
+# The job's signing key arrives as the first line on stdin (the launcher writes it there:
+# never in argv, which `ps` shows, or in the environment); `read` takes that line only, and
+# mktemp makes the file 0600.
+KEY_FROM_STDIN = ('_ps_key=$(mktemp "${TMPDIR:-/tmp}/ps-job-key.XXXXXX") || exit 1; '
+                  'IFS= read -r _ps_k || exit 1; printf "%s" "$_ps_k" > "$_ps_key"; _ps_k=; '
+                  'export PS_JOB_KEY_FILE="$_ps_key"; ')
 
 
 def ssh_argv(host: Host, *remote: str) -> list[str]:
@@ -36,11 +44,12 @@ def ssh_argv(host: Host, *remote: str) -> list[str]:
     return ["ssh", *SSH_OPTIONS, *port, host.name, *remote]
 
 
-def remote_script(env: Mapping[str, str], cwd: str, command: tuple[str, ...]) -> str:
-    """The remote shell command: quoted exports, cd, watchdog, then the command."""
-    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
+def remote_script(env: Mapping[str, str], cwd: str, command: tuple[str, ...], key_from_stdin: bool = False) -> str:
+    """The remote shell command: quoted exports, the job key, cd, watchdog, then the command."""
+    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items() if not (key_from_stdin and k == "PS_JOB_KEY_FILE"))
     run = command[0] if is_shell_string(command) else "exec " + shell_join(command)
-    return f"{exports}cd {shlex.quote(cwd)} || exit 1; {WATCHDOG}{run}"
+    key = KEY_FROM_STDIN if key_from_stdin else ""
+    return f"{exports}{key}cd {shlex.quote(cwd)} || exit 1; {WATCHDOG}{run}"
 
 
 def workdir(spec: LaunchSpec) -> str:
@@ -49,12 +58,17 @@ def workdir(spec: LaunchSpec) -> str:
 
 def build_commands(spec: LaunchSpec, job: Mapping[str, str], forward: Mapping[str, str]) -> list[Command]:
     """One ssh Command per process; ``forward`` = launcher env that remote processes get."""
+    key = b""
+    if spec.job_key:                         # the key the launcher made for this job (secret.py)
+        with open(spec.job_key, "rb") as f:
+            key = f.read().strip() + b"\n"
     cmds = []
     for task in place(spec.num_servers, spec.num_workers, spec.hosts):
         env = {**forward, **task_env(spec, task, job, node_host=True)}
-        script = remote_script(env, workdir(spec), spec.role_command(task.role))
+        script = remote_script(env, workdir(spec), spec.role_command(task.role), key_from_stdin=bool(key))
         assert task.host is not None
-        cmds.append(Command(task.name, tuple(ssh_argv(task.host, script)), None, task.host.name, keep_stdin=True))
+        cmds.append(Command(task.name, tuple(ssh_argv(task.host, script)), None, task.host.name, keep_stdin=True,
+                            stdin_first=key))
     return cmds
 
 

@@ -1,12 +1,15 @@
 """--launcher ssh against a real sshd listening on 127.0.0.1 and 127.0.0.2 (testinfra §2)."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
+import subprocess
 import time
 
+import numpy as np
 import pytest
 
 from .launch_util import PY, ROOT, marked_pids, poll_for, worker_cmd
@@ -79,3 +82,38 @@ def test_remote_processes_stop_when_the_launcher_is_killed(launch, sshd):
     os.kill(job.proc.pid, signal.SIGKILL)
     assert job.wait(10) == -signal.SIGKILL
     assert poll_for(lambda: not marked_pids(job.marker), 10), marked_pids(job.marker)
+
+
+def test_the_job_key_reaches_remote_shells_over_ssh_and_is_removed(launch, sshd):
+    """No shared filesystem assumed: each remote shell reads the key from its ssh connection
+    into its own 0600 mktemp file (not the launcher's path), the same key everywhere, gone
+    once the job ends."""
+    script = ("import os, stat, hashlib, ps; kv = ps.KVStore('dist_sync'); p = os.environ['PS_JOB_KEY_FILE']; "
+              "print('key', p, oct(stat.S_IMODE(os.stat(p).st_mode)), "
+              "hashlib.sha256(open(p, 'rb').read()).hexdigest()[:16], flush=True); kv.close()")
+    job = launch(["-n", "2", "-s", "1", "-H", f'{sshd["SSHD_DIR"]}/hosts', PY, "-c", script], env=ssh_env(sshd))
+    assert job.wait(60) == 0, job.output
+    seen = [line.split("] ", 1)[1].split() for line in job.matching("[worker ")]
+    assert len(seen) == 2, job.output
+    paths = {s[1] for s in seen}
+    assert len(paths) == 2 and all(os.path.basename(p).startswith("ps-job-key.") for p in paths), seen
+    assert {s[2] for s in seen} == {"0o600"} and len({s[3] for s in seen}) == 1, seen
+    assert poll_for(lambda: not any(os.path.exists(p) for p in paths), 10), paths
+
+
+def test_a_scripts_own_optimizer_runs_on_remote_servers(launch, sshd):
+    """The point of the key: an optimizer class defined in the script, pickled and signed by
+    the workers, runs on servers started over ssh, with one process's numbers."""
+    pytest.importorskip("mxnet")
+    script = os.path.join(ROOT, "tests", "mxnet", "plain_gluon.py")
+    job = launch(["-n", "2", "-s", "2", "-H", f'{sshd["SSHD_DIR"]}/hosts', PY, script, "--own-optimizer"],
+                 env=ssh_env(sshd))
+    assert job.wait(120) == 0, job.output
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in job.lines if "RESULT " in line]
+    assert sorted(r["rank"] for r in results) == [0, 1], job.output
+    ref = subprocess.run([PY, script, "--local", "--own-optimizer"], capture_output=True, text=True, timeout=120,
+                         env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)})
+    (local,) = [json.loads(line.split("RESULT ", 1)[1]) for line in ref.stdout.splitlines() if "RESULT " in line]
+    for r in results:
+        for name, values in local["weights"].items():
+            np.testing.assert_allclose(r["weights"][name], values, atol=1e-5, err_msg=name)

@@ -47,6 +47,11 @@ ALLOWED = {
                       "optim.from_mxnet", "optim.pickled"},
     "mxnet": {"__main__", "config", "mxnet.kvstore"},
     "mxnet.autoload.sitecustomize": {"config", "mxnet"},   # python startup hook: imports ps.mxnet lazily
+    # the PyTorch adapter (Horovod's API): the public KVStore only
+    "torch.compression": set(), "torch.runtime": {"__init__"},
+    "torch.ops": {"torch.compression", "torch.runtime"},
+    "torch.optimizer": {"torch.compression", "torch.ops", "torch.runtime"},
+    "torch": {"torch.compression", "torch.ops", "torch.optimizer", "torch.runtime"},
     # benchmarks: drive real processes; only their workers import ps
     "bench": set(), "bench.measure": set(), "bench.report": set(),
     "bench.cluster": {"launcher.process", "netutil"},

@@ -1,0 +1,86 @@
+"""The one store a ps.torch process talks through, and who this process is.
+
+``init()`` joins the cluster named by the ``DMLC_*`` variables (``python -m ps.launch`` sets
+them). Without ``DMLC_PS_ROOT_URI`` it runs alone (size 1, every collective a no-op), as
+Horovod does outside ``horovodrun``, so one script serves both.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from .. import KVStore
+
+_store: KVStore | None = None
+_alone = False
+
+
+def init(comm: Any = None) -> None:
+    """Join the job (idempotent). ``comm`` (an MPI communicator in Horovod) is not supported."""
+    global _store, _alone
+    if comm is not None:
+        raise ValueError("ps.torch.init(comm=...) is not supported: ps forms its cluster from the DMLC_* "
+                         "variables (python -m ps.launch sets them)")
+    if _store is not None or _alone:
+        return
+    if "DMLC_PS_ROOT_URI" not in os.environ:
+        _alone = True
+        return
+    _store = KVStore("dist_sync")
+
+
+def is_initialized() -> bool:
+    return _store is not None or _alone
+
+
+def store() -> KVStore | None:
+    """The cluster's store, or None when this process runs alone."""
+    if not is_initialized():
+        raise ValueError("ps.torch.init() has not been called")
+    return _store
+
+
+def rank() -> int:
+    kv = store()
+    return 0 if kv is None else kv.rank
+
+
+def size() -> int:
+    kv = store()
+    return 1 if kv is None else kv.num_workers
+
+
+def _local_workers() -> list[int]:
+    """Ranks of the workers on this worker's host, in rank order."""
+    kv = store()
+    if kv is None:
+        return [0]
+    workers = {n.rank: n.host for n in kv.nodes.values() if n.role.name == "WORKER"}
+    mine = workers.get(kv.rank, socket.gethostname())
+    return sorted(r for r, host in workers.items() if host == mine)
+
+
+def local_rank() -> int:
+    return _local_workers().index(rank())
+
+
+def local_size() -> int:
+    return len(_local_workers())
+
+
+def join() -> int:
+    """Wait for every worker to get here; returns the last rank to join (Horovod returns the
+    last one too). Workers that still have steps to run must not call it: ps has no uneven
+    data support, and a sync round missing this worker fails with its rank named."""
+    kv = store()
+    if kv is not None:
+        kv.barrier()
+    return size() - 1
+
+
+def shutdown() -> None:
+    global _store, _alone
+    if _store is not None:
+        _store.close()
+    _store, _alone = None, False

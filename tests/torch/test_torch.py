@@ -1,0 +1,80 @@
+"""ps.torch: Horovod's PyTorch API on ps. Real workers and servers through the launcher,
+compared with one process on both workers' batches; bad input named, nothing hangs."""
+import json
+
+import numpy as np
+import pytest
+
+from tests.helpers import PYTHON, ROOT, cluster_env
+
+torch = pytest.importorskip("torch")
+hvd = pytest.importorskip("ps.torch")
+
+SCRIPT = str(ROOT / "tests" / "torch" / "torch_worker.py")
+
+
+def results(text):
+    return [json.loads(line.split("RESULT ", 1)[1]) for line in text.splitlines() if "RESULT " in line]
+
+
+def launch(procs, *args, expect=0):
+    env = cluster_env(0, PS_MXNET_AUTOLOAD="0", PS_STALL_WARNING="0")
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local",
+                            PYTHON, SCRIPT, *args], env)
+    code, out, err = procs.finish(launcher, timeout=150)
+    assert (code == 0) == (expect == 0), out + err
+    return out + err
+
+
+def alone(*args):
+    import subprocess
+    env = {k: v for k, v in cluster_env(0).items() if not k.startswith("DMLC_")}
+    res = subprocess.run([PYTHON, SCRIPT, *args, "--local"], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (one,) = results(res.stdout)
+    return one
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("mode,flags,tol", [("sgd", [], 1e-5), ("adam", [], 1e-5), ("sgd", ["--fp16"], 2e-3)],
+                         ids=["sgd-momentum-wd", "adam", "sgd-fp16-compression"])
+def test_two_workers_equal_one_process_on_both_batches(procs, mode, flags, tol):
+    out = launch(procs, mode, *flags)
+    workers = results(out)
+    assert sorted(r["rank"] for r in workers) == [0, 1], out
+    one = alone(mode, *flags)
+    for r in workers:
+        assert (r["size"], r["local_size"], r["local_rank"]) == (2, 2, r["rank"]), r
+        assert r["overlap"], "a gradient should leave before backward() returns"
+        assert r["first_out"] == "2.bias", r                # the last layer's gradient goes first
+        for name, values in one["weights"].items():
+            np.testing.assert_allclose(r["weights"][name], values, rtol=0, atol=tol, err_msg=name)
+
+
+@pytest.mark.timeout(200)
+def test_a_parameter_shaped_differently_on_one_worker_is_named_on_every_worker(procs):
+    out = launch(procs, "mismatch", expect=1)
+    named = [ln for ln in out.splitlines() if "ValueError: tensor '0.weight' (a parameter's gradient) differs "
+             "across workers" in ln]
+    assert named, out           # each worker raises it; the launcher may stop the slower one first
+
+
+def test_bad_input_is_named_alone():
+    hvd.init()
+    with pytest.raises(ValueError, match="op 'Adasum' is not supported"):
+        hvd.allreduce(torch.ones(2), op="Adasum")
+    with pytest.raises(ValueError, match="device meta is not supported"):
+        hvd.allreduce(torch.empty(3, device="meta"), name="m")
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="backward_passes_per_step must be a positive integer"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), backward_passes_per_step=0)
+    with pytest.raises(ValueError, match="does not name 1 of the optimizer's parameters"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=[("w", model.weight)])
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    with pytest.raises(RuntimeError, match="zero_grad\\(\\) was called after loss.backward\\(\\)"):
+        opt.zero_grad()
+    opt.step()
+    opt.zero_grad()

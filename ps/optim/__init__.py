@@ -11,7 +11,9 @@ code: a server only builds optimizers from :data:`REGISTRY`. The modules, each w
 * ``updater``: :class:`Updater`, one optimizer applied to many keys, states saved without pickle;
 * ``lr_scheduler``: MXNet's learning-rate schedulers;
 * ``from_mxnet``: an ``mx.optimizer.Optimizer`` object -> spec (imports mxnet lazily);
-* ``pickled``: the opt-in, HMAC-signed path for MXNet optimizers ps has no rule for.
+* ``pickled``: the opt-in, HMAC-signed path for MXNet optimizers ps has no rule for;
+* ``torch_rules``: PyTorch's SGD and Adam with torch's own kernels (``ps.torch.ServerOptimizer``;
+  imports torch lazily).
 
 Importing ``ps.optim`` never imports mxnet.
 """
@@ -21,11 +23,12 @@ from .base import REGISTRY, Optimizer, from_spec, register
 from .lr_scheduler import (SCHEDULERS, CosineScheduler, FactorScheduler, LRScheduler,
                            MultiFactorScheduler, PolyScheduler, scheduler_from_spec)
 from .rules import LAMB, NAG, SGD, AdaDelta, AdaGrad, Adam, Ftrl, RMSProp, Signum, Test
+from .torch_rules import TorchAdam, TorchSGD
 from .updater import Updater
 
 __all__ = [
     "REGISTRY", "Optimizer", "Updater", "from_spec", "register",
-    "SGD", "NAG", "Adam", "AdaGrad", "RMSProp", "AdaDelta", "Signum", "Ftrl", "LAMB", "Test",
+    "SGD", "NAG", "Adam", "AdaGrad", "RMSProp", "AdaDelta", "Signum", "Ftrl", "LAMB", "Test", "TorchSGD", "TorchAdam",
     "LRScheduler", "FactorScheduler", "MultiFactorScheduler", "PolyScheduler", "CosineScheduler",
     "SCHEDULERS", "scheduler_from_spec",
 ]

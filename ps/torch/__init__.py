@@ -9,9 +9,10 @@ from .compression import Compression
 from .ops import (Average, Sum, allreduce, allreduce_async, broadcast, broadcast_object,
                   broadcast_optimizer_state, broadcast_parameters, poll, synchronize)
 from .optimizer import DistributedOptimizer
+from .server_optimizer import ServerOptimizer
 from .runtime import init, is_initialized, join, local_rank, local_size, rank, shutdown, size
 
 __all__ = ["Average", "Sum", "Compression", "DistributedOptimizer", "allreduce", "allreduce_async",
            "broadcast", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
-           "init", "is_initialized", "join", "local_rank", "local_size", "poll", "rank", "shutdown",
+           "ServerOptimizer", "init", "is_initialized", "join", "local_rank", "local_size", "poll", "rank", "shutdown",
            "size", "synchronize"]

@@ -63,12 +63,15 @@ def ensure_keys(items: list[tuple[str, tuple[int, ...], np.dtype]]) -> None:
     every worker asks for the same names, shapes and dtypes: a mismatch raises ValueError on
     every worker, naming the first differing key, instead of a sync round that never closes."""
     kv = runtime.store()
+    if runtime.server_optimizer:
+        raise RuntimeError("a ServerOptimizer runs on the servers of this job, and they update every key they "
+                           "hold: allreduce and broadcast of new tensors are not available after it is created")
     new = [(name, shape, dtype) for name, shape, dtype in items if name not in _keys]
     if kv is None or not new:
         for name, shape, dtype in new:
             _keys[name] = (shape, dtype)
         return
-    _check_same_everywhere(kv, new)
+    check_same_everywhere(kv, new)
     kv.init([name for name, _, _ in new], [np.zeros(int(np.prod(shape)), dtype) for _, shape, dtype in new])
     for name, shape, dtype in new:
         _keys[name] = (shape, dtype)
@@ -78,7 +81,7 @@ def _fingerprint(text: str) -> float:
     return float(int.from_bytes(hashlib.blake2b(text.encode(), digest_size=5).digest(), "little"))
 
 
-def _check_same_everywhere(kv: Any, items: list[tuple[str, tuple[int, ...], np.dtype]]) -> None:
+def check_same_everywhere(kv: Any, items: list[tuple[str, tuple[int, ...], np.dtype]]) -> None:
     """Sum each key's fingerprint (and the count) over the workers: equal everywhere iff the
     sum is size x our own (exact in float64: 40-bit fingerprints)."""
     probe = f"ps.torch.check.{next(_unnamed)}"

@@ -14,10 +14,13 @@ from .. import KVStore
 
 _store: KVStore | None = None
 _alone = False
+server_optimizer = False     # set by ServerOptimizer: the servers now update every key they hold
 
 
-def init(comm: Any = None) -> None:
-    """Join the job (idempotent). ``comm`` (an MPI communicator in Horovod) is not supported."""
+def init(comm: Any = None, *, kvstore: str = "dist_sync") -> None:
+    """Join the job (idempotent). ``comm`` (an MPI communicator in Horovod) is not supported.
+    ``kvstore="dist_async"`` (ps only) is for ``ServerOptimizer``: each worker's gradients
+    update the weights on the servers as they arrive."""
     global _store, _alone
     if comm is not None:
         raise ValueError("ps.torch.init(comm=...) is not supported: ps forms its cluster from the DMLC_* "
@@ -27,7 +30,9 @@ def init(comm: Any = None) -> None:
     if "DMLC_PS_ROOT_URI" not in os.environ:
         _alone = True
         return
-    _store = KVStore("dist_sync")
+    if kvstore not in ("dist_sync", "dist_async"):
+        raise ValueError(f"kvstore must be 'dist_sync' or 'dist_async', got {kvstore!r}")
+    _store = KVStore(kvstore)
 
 
 def is_initialized() -> bool:
@@ -80,7 +85,7 @@ def join() -> int:
 
 
 def shutdown() -> None:
-    global _store, _alone
+    global _store, _alone, server_optimizer
     if _store is not None:
         _store.close()
-    _store, _alone = None, False
+    _store, _alone, server_optimizer = None, False, False

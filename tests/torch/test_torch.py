@@ -78,3 +78,53 @@ def test_bad_input_is_named_alone():
         opt.zero_grad()
     opt.step()
     opt.zero_grad()
+
+
+SERVER = str(ROOT / "tests" / "torch" / "server_worker.py")
+
+
+def server_job(procs, workers, *args):
+    env = cluster_env(0, PS_MXNET_AUTOLOAD="0", PS_STALL_WARNING="0")
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", str(workers), "-s", "2", "--launcher", "local",
+                            PYTHON, SERVER, *args], env)
+    code, out, err = procs.finish(launcher, timeout=150)
+    assert code == 0, out + err
+    got = results(out)
+    assert len(got) == workers, out + err
+    return got
+
+
+def server_alone(*args):
+    import subprocess
+    env = {k: v for k, v in cluster_env(0).items() if not k.startswith("DMLC_")}
+    res = subprocess.run([PYTHON, SERVER, *args, "--local"], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (one,) = results(res.stdout)
+    return one
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("rule", ["sgd", "adam"])
+def test_server_optimizer_sync_equals_one_process(procs, rule):
+    """PyTorch's rule on the servers, gradients averaged per step: one process's numbers."""
+    one = server_alone(rule, "sync")
+    for r in server_job(procs, 2, rule, "sync"):
+        for name, values in one["weights"].items():
+            np.testing.assert_allclose(r["weights"][name], values, rtol=0, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("rule", ["sgd", "adam"])
+def test_server_optimizer_one_worker_is_torch_optim_exactly(procs, rule):
+    """Through real servers (weights sharded over two), three steps: bit-identical to torch.optim."""
+    one = server_alone(rule, "async", "--one", "--steps", "3")
+    (r,) = server_job(procs, 1, rule, "async", "--steps", "3")
+    for name, values in one["weights"].items():
+        np.testing.assert_array_equal(r["weights"][name], values, err_msg=name)
+
+
+@pytest.mark.timeout(200)
+def test_server_optimizer_async_two_workers_learn(procs):
+    for r in server_job(procs, 2, "sgd", "async", "--steps", "40"):
+        losses = r["losses"]
+        assert np.mean(losses[-8:]) < 0.5 * np.mean(losses[:8]), losses

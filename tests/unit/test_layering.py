@@ -40,7 +40,8 @@ ALLOWED = {
     "optim.rules": {"optim.base", "optim.numerics"},
     "optim.updater": {"optim.base", "optim.lr_scheduler"},
     "optim.from_mxnet": {"optim.base"},
-    "optim": {"optim.base", "optim.lr_scheduler", "optim.rules", "optim.updater"},
+    "optim.torch_rules": {"optim.base"},
+    "optim": {"optim.base", "optim.lr_scheduler", "optim.rules", "optim.torch_rules", "optim.updater"},
     # the MXNet adapter: the public KVStore, never the roles
     "mxnet.arrays": set(), "mxnet.engine": set(),
     "mxnet.kvstore": {"_security", "_timing", "errors", "kvstore", "mxnet.arrays", "mxnet.engine",
@@ -51,7 +52,8 @@ ALLOWED = {
     "torch.compression": set(), "torch.runtime": {"__init__"},
     "torch.ops": {"torch.compression", "torch.runtime"},
     "torch.optimizer": {"torch.compression", "torch.ops", "torch.runtime"},
-    "torch": {"torch.compression", "torch.ops", "torch.optimizer", "torch.runtime"},
+    "torch.server_optimizer": {"optim", "torch.ops", "torch.runtime"},
+    "torch": {"torch.compression", "torch.ops", "torch.optimizer", "torch.runtime", "torch.server_optimizer"},
     # benchmarks: drive real processes; only their workers import ps
     "bench": set(), "bench.measure": set(), "bench.report": set(),
     "bench.cluster": {"launcher.process", "netutil"},

@@ -23,6 +23,7 @@ OPT_PARAMS = {
     "adagrad": {"eps": 1e-6}, "rmsprop": {"centered": True, "clip_weights": 2.0},
     "adadelta": {"rho": 0.95}, "signum": {"wd_lh": 0.01}, "ftrl": {"lamda1": 0.02},
     "lamb": {"lower_bound": 0.1, "upper_bound": 10.0}, "test": {},
+    "torchsgd": {"momentum": 0.9, "nesterov": True}, "torchadam": {"amsgrad": True},
 }
 
 

@@ -26,7 +26,7 @@ from .config import Config
 from .customer import Handle, Request
 from .errors import ClosedError, ConfigError, PSError, PSTimeoutError
 from .keys import Slice
-from .message import Op, dtype_code
+from .message import Op, Role, dtype_code
 from .postoffice import Postoffice
 from .van import Van
 from .worker import KVWorker
@@ -145,6 +145,14 @@ class KVStore:
     @property
     def server_ids(self) -> list[int]:
         return self._po.server_ids
+
+    @property
+    def local_workers(self) -> list[int]:
+        """Ranks of the workers on this worker's host (same announced address), in rank
+        order: Horovod's local_rank is this worker's index in it, local_size its length."""
+        hosts = {n.rank: n.host for n in self._po.nodes.values() if n.role == Role.WORKER}
+        mine = hosts.get(self.rank)
+        return sorted(r for r, host in hosts.items() if host == mine)
 
     def call_soon(self, fn: Any) -> None:
         """Run ``fn`` on this worker's I/O thread (an adapter hands work over without waiting)."""

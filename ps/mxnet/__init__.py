@@ -8,6 +8,8 @@ Importing this module registers ``dist_sync``, ``dist_async``, ``dist_sync_devic
 In a process whose ``DMLC_ROLE`` is ``server`` or ``scheduler`` the import runs that role
 and exits *before* importing mxnet (whose own import would start MXNet's C++ server), so
 one script serves every role as long as it imports ``ps.mxnet`` before ``mxnet``.
+
+It also has Horovod's MXNet calls (``import ps.mxnet as hvd``; ps/mxnet/horovod.py).
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ if role_from_env() != "worker":        # must happen before anything imports mxn
 
 import os  # noqa: E402
 
+from .horovod import (DistributedOptimizer, allreduce, broadcast_parameters, init, local_rank,  # noqa: E402
+                      local_size, rank, size)
 from .kvstore import PSKVStore, patch_profiler, patch_trainer, register, settle_before_fork  # noqa: E402
 
 globals().update(register())          # ps.mxnet.Dist_Sync, ... (MXNet names them by class)
@@ -28,5 +32,6 @@ patch_trainer()
 patch_profiler()
 os.register_at_fork(before=settle_before_fork)
 
-__all__ = ["PSKVStore"]
+__all__ = ["PSKVStore", "DistributedOptimizer", "allreduce", "broadcast_parameters", "init", "local_rank",
+           "local_size", "rank", "size"]   # Horovod's MXNet calls: ps/mxnet/horovod.py
 

@@ -7,7 +7,6 @@ Horovod does outside ``horovodrun``, so one script serves both.
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any
 
 from .. import KVStore
@@ -57,13 +56,8 @@ def size() -> int:
 
 
 def _local_workers() -> list[int]:
-    """Ranks of the workers on this worker's host, in rank order."""
     kv = store()
-    if kv is None:
-        return [0]
-    workers = {n.rank: n.host for n in kv.nodes.values() if n.role.name == "WORKER"}
-    mine = workers.get(kv.rank, socket.gethostname())
-    return sorted(r for r, host in workers.items() if host == mine)
+    return [0] if kv is None else kv.local_workers
 
 
 def local_rank() -> int:

@@ -1,0 +1,49 @@
+"""Horovod's MXNet template on ps (`import ps.mxnet as hvd`): 2 workers x 2 servers equal one
+process on both workers' batches; bad input named."""
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from tests.helpers import PYTHON, ROOT, cluster_env
+
+pytest.importorskip("mxnet")
+
+SCRIPT = str(ROOT / "tests" / "mxnet" / "hvd_gluon.py")
+
+
+def results(text):
+    return [json.loads(line.split("RESULT ", 1)[1]) for line in text.splitlines() if "RESULT " in line]
+
+
+@pytest.mark.timeout(200)
+def test_distributed_optimizer_with_trainer_kvstore_none_equals_one_process(procs):
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local", PYTHON, SCRIPT],
+                           cluster_env(0))
+    code, out, err = procs.finish(launcher, timeout=150)
+    assert code == 0, out + err
+    workers = results(out)
+    assert sorted(r["rank"] for r in workers) == [0, 1] and {r["size"] for r in workers} == {2}, out
+    assert {r["local_size"] for r in workers} == {2}
+    env = {k: v for k, v in cluster_env(0).items() if not k.startswith("DMLC_")}
+    ref = subprocess.run([PYTHON, SCRIPT, "--local"], capture_output=True, text=True, timeout=120, env=env)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    (one,) = results(ref.stdout)
+    for r in workers:
+        for name, values in one["weights"].items():
+            np.testing.assert_allclose(r["weights"][name], values, rtol=0, atol=1e-5, err_msg=name)
+    assert workers[0]["mean_loss"] == workers[1]["mean_loss"]     # hvd.allreduce: the same mean everywhere
+
+
+def test_bad_input_is_named_alone():
+    code = ("import ps.mxnet as hvd, mxnet as mx\n"
+            "hvd.init()\n"
+            "try:\n    hvd.DistributedOptimizer('sgd')\nexcept TypeError as e:\n    print('E1', e)\n"
+            "net = mx.gluon.nn.Dense(3); net.initialize()\n"
+            "try:\n    hvd.broadcast_parameters(net.collect_params())\nexcept ValueError as e:\n    print('E2', e)\n")
+    env = {k: v for k, v in cluster_env(0).items() if not k.startswith("DMLC_")}
+    res = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert "E1 DistributedOptimizer wraps an mx.optimizer.Optimizer, got str" in res.stdout, res.stdout + res.stderr
+    # alone, a broadcast is a no-op (size 1), even with deferred parameters
+    assert "E2" not in res.stdout

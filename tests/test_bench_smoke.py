@@ -85,3 +85,21 @@ def test_sparse_bench_moves_only_the_rows(tmp_path):
             or line.startswith("| native")}
     assert set(rows) == {"ps", "native"}, stdout
     assert 1.0 <= float(rows["ps"][4]) < 1.1, stdout       # bytes / (rows up + rows down)
+
+
+def test_torch_bench_runs_ps_ddp_and_one_process(tmp_path):
+    """A tiny `python -m ps.bench.torch`: the three jobs run and the table has a row each."""
+    pytest.importorskip("torch")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MASTER_"))}
+    proc = start_group([sys.executable, "-m", "ps.bench.torch", "--width", "64", "--steps", "4", "--warmup", "1",
+                        "--reps", "1", "--timeout", "80"], env, cwd=str(tmp_path),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=150)
+    finally:
+        stop_group(proc)
+    assert proc.returncode == 0, stderr[-3000:]
+    rows = {line.split("|")[1].strip(): float(line.split("|")[2]) for line in stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| mode")}
+    assert set(rows) == {"ps.torch DistributedOptimizer", "torch DDP (gloo)", "one process"}, stdout
+    assert all(ms > 0 for ms in rows.values()), stdout

@@ -62,6 +62,7 @@ ALLOWED = {
     "bench.worker": {"__init__", "bench.gluon"},
     "bench.soak": {"__init__", "launcher.process", "netutil"},
     "bench.sparse": {"launcher.process", "mxnet", "netutil"},
+    "bench.torch": {"launcher.process", "netutil", "torch"},
     "bench.cli": {"bench.cluster", "bench.gluon", "bench.measure", "bench.report"},
     "bench.__main__": {"bench.cli"},
 }

@@ -83,7 +83,10 @@ class _Distributed:
         if self._ps_kv is None:
             self._ps_inflight[p] = (None, flat)
             return
-        result = np.empty_like(flat)
+        # the sum comes back into the gradient's own memory when ``flat`` is a view of it: a
+        # server answers a slice only after it has every worker's push of that slice, so
+        # nothing still reads those bytes (a resending van copies its payloads anyway)
+        result = flat if np.shares_memory(flat, grad.numpy()) else np.empty_like(flat)
         self._ps_inflight[p] = (self._ps_kv.pushpull(self._ps_key(p), flat, out=result, block=False), result)
 
     def synchronize(self) -> None:
@@ -98,7 +101,8 @@ class _Distributed:
                 handle.wait()
             summed = torch.from_numpy(result).view(p.shape)
             with torch.no_grad():
-                p.grad.copy_(summed)
+                if summed.data_ptr() != p.grad.data_ptr():
+                    p.grad.copy_(summed)
                 if divide > 1:
                     p.grad.div_(divide)
         self._ps_inflight.clear()

@@ -35,6 +35,13 @@ def main():
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01)
     opt = hvd.ServerOptimizer(opt, named_parameters=model.named_parameters())
     ranks = ([0] if "--one" in sys.argv else range(WORKERS)) if local else [hvd.rank()]
+    held_x, held_y = batch(99, 999)                 # a fixed batch nobody trains on
+    held_x, held_y = torch.cat([held_x] * 8), torch.cat([held_y] * 8)
+
+    def held_out():
+        with torch.no_grad():
+            return torch.nn.functional.mse_loss(model(held_x), held_y).item()
+    before = held_out()
     losses = []
     for step in range(steps):
         xs, ys = zip(*(batch(r, step) for r in ranks))
@@ -44,7 +51,7 @@ def main():
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    print("RESULT " + json.dumps({"rank": hvd.rank(), "losses": losses,
+    print("RESULT " + json.dumps({"rank": hvd.rank(), "losses": losses, "held_out": [before, held_out()],
                                   "weights": {k: v.flatten().tolist() for k, v in model.state_dict().items()}}),
           flush=True)
     hvd.shutdown()

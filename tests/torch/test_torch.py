@@ -125,6 +125,8 @@ def test_server_optimizer_one_worker_is_torch_optim_exactly(procs, rule):
 
 @pytest.mark.timeout(200)
 def test_server_optimizer_async_two_workers_learn(procs):
-    for r in server_job(procs, 2, "sgd", "async", "--steps", "40"):
-        losses = r["losses"]
-        assert np.mean(losses[-8:]) < 0.5 * np.mean(losses[:8]), losses
+    """Adam on the servers, each push applied as it arrives (SGD with momentum 0.9 at this lr
+    also learns, but stale momentum makes its end point vary run to run: 0.6-3.0 from 4.8)."""
+    for r in server_job(procs, 2, "adam", "async", "--steps", "60"):
+        before, after = r["held_out"]            # on a fixed batch: per-step losses are too noisy
+        assert after < 0.25 * before, r["held_out"]     # measured 0.14-0.16 from 4.85

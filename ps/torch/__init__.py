@@ -6,13 +6,13 @@ job of N workers makes the updates one process makes on the N batches together; 
 ``torch.optim`` optimizer steps as under Horovod. docs/torch.md has the call-by-call table.
 """
 from .compression import Compression
-from .ops import (Average, Sum, allreduce, allreduce_async, broadcast, broadcast_object,
+from .ops import (Average, Sum, allreduce, allreduce_, allreduce_async, broadcast, broadcast_object,
                   broadcast_optimizer_state, broadcast_parameters, poll, synchronize)
 from .optimizer import DistributedOptimizer
 from .server_optimizer import ServerOptimizer
 from .runtime import init, is_initialized, join, local_rank, local_size, rank, shutdown, size
 
-__all__ = ["Average", "Sum", "Compression", "DistributedOptimizer", "allreduce", "allreduce_async",
+__all__ = ["Average", "Sum", "Compression", "DistributedOptimizer", "allreduce", "allreduce_", "allreduce_async",
            "broadcast", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
            "ServerOptimizer", "init", "is_initialized", "join", "local_rank", "local_size", "poll", "rank", "shutdown",
            "size", "synchronize"]

@@ -142,9 +142,11 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
                     ) -> Handle:
     """Start summing (averaging) ``tensor`` over every worker; ``synchronize`` the handle."""
     reduce = reduce_op(op, average)
-    name = f"allreduce.{name}" if name is not None else f"allreduce.noname.{next(_unnamed)}"
     sent = compression.compress(tensor) if isinstance(tensor, torch.Tensor) else tensor
-    flat = as_array(sent, f"allreduce of {name!r}")
+    flat = as_array(sent, f"allreduce of {name!r}" if name else "allreduce")
+    # unnamed: one key per shape and dtype, reused call after call (a new key per call would
+    # cost a collective init each time and grow the servers), in the callers' common order
+    name = f"allreduce.{name}" if name is not None else f"allreduce.noname.{tuple(tensor.shape)}.{flat.dtype}"
     out = torch.empty_like(tensor)
     kv = runtime.store()
     if kv is None:

@@ -42,6 +42,7 @@ def test_two_workers_equal_one_process_on_both_batches(procs, mode, flags, tol):
     out = launch(procs, mode, *flags)
     workers = results(out)
     assert sorted(r["rank"] for r in workers) == [0, 1], out
+    assert workers[0]["mean_loss"] == workers[1]["mean_loss"], workers   # unnamed allreduce, 15 times
     one = alone(mode, *flags)
     for r in workers:
         assert (r["size"], r["local_size"], r["local_rank"]) == (2, 2, r["rank"]), r

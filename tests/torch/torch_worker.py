@@ -49,7 +49,8 @@ def main():
         done = time.perf_counter()
         overlap.append(opt.timeline[sent_before][1] < done and len(opt.timeline) - sent_before == 4)
         opt.step()
-    print("RESULT " + json.dumps({"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
+        mean_loss = hvd.allreduce(loss.detach()).item()     # unnamed, every step: one key, reused
+    print("RESULT " + json.dumps({"mean_loss": mean_loss, "rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
                                   "local_size": hvd.local_size(), "overlap": all(overlap),
                                   "first_out": opt.timeline[0][0],
                                   "weights": {k: v.flatten().tolist() for k, v in model.state_dict().items()}}),

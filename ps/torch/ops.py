@@ -25,7 +25,7 @@ class ReduceOp(NamedTuple):
 
 Average = ReduceOp("Average")
 Sum = ReduceOp("Sum")
-_OPS = {"Average": Average, "Sum": Sum, "average": Average, "sum": Sum}
+_OPS = {"average": Average, "sum": Sum}
 _WIRE_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int32, torch.int64, torch.uint8, torch.int8}
 
 _keys: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
@@ -35,7 +35,8 @@ _unnamed = itertools.count()
 def reduce_op(op: Any, average: bool | None = None) -> ReduceOp:
     if op is None:
         return Sum if average is False else Average
-    found = _OPS.get(op.name if isinstance(op, ReduceOp) else op) if isinstance(op, (ReduceOp, str)) else None
+    name = op.name if isinstance(op, ReduceOp) else op
+    found = _OPS.get(name.lower()) if isinstance(name, str) else None
     if found is None:
         raise ValueError(f"op {op!r} is not supported: ps.torch reduces with ps.torch.Average or ps.torch.Sum "
                          "(no Adasum, Min, Max or Product)")
@@ -129,9 +130,9 @@ class Handle:
             self._pending.wait()
             self._pending = None
             res = torch.from_numpy(self._result).view(self._out.shape)
-            if self._divide > 1:
-                res = res.double() / self._divide if not res.is_floating_point() else res / self._divide
-            self._out.copy_(res.to(self._out.dtype) if res.dtype != self._out.dtype else res)
+            if self._divide > 1:          # true division: an integer tensor's mean, then cast back
+                res = torch.true_divide(res, self._divide)
+            self._out.copy_(res)
             if self._target is not None:
                 self._target.copy_(self._out)
         return self._out

@@ -51,13 +51,11 @@ class _Distributed:
         self._ps_synchronized = False
         self._ps_skip = False
         self.timeline: list[tuple[str, float]] = []    # (name, time.perf_counter()) of each send
-        for p, name in self._ps_names.items():
-            as_array(p.detach(), f"parameter {name!r}")          # device and dtype, named, now
+        arrays = {p: as_array(p.detach(), f"parameter {name!r}") for p, name in self._ps_names.items()}
         self._ps_kv = runtime.store()
-        wire = compression.wire_dtype
+        half = compression.wire_dtype is torch.float16
         ensure_keys([(self._ps_key(p), tuple(p.shape),
-                      np.dtype("float16") if wire is torch.float16 and p.is_floating_point()
-                      else as_array(p.detach(), self._ps_names[p]).dtype)
+                      np.dtype("float16") if half and p.is_floating_point() else arrays[p].dtype)
                      for p in self._ps_names])
         self._ps_hooks = [p.register_post_accumulate_grad_hook(self._ps_ready) for p in self._ps_names]
 

@@ -1,6 +1,7 @@
 """ps.torch: Horovod's PyTorch API on ps. Real workers and servers through the launcher,
 compared with one process on both workers' batches; bad input named, nothing hangs."""
 import json
+import subprocess
 
 import numpy as np
 import pytest
@@ -17,19 +18,20 @@ def results(text):
     return [json.loads(line.split("RESULT ", 1)[1]) for line in text.splitlines() if "RESULT " in line]
 
 
-def launch(procs, *args, expect=0):
+def launch(procs, *args, expect=0, script=SCRIPT, workers=2):
+    """Run ``script`` under the launcher (W``workers`` S2); its combined output."""
     env = cluster_env(0, PS_MXNET_AUTOLOAD="0", PS_STALL_WARNING="0")
-    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local",
-                            PYTHON, SCRIPT, *args], env)
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", str(workers), "-s", "2", "--launcher", "local",
+                            PYTHON, script, *args], env)
     code, out, err = procs.finish(launcher, timeout=150)
     assert (code == 0) == (expect == 0), out + err
     return out + err
 
 
-def alone(*args):
-    import subprocess
+def alone(*args, script=SCRIPT):
+    """``script --local`` in one process with no cluster variables: its one RESULT."""
     env = {k: v for k, v in cluster_env(0).items() if not k.startswith("DMLC_")}
-    res = subprocess.run([PYTHON, SCRIPT, *args, "--local"], capture_output=True, text=True, timeout=120, env=env)
+    res = subprocess.run([PYTHON, script, *args, "--local"], capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     (one,) = results(res.stdout)
     return one
@@ -85,23 +87,13 @@ SERVER = str(ROOT / "tests" / "torch" / "server_worker.py")
 
 
 def server_job(procs, workers, *args):
-    env = cluster_env(0, PS_MXNET_AUTOLOAD="0", PS_STALL_WARNING="0")
-    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", str(workers), "-s", "2", "--launcher", "local",
-                            PYTHON, SERVER, *args], env)
-    code, out, err = procs.finish(launcher, timeout=150)
-    assert code == 0, out + err
-    got = results(out)
-    assert len(got) == workers, out + err
+    got = results(launch(procs, *args, script=SERVER, workers=workers))
+    assert len(got) == workers, got
     return got
 
 
 def server_alone(*args):
-    import subprocess
-    env = {k: v for k, v in cluster_env(0).items() if not k.startswith("DMLC_")}
-    res = subprocess.run([PYTHON, SERVER, *args, "--local"], capture_output=True, text=True, timeout=120, env=env)
-    assert res.returncode == 0, res.stdout + res.stderr
-    (one,) = results(res.stdout)
-    return one
+    return alone(*args, script=SERVER)
 
 
 @pytest.mark.timeout(200)

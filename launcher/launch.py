@@ -22,7 +22,7 @@ from typing import Any
 from .backend import BACKENDS, Backend
 from .hosts import HostfileError, read_hostfile
 from .output import Output, OutputHandler
-from .process import Command, Job, StopSignal, become_subreaper, supervise
+from .process import Command, Job, Restarts, StopSignal, become_subreaper, supervise
 from .spec import (
     LAUNCHERS,
     LaunchSpec,
@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slurm-worker-nodes", type=int, help="slurm: srun -N for the workers")
     p.add_argument("--sge-queue", help="sge: qsub -q QUEUE")
     p.add_argument("--yarn-queue", help="yarn: -queue QUEUE")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="start a failed server or worker again, up to N times for the whole job; servers "
+                        "recover their state from a replica and the job goes on (local and ssh launchers; "
+                        "docs/reliability.md)")
     p.add_argument("--no-auth", action="store_true",
                    help="no per-job signing key: servers then run no pickled MXNet optimizer (default: a job "
                         "on this machine gets a fresh key in PS_JOB_KEY_FILE; docs/security.md)")
@@ -97,6 +101,11 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str],
         raise SpecError("--sync-dst-dir only works with --launcher ssh")
     if args.timeout is not None and args.timeout <= 0:
         raise SpecError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.max_restarts < 0:
+        raise SpecError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if args.max_restarts and launcher not in ("local", "ssh"):
+        raise SpecError(f"--max-restarts needs a launcher that starts each process itself (local or ssh); "
+                        f"--launcher {launcher} starts them as one job of the cluster manager")
     if args.p3:
         logger.warning("--p3 (MXNet's P3 van) is not supported by ps; ignored")
     return LaunchSpec(
@@ -109,7 +118,8 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str],
         timeout=args.timeout, verbose=args.verbose, host_ip=args.host_ip,
         server_command=default_server_command(command, python),
         slurm_server_nodes=args.slurm_server_nodes, slurm_worker_nodes=args.slurm_worker_nodes,
-        sge_queue=args.sge_queue, yarn_queue=args.yarn_queue, auth=not args.no_auth)
+        sge_queue=args.sge_queue, yarn_queue=args.yarn_queue, auth=not args.no_auth,
+        max_restarts=args.max_restarts)
 
 
 @contextlib.contextmanager
@@ -214,7 +224,7 @@ def _start(spec: LaunchSpec, environ: dict[str, str], output: Output, stop: Stop
         runner.close()
         job.close()
         return 1
-    return supervise(job, runner, stop, spec.timeout)
+    return supervise(job, runner, stop, spec.timeout, restarts=Restarts(spec.max_restarts))
 
 
 def main(argv: Sequence[str] | None = None, *, owns_process: bool = True) -> int:

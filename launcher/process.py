@@ -196,6 +196,7 @@ class Job:
         self.started = time.monotonic()
         self.reported: dict[str, Ended] = {}     # exits observed by other means (batch tasks)
         self._stopped: set[str] = set()          # names still running when stop() began
+        self._stopped_procs: set[int] = set()    # id() of the processes still running then
         self._events: queue.SimpleQueue = queue.SimpleQueue()  # (name, code) from non-Popen sources
         self._stop_hooks: list[Callable[[], None]] = []
         self._cleanups: list[Callable[[], None]] = []
@@ -244,7 +245,7 @@ class Job:
         """Every process's (and reported task's) exit status and wall time, in start order."""
         self.poll()
         now = time.monotonic()
-        out = [Ended(p.cmd.name, p.poll(), (p.ended or now) - p.started, p.cmd.name in self._stopped)
+        out = [Ended(p.cmd.name, p.poll(), (p.ended or now) - p.started, id(p) in self._stopped_procs)
                for p in self.procs]
         own = {p.cmd.name for p in self.procs}
         out += [e._replace(stopped=e.name in self._stopped) for e in self.reported.values() if e.name not in own]
@@ -267,6 +268,7 @@ class Job:
                 logger.exception("stop hook failed")
         running = self.running
         self._stopped.update(p.cmd.name for p in running)
+        self._stopped_procs.update(id(p) for p in running)
         delayed = [p for p in running if p.cmd.stop_delay and after_failure]
         self._terminate([p for p in running if p not in delayed])
         if delayed:
@@ -364,20 +366,56 @@ class StopSignal:
         return 128 + (self.signum or signal.SIGTERM)
 
 
+class Restarts:
+    """``--max-restarts``: how many failed servers and workers the launcher may start again."""
+
+    def __init__(self, limit: int = 0):
+        self.limit, self.used = limit, 0
+
+    def take(self, job: Job, ended: list[tuple[str, int]], sched: object | None) -> list[tuple[str, int]]:
+        """Start again each failed server or worker while restarts last; the exits it did not take."""
+        left = []
+        for name, status in ended:
+            proc = next((p for p in reversed(job.procs) if p.cmd.name == name), None)
+            if not status or proc is None or name.split(" ")[0] not in ("server", "worker") \
+                    or (sched is not None and sched.done):
+                left.append((name, status))
+                continue
+            if self.used >= self.limit:
+                if self.limit:
+                    logger.error("%s %s; the job has used all of its %d restart(s) (--max-restarts)",
+                                 name, _how(status), self.limit)
+                left.append((name, status))
+                continue
+            self.used += 1
+            logger.warning("%s %s: starting it again (restart %d of %d)", name, _how(status), self.used, self.limit)
+            job.spawn(proc.cmd)
+        return left
+
+
+def _how(status: int) -> str:
+    if status > 128 and status - 128 in signal.valid_signals():
+        return f"was killed by {signal.Signals(status - 128).name}"
+    return f"exited with status {status}"
+
+
 def supervise(job: Job, sched: object | None = None, stop: StopSignal | None = None,
-              timeout: float | None = None, settle: float = 10.0) -> int:
+              timeout: float | None = None, settle: float = 10.0, restarts: Restarts | None = None) -> int:
     """Wait for the job; return the first non-zero exit status (0 if none), then stop the rest.
 
     ``sched`` is the in-process scheduler runner (``done``, ``code``, ``error``, ``close()``).
     A failing process wins over the scheduler's own failure report, which usually follows it.
+    ``restarts``: failed servers and workers are started again while it lasts (the scheduler
+    decides whether the job can wait for them).
     """
     stop = stop or StopSignal()
+    restarts = restarts or Restarts()
     start = time.monotonic()
     idle_since: float | None = None
     code, failed = 0, False
     try:
         while True:
-            code = _first_failure(job.poll())
+            code = _first_failure(restarts.take(job, job.poll(), sched))
             if code:
                 failed = True
                 break

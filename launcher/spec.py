@@ -53,6 +53,7 @@ class LaunchSpec:
     yarn_queue: str | None = None
     auth: bool = True                        # a per-job signing key (secret.py)
     job_key: str | None = None               # the key file the launcher made for this job (ssh hands it over)
+    max_restarts: int = 0                    # --max-restarts: failed servers/workers started again
 
     def role_command(self, role: str) -> tuple[str, ...]:
         return self.server_command if role == "server" else self.command

@@ -62,6 +62,8 @@ def job_env(spec: LaunchSpec, root_uri: str, root_port: int | str,
         "DMLC_JOB_CLUSTER": spec.launcher,
         "PYTHONUNBUFFERED": "1",  # children's output reaches the prefixed console line by line
     }
+    if spec.max_restarts:
+        env["PS_MAX_RESTARTS"] = str(spec.max_restarts)
     environ = {} if environ is None else environ
     if value_of("PS_MXNET_AUTOLOAD", environ):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (MXNET_AUTOLOAD, environ.get("PYTHONPATH")) if p)
@@ -125,6 +127,8 @@ def scheduler_env(spec: LaunchSpec, ip: str, environ: Mapping[str, str]) -> dict
     env.update(dict(spec.env))
     env.update({"DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_URI": ip, "DMLC_PS_ROOT_PORT": "0",
                 "DMLC_NUM_SERVER": str(spec.num_servers), "DMLC_NUM_WORKER": str(spec.num_workers)})
+    if spec.max_restarts:
+        env["PS_MAX_RESTARTS"] = str(spec.max_restarts)
     return env
 
 

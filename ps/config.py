@@ -119,6 +119,11 @@ VARIABLES: tuple[Var, ...] = (
     Var("PS_STALL_WARNING", "stall_warning", _float, 60.0,
         "seconds a sync round or barrier may wait for some workers before the server (or the "
         "scheduler) and the waiting workers log which ranks, hosts and keys it waits for; 0 = off"),
+    Var("PS_MAX_RESTARTS", "max_restarts", lambda n, r: _int(n, r, 0), 0,
+        "restarts of dead servers and workers the job allows (python -m ps.launch --max-restarts "
+        "sets it for every process); > 0: instead of ending the job, everyone waits up to "
+        "PS_CONNECT_TIMEOUT for a dead node to come back, each server keeps a replica of another's "
+        "state, and workers keep each push until it is answered (docs/reliability.md)"),
     Var("PS_SECRET_FILE", "secret_file", _str, None,
         "file holding a shared secret: authenticate and encrypt all traffic (CURVE)"),
     Var("PS_JOB_KEY_FILE", "job_key_file", _str, None,
@@ -184,6 +189,7 @@ class Config:
     connect_timeout: float = 120.0
     request_timeout: float = 0.0
     stall_warning: float = 60.0
+    max_restarts: int = 0
     secret_file: str | None = None
     job_key_file: str | None = None
     allow_pickle: bool = True

@@ -20,9 +20,10 @@ logger = logging.getLogger(__name__)
 
 
 class Request:
-    __slots__ = ("ts", "remaining", "out", "starts", "error", "event", "what", "pending", "callbacks")
+    __slots__ = ("ts", "remaining", "out", "starts", "error", "event", "what", "pending", "callbacks", "sent", "got")
 
-    def __init__(self, ts: int, remaining: int, out: np.ndarray | None, starts: dict[int, int], what: str):
+    def __init__(self, ts: int, remaining: int, out: np.ndarray | None, starts: dict[int, int], what: str,
+                 keep: bool = False):
         self.ts = ts
         self.remaining = remaining          # elements still to receive (pulls) or acks (pushes)
         self.out = out                      # flat view the pulled values go into
@@ -32,6 +33,14 @@ class Request:
         self.what = what
         self.pending = set(starts)          # servers that have not finished answering
         self.callbacks: list[Callable[[Request], None]] | None = None
+        # PS_MAX_RESTARTS: what went to each server (resent to its restart) and what came back
+        self.sent: list[tuple[int, Any, Any]] | None = [] if keep else None
+        self.got: dict[int, int] = {}
+
+    def restart(self, server: int) -> list[tuple[Any, Any]]:
+        """``server`` restarted before answering: forget its partial answer; what to resend."""
+        self.remaining += self.got.pop(server, 0)
+        return [(entry, data) for sid, entry, data in self.sent or () if sid == server]
 
     def wait(self, deadline: Deadline, failure: Callable[[], PSError | None]) -> None:
         while not self.event.wait(deadline.remaining(0.5)):
@@ -47,7 +56,8 @@ class Request:
 
 
 class Customer:
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = False) -> None:
+        self.keep = keep                        # requests keep what they sent (PS_MAX_RESTARTS)
         self._requests: dict[int, Request] = {}
         self._ts = itertools.count(1)
         self._lock = threading.Lock()
@@ -55,7 +65,7 @@ class Customer:
 
     def new_request(self, remaining: int, out: np.ndarray | None, starts: dict[int, int],
                     what: str) -> Request:
-        req = Request(next(self._ts), remaining, out, starts, what)
+        req = Request(next(self._ts), remaining, out, starts, what, self.keep)
         with self._lock:
             if self.failure is not None:
                 raise self.failure
@@ -96,6 +106,8 @@ class Customer:
                 start = req.starts[msg.sender] + entry.offset
                 req.out[start:start + n] = data
                 req.remaining -= n
+                if req.sent is not None:
+                    req.got[msg.sender] = req.got.get(msg.sender, 0) + n
                 if entry.offset + n == entry.total:
                     req.pending.discard(msg.sender)
             else:

@@ -89,8 +89,12 @@ class KVStore:
         self._compression: dict[str, Any] | None = None
         self._residuals: dict[int, np.ndarray] = {}
         self._closed = False
+        self._round = 0
         try:
             self._po.start({"sync": self._sync})
+            if self._po.restarted:
+                self._round = self._rejoin()
+                self._po.rejoined()
         except BaseException:
             self._po.close(linger=0)
             raise
@@ -118,6 +122,32 @@ class KVStore:
     @property
     def _timeout(self) -> float:
         return self._po.config.request_timeout
+
+    # -- restarts (PS_MAX_RESTARTS) --------------------------------------------------------
+    @property
+    def restarted(self) -> bool:
+        """This worker replaces one that died (``python -m ps.launch --max-restarts``)."""
+        return bool(self._po.restarted)
+
+    @property
+    def round(self) -> int:
+        """A restarted worker: the sync rounds its dead self had completed (every key pushed
+        that often), i.e. the step to resume at when each step pushes every key once; 0 otherwise."""
+        return self._round
+
+    def _rejoin(self) -> int:
+        pushed = self._worker.command("pushed", {"worker": self._po.node_id})
+        counts = [n for per_server in pushed.values() for n in (per_server or {}).values()]
+        return min(counts, default=0)
+
+    def resume(self) -> int:
+        """A restarted worker that jumps to step :attr:`round` itself calls this first: its
+        next push to each key then counts as that round's. Without it, a restarted worker
+        re-runs its script from the start, and the servers answer the pushes its dead self
+        made (with the current values) without applying them again, until it catches up.
+        Returns :attr:`round`."""
+        self._worker.resume(self._round)
+        return self._round
 
     # -- the adapter surface (ps.mxnet, benchmarks, tests) ---------------------------------
     @property

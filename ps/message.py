@@ -4,7 +4,7 @@ Frame 0 is ``msgpack([VERSION, cmd, sender, recver, request, seq, body])``. For
 ``Command.DATA`` the body is a list of :class:`Entry` records, one per key chunk, each
 an array on the wire::
 
-    [ts, op, key, offset, length, total, dtype_code, error, row_len]
+    [ts, op, key, offset, length, total, dtype_code, error, row_len, seq]
 
 ``op`` is a bit set of ``Op``; ``offset``/``length``/``total`` count elements of the
 server's slice; ``dtype_code`` indexes ``DTYPES``; ``error`` is None or ``[kind, text]``. Each entry that carries values
@@ -55,6 +55,12 @@ class Command(enum.IntEnum):
     ABORT = 10        # scheduler -> node: the job cannot go on (formation timeout, bad config)
     SERVER_CMD = 11   # worker <-> server: optimizer, learning rate, states... (request/reply)
     STALL = 12        # server/scheduler -> waiting nodes: who a sync round or barrier still waits for
+    NODE_DOWN = 13    # scheduler -> everyone (PS_MAX_RESTARTS): a node died; its restart is awaited
+    NODE_UP = 14      # scheduler -> everyone: the restarted node is back (its new node table row)
+    REJOINED = 15     # restarted node -> scheduler: state recovered, tell the others
+    REPLICA = 16      # primary server -> its backup: state changes (request); backup -> primary: ack
+    SUBSCRIBE = 17    # backup server -> primary: send me a snapshot, then every change
+    FETCH = 18        # restarted server -> its backup: the replica of my state (replies: snapshot parts)
 
 
 class Op:
@@ -86,10 +92,12 @@ class Entry(NamedTuple):
     dtype_code: int      # index into DTYPES (the key's dtype, whatever the wire encoding)
     error: Any = None    # None, or [kind, text] in a reply
     row_len: int = 0     # Op.ROWS entries: elements per row
+    seq: int = 0         # a push: this worker's 1-based count of pushes to the key (dedupes resends)
 
     def failed(self, kind: str, text: str) -> "Entry":
         """The error reply to this entry: no data, the whole slice answered."""
-        return Entry(self.ts, self.op, self.key, 0, 0, self.total, self.dtype_code, [kind, text], self.row_len)
+        return Entry(self.ts, self.op, self.key, 0, 0, self.total, self.dtype_code, [kind, text], self.row_len,
+                     self.seq)
 
 
 class Rows(NamedTuple):
@@ -254,6 +262,8 @@ def decode(frames: Sequence[Any], route: bytes | None = None) -> Message:
     msg = Message(cmd, sender, recver, body, request=bool(request), route=route, seq=seq)
     if cmd == Command.DATA:
         msg.frames = _data_arrays(body, frames[1:], bool(request))
+    elif cmd in (Command.REPLICA, Command.FETCH):     # checked against their events by ps/replica.py
+        msg.frames = [_buffer(f) for f in frames[1:]]
     elif len(frames) > 1:
         raise ProtocolError(f"{cmd.name} carries {len(frames) - 1} unexpected data frames")
     return msg
@@ -293,12 +303,12 @@ def _data_arrays(entries: Any, frames: Sequence[Any], request: bool) -> list[np.
     arrays: list[np.ndarray] = []
     it = iter(frames)
     for i, raw in enumerate(entries):
-        if not (isinstance(raw, list) and len(raw) in (8, 9)):
+        if not (isinstance(raw, list) and 8 <= len(raw) <= 10):
             raise ProtocolError(f"malformed entry {raw!r:.100}")
-        if len(raw) == 8:
+        while len(raw) < 10:
             raw.append(0)
-        ts, op, key, off, n, total, code, error, row_len = raw
-        if not all(isinstance(v, int) for v in (ts, op, key, off, n, total, code, row_len)) or \
+        ts, op, key, off, n, total, code, error, row_len, seq = raw
+        if not all(isinstance(v, int) for v in (ts, op, key, off, n, total, code, row_len, seq)) or \
                 not (0 <= off and 0 <= n and off + n <= total) or not 0 <= code < len(DTYPES) or \
                 (op & Op.ROWS and row_len <= 0):
             raise ProtocolError(f"malformed entry {raw!r:.100}")

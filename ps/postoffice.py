@@ -65,6 +65,10 @@ class Postoffice:
         self._barriers: dict[str, tuple[threading.Event, list]] = {}
         self._close_acked = threading.Event()
         self._failure_listeners: list[Callable[[PSError], None]] = []
+        self._node_listeners: list[Callable[[int, bool], None]] = []
+        self.restarted = 0                  # > 0: this process replaces a dead node (its restart count)
+        self.down: dict[int, str] = {}      # node id -> why it is down, while its restart is awaited
+        self._peers: dict[int, str] = {}    # node id -> address of the data connection to it
         self._last_scheduler_contact = clock()
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
@@ -96,6 +100,10 @@ class Postoffice:
         return drop
 
     def _on_peer_lost(self, peer: Any, msg: Message, waited: float) -> None:
+        if self.config.max_restarts and (msg.recver in self.down or isinstance(peer, bytes)):
+            # a dead node's old connection: the scheduler decides about deaths when nodes restart
+            logger.info("%s: gave up resending %r to a dead incarnation", self, msg)
+            return
         name = node_name(msg.recver) if msg.recver else "a peer"      # recver is set on every send
         self.fail(PeerLostError(f"{name} did not acknowledge {msg!r} within {waited:.1f}s of resends "
                                 "(PS_RESEND); it is presumed dead", name))
@@ -128,7 +136,11 @@ class Postoffice:
         self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                            name=f"ps-heartbeat[{self}]")
         self._hb_thread.start()
-        self.barrier("all", deadline=deadline, what="every node to finish joining")
+        if self.restarted:      # the others passed the joining barrier long ago
+            logger.warning("%s %d (%s) rejoins the running job (restart %d)",
+                           self.role.name.lower(), self.rank, self, self.restarted)
+        else:
+            self.barrier("all", deadline=deadline, what="every node to finish joining")
         self._formed = True
         if cfg.verbose:
             logger.info("%s (rank %d) joined: %d servers, %d workers, formed in %.2fs",
@@ -158,6 +170,8 @@ class Postoffice:
         self.node_id = table["you"]
         self.rank = id_to_rank(self.node_id)
         self.sync = table.get("sync", True)
+        self.restarted = int(table.get("restart", 0))
+        self.down = {int(k): v for k, v in table.get("down", {}).items()}
         for row in table["nodes"]:
             node = Node.from_row(row)
             self.nodes[node.node_id] = node
@@ -165,7 +179,16 @@ class Postoffice:
         self.worker_ids = sorted(i for i, n in self.nodes.items() if n.role == Role.WORKER)
         if self.role == Role.WORKER:
             for sid in self.server_ids:
-                self.van.connect(sid, self._data_address(self.nodes[sid]))
+                self.connect(sid)
+
+    def connect(self, node_id: int) -> None:
+        """Open the data connection to a node of the table, or reopen it to a restarted
+        node's new address (never twice to one address: the peer's ROUTER would refuse a
+        second connection with our identity while it still holds the first)."""
+        address = self._data_address(self.nodes[node_id])
+        if self._peers.get(node_id) != address:
+            self._peers[node_id] = address
+            self.van.connect(node_id, address)
 
     @staticmethod
     def _data_address(node: Node) -> str:
@@ -199,6 +222,10 @@ class Postoffice:
             self._close_acked.set()
         elif cmd == Command.NODE_FAILED:
             self.fail(PeerLostError(msg.body["reason"], msg.body.get("node")))
+        elif cmd == Command.NODE_DOWN:
+            self._on_node_down(msg.body)
+        elif cmd == Command.NODE_UP:
+            self._on_node_up(msg.body)
         elif cmd == Command.ABORT:
             self.fail(PSError(msg.body["reason"]))
         elif cmd == Command.STALL:          # this node waits on a stalled round or barrier
@@ -206,6 +233,43 @@ class Postoffice:
             logger.warning("%s %d (%s) is waiting: %s", self.role.name.lower(), self.rank, self, text)
         elif cmd != Command.HEARTBEAT:
             logger.debug("%s: ignoring %r", self, msg)
+
+    # -- restarts (PS_MAX_RESTARTS) -------------------------------------------------------
+    def add_node_listener(self, listener: Callable[[int, bool], None]) -> None:
+        """``listener(node_id, up)`` on the I/O thread when a node dies awaiting its restart
+        (False) and when its restart is back (True, connections already reopened)."""
+        self._node_listeners.append(listener)
+
+    def _on_node_down(self, body: dict[str, Any]) -> None:
+        node_id = int(body["id"])
+        self.down[node_id] = body["reason"]
+        logger.warning("%s: %s; waiting for its restart", self, body["reason"])
+        self.van.forget(node_id)
+        self._tell(node_id, False)
+
+    def _on_node_up(self, body: dict[str, Any]) -> None:
+        node = Node.from_row(body["row"])
+        self.nodes[node.node_id] = node
+        self.down.pop(node.node_id, None)
+        self.van.forget(node.node_id)
+        if node.node_id in self._peers:
+            self.connect(node.node_id)          # on this (the I/O) thread: before anything is resent
+        logger.warning("%s: %s %d (%s) is back (restart %d)", self, node.role.name.lower(), node.rank,
+                       node_name(node.node_id), body.get("restart", 0))
+        self._tell(node.node_id, True)
+
+    def _tell(self, node_id: int, up: bool) -> None:
+        for listener in self._node_listeners:
+            try:
+                listener(node_id, up)
+            except PSError as exc:
+                self.fail(exc)
+            except Exception:  # noqa: BLE001 - on the I/O thread: log, never stop it
+                logger.exception("node listener failed")
+
+    def rejoined(self, error: str | None = None) -> None:
+        """A restarted node has recovered (or cannot: ``error``): the scheduler tells the others."""
+        self.send(Message(Command.REJOINED, recver=SCHEDULER, body={"error": error}))
 
     def on(self, cmd: Command, handler: Handler) -> None:
         """Route messages of ``cmd`` (DATA, SERVER_CMD, ...) to the role's handler."""

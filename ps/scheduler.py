@@ -34,6 +34,24 @@ class Barrier:
 
 
 @dataclass
+class Recovery:
+    """A dead node whose restart the job waits for (PS_MAX_RESTARTS)."""
+
+    since: float
+    reason: str
+    replaced: bool = False            # its restart registered and is recovering its state
+
+
+@dataclass
+class Replay:
+    """A restarted worker re-running its script: the barriers its dead self passed are
+    answered at once (the others passed them long ago)."""
+
+    passed: dict[str, int]
+    done: dict[str, int]
+
+
+@dataclass
 class Member:
     """A node as the scheduler knows it: what it registered with, then its rank and liveness."""
 
@@ -94,6 +112,10 @@ class Scheduler:
         self._started_at = clock()
         self._formed_at: float | None = None
         self._down_since: dict[int, float] = {}    # node id -> when its connection dropped
+        self._recovering: dict[int, Recovery] = {}  # node id -> its awaited restart
+        self.restarts = 0                           # restarted nodes that registered
+        self._passed: dict[int, dict[str, int]] = {}  # node id -> group -> barriers it passed
+        self._replays: dict[int, Replay] = {}       # restarted workers still replaying barriers
 
     def __enter__(self) -> "Scheduler":
         return self
@@ -155,6 +177,12 @@ class Scheduler:
                 self._finish(0)
                 return
             self._warn_stalled_barriers(now)
+            for node_id, rec in list(self._recovering.items()):
+                if now - rec.since > cfg.connect_timeout:
+                    state = "did not finish recovering" if rec.replaced else "was not restarted"
+                    self._node_failed(node_id, f"{rec.reason}; it {state} within {cfg.connect_timeout:g}s "
+                                      "(PS_CONNECT_TIMEOUT)", final=True)
+                    return
             for node_id, since in list(self._down_since.items()):
                 if self._gone(node_id):
                     del self._down_since[node_id]
@@ -166,7 +194,7 @@ class Scheduler:
             if not timeout:
                 return
             for node_id, node in self._nodes.items():
-                if self._gone(node_id):
+                if self._gone(node_id) or node_id in self._recovering:
                     continue
                 silent = now - node.last_seen
                 if silent > timeout:
@@ -182,13 +210,16 @@ class Scheduler:
         with self._lock:
             if connected:
                 self._down_since.pop(node_id, None)
-            elif not self._gone(node_id):
+            elif not self._gone(node_id) and node_id not in self._recovering:
                 self._down_since.setdefault(node_id, self.clock())
 
     def _on_peer_lost(self, peer: object, msg: Message, waited: float) -> None:
         with self._lock:
-            node_id = next((i for i, n in self._nodes.items() if n.route == peer), msg.recver)
-            if node_id in self._nodes and not self._gone(node_id) and not self._done.is_set():
+            node_id = next((i for i, n in self._nodes.items() if n.route == peer), None)
+            if node_id is None and msg.route is None:
+                node_id = msg.recver
+            if node_id in self._nodes and not self._gone(node_id) and node_id not in self._recovering \
+                    and not self._done.is_set():
                 self._node_failed(node_id, f"{self._describe(node_id)} did not acknowledge messages "
                                            f"for {waited:.1f}s (PS_RESEND); presumed dead")
 
@@ -230,6 +261,9 @@ class Scheduler:
             self._reply(msg.route, Command.ABORT, {"reason": f"bad registration: {exc}"})
             return
         role = info.role.name.lower()
+        if self._formed_at is not None and self.config.max_restarts:
+            self._take_over(info, msg.route)
+            return
         if self._formed_at is not None:
             self._reply(msg.route, Command.ABORT, {
                 "reason": f"the cluster is already complete ({self._have()}); a {role} "
@@ -278,6 +312,11 @@ class Scheduler:
         if group not in GROUPS or msg.sender not in self._nodes:
             self._reply(msg.route, Command.BARRIER, {"group": group, "error": f"bad barrier request {msg.body!r}"})
             return
+        replay = self._replays.get(msg.sender)
+        if replay is not None and replay.done.get(group, 0) < replay.passed.get(group, 0):
+            replay.done[group] = replay.done.get(group, 0) + 1
+            self._send_to(msg.sender, Command.BARRIER, {"group": group, "error": None})
+            return
         barrier = self._barriers.get(group)
         if barrier is None:
             barrier = self._barriers[group] = Barrier(self.clock(), set())
@@ -300,6 +339,9 @@ class Scheduler:
             return
         for node_id in arrived:
             self._send_to(node_id, Command.BARRIER, {"group": group, "error": error})
+            if error is None:
+                passed = self._passed.setdefault(node_id, {})
+                passed[group] = passed.get(group, 0) + 1
         del self._barriers[group]
         if barrier.warned and error is None:
             logger.warning("scheduler: the stalled barrier '%s' went on after %.0fs", group,
@@ -356,12 +398,99 @@ class Scheduler:
             self._finish(0)
 
     # -- failures ------------------------------------------------------------------------
-    def _node_failed(self, node_id: int, reason: str) -> None:
+    def _node_failed(self, node_id: int, reason: str, final: bool = False) -> None:
+        if not final and self.config.max_restarts:
+            why_not = self._why_not_recoverable(node_id)
+            if why_not is None:
+                self._node_down(node_id, reason)
+                return
+            reason = f"{reason}; {why_not}"
         body = {"node": node_name(node_id), "reason": reason}
         for other in self._nodes:
-            if other != node_id and other not in self._closed_workers:
+            rec = self._recovering.get(other)
+            if (rec.replaced if rec is not None else other != node_id) and other not in self._closed_workers:
                 self._send_to(other, Command.NODE_FAILED, body)
         self._finish(1, reason)
+
+    # -- restarts (PS_MAX_RESTARTS) ---------------------------------------------------------
+    def _why_not_recoverable(self, node_id: int) -> str | None:
+        limit = self.config.max_restarts
+        node = self._nodes[node_id]
+        if self.restarts >= limit:
+            return f"the job has used all of its {limit} restart(s) (PS_MAX_RESTARTS / --max-restarts)"
+        if node.role == Role.SERVER and self.config.num_servers < 2:
+            return ("with one server there is no replica of its state to recover from "
+                    "(server recovery needs DMLC_NUM_SERVER >= 2)")
+        if self._recovering:
+            others = ", ".join(self._describe(i) for i in self._recovering)
+            return f"it failed while {others} was still recovering (one failure at a time can be recovered)"
+        return None
+
+    def _node_down(self, node_id: int, reason: str) -> None:
+        """A node died and may come back: everyone else waits for it instead of failing."""
+        node = self._nodes[node_id]
+        self._recovering[node_id] = Recovery(self.clock(), reason)
+        self._down_since.pop(node_id, None)
+        if node.route is not None:
+            self.van.forget(node.route)
+        logger.warning("scheduler: %s; waiting up to %gs for its restart (PS_MAX_RESTARTS=%d, %d used)",
+                       reason, self.config.connect_timeout, self.config.max_restarts, self.restarts)
+        body = {"id": node_id, "reason": reason}
+        for other in self._nodes:
+            if other != node_id and not self._gone(other) and other not in self._recovering:
+                self._send_to(other, Command.NODE_DOWN, body)
+
+    def _take_over(self, info: Member, route: bytes | None) -> None:
+        """A node registering after formation is the restart of a dead node of its role."""
+        role = info.role.name.lower()
+        for node_id, since in list(self._down_since.items()):   # died moments ago, not yet declared
+            if self._nodes[node_id].role == info.role and node_id not in self._recovering:
+                self._node_failed(node_id, f"{self._describe(node_id)} closed its connection and a new "
+                                  f"{role} registered from {info.host}")
+                if self._done.is_set():
+                    self._reply(route, Command.ABORT, {"reason": self.error or "the job failed"})
+                    return
+        free = [i for i, r in self._recovering.items() if not r.replaced and self._nodes[i].role == info.role]
+        if not free:
+            self._reply(route, Command.ABORT, {
+                "reason": f"the cluster is already complete ({self._have()}) and no {role} is awaiting "
+                          f"its restart; a {role} at {info.host}:{info.port} tried to join late"})
+            return
+        same_host = [i for i in free if self._nodes[i].hostname == info.hostname]
+        node_id = (same_host or free)[0]
+        old = self._nodes[node_id]
+        info.rank, info.last_seen = old.rank, self.clock()
+        self._nodes[node_id] = info
+        self._recovering[node_id].replaced = True
+        self.restarts += 1
+        if info.role == Role.WORKER:
+            self._replays[node_id] = Replay(dict(self._passed.get(node_id, {})), {})
+        table = [n.node(i).to_row() for i, n in sorted(self._nodes.items())]
+        down = {str(i): r.reason for i, r in self._recovering.items() if i != node_id}
+        self._reply(route, Command.ADD_NODE, {"have": self._have()})
+        self._send_to(node_id, Command.NODE_TABLE, {"you": node_id, "nodes": table, "sync": self._sync,
+                                                    "restart": self.restarts, "down": down})
+        if info.addr.startswith(("tcp://", "ipc://")):
+            self.van.watch(node_id, info.addr, self._on_connection)
+        logger.warning("scheduler: %s registered from %s as the restart of %s (restart %d of %d); "
+                       "it recovers its state", role, info.addr, node_name(node_id), self.restarts,
+                       self.config.max_restarts)
+
+    def _on_rejoined(self, msg: Message) -> None:
+        rec = self._recovering.get(msg.sender)
+        if rec is None or not rec.replaced:
+            return
+        error = msg.body.get("error") if isinstance(msg.body, dict) else None
+        if error:
+            self._node_failed(msg.sender, f"{self._describe(msg.sender)} could not recover: {error}", final=True)
+            return
+        del self._recovering[msg.sender]
+        logger.warning("scheduler: %s is back after %.1fs (restart %d of %d)", self._describe(msg.sender),
+                       self.clock() - rec.since, self.restarts, self.config.max_restarts)
+        body = {"row": self._nodes[msg.sender].node(msg.sender).to_row(), "restart": self.restarts}
+        for other in self._nodes:
+            if other != msg.sender and not self._gone(other) and other not in self._recovering:
+                self._send_to(other, Command.NODE_UP, body)
 
     def _on_native_node(self, exc: Exception) -> None:
         """A native MXNet node would wait for this job forever, and the job for it: end it."""
@@ -380,6 +509,7 @@ class Scheduler:
         Command.HEARTBEAT: _on_heartbeat,
         Command.CLOSE: _on_close,
         Command.TERMINATE: _on_terminate,
+        Command.REJOINED: _on_rejoined,
     }
 
 

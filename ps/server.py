@@ -16,7 +16,8 @@ from .errors import PSError
 from .keys import CHUNK_BYTES
 from .message import Batch, Command, Message, entry_has_data, id_to_rank, node_name
 from .postoffice import SCHEDULER, Postoffice
-from .store import Reply, Stall, Store, Updater
+from .replication import Replication
+from .store import Event, Reply, Stall, Store, Updater
 from .van import Van
 
 logger = logging.getLogger(__name__)
@@ -39,9 +40,16 @@ class KVServer:
         self.po.on(Command.WORKER_CLOSED, self._on_worker_closed)
         self.po.on(Command.TERMINATE, self._on_terminate)
         self.po.add_failure_listener(self._on_failure)
+        self.replication = Replication(self.po, lambda: self.name, self._store)
+        self.po.add_node_listener(self._on_node)
 
     def start(self) -> None:
         self.po.start()
+        error = self.replication.start()
+        if self.po.restarted:
+            self.po.rejoined(error)
+            if error is not None:
+                raise PSError(f"{self.name} cannot recover: {error}")
         self._joined.set()
 
     def run(self) -> int:
@@ -65,7 +73,7 @@ class KVServer:
 
     @property
     def name(self) -> str:
-        return f"server {self.po.rank} ({node_name(self.po.node_id)})"
+        return f"server {self.po.rank} ({node_name(self.po.node_id)})" if self.po.node_id else "server"
 
     def _store(self) -> Store:
         if self.store is None:   # created on first use: the sync mode comes with the node table
@@ -87,8 +95,7 @@ class KVServer:
             except Exception as exc:  # noqa: BLE001 - a bug or a failing optimizer: answer, never hang
                 logger.exception("%s: %r failed", self.name, entry)
                 replies.append(Reply(msg.sender, entry.failed(type(exc).__name__, f"{self.name}: {exc}"), None))
-        if replies:
-            self._send(replies)
+        self.replication.after(lambda: self._send(replies) if replies else None)
         if self._stalls:
             self._report_resumed()
 
@@ -156,14 +163,27 @@ class KVServer:
             handler = self._COMMANDS.get(body.get("cmd"))
             if handler is None:
                 raise ValueError(f"unknown server command {body.get('cmd')!r}")
-            reply["result"] = handler(self, self._store(), body)
+            store = self._store()
+            if msg.sender in store.replaying and body.get("cmd") in _SETTINGS:
+                # a restarted worker re-running its script: its dead self set this already
+                logger.info("%s: %s from restarted %s ignored (it replays)", self.name, body.get("cmd"),
+                            node_name(msg.sender))
+            else:
+                reply["result"] = handler(self, store, body)
         except Exception as exc:  # noqa: BLE001 - reported to the worker, server goes on
             reply["error"] = [type(exc).__name__, f"{self.name}: {exc}"]
-        self.po.send(Message(Command.SERVER_CMD, recver=msg.sender, body=reply, request=False, route=msg.route))
+        self.replication.after(lambda: self.po.send(Message(Command.SERVER_CMD, recver=msg.sender, body=reply,
+                                                            request=False, route=msg.route)))
+
+    @staticmethod
+    def _journal(store: Store, event: Event) -> None:
+        if store.journal is not None:
+            store.journal.append(event)
 
     def _set_optimizer(self, store: Store, body: dict[str, Any]) -> None:
         opt = optim.from_spec(body["spec"])
         store.set_updater(optim.Updater(opt), opt.multi_precision)
+        self._journal(store, Event("opt", 0, 0, [opt.to_spec(), opt.multi_precision]))
 
     def _set_optimizer_pickle(self, store: Store, body: dict[str, Any]) -> None:
         from . import _security
@@ -176,6 +196,8 @@ class KVServer:
             raise PermissionError(f"this job has no signing key, so its servers unpickle nothing: {_security.NO_KEY}")
         opt = pickled.load_optimizer(body["payload"], body["signature"], key)
         store.set_updater(pickled.MXNetUpdater(opt), bool(opt.multi_precision))
+        self._journal(store, Event("unreplicable", 0, 0, f"a pickled MXNet optimizer ({type(opt).__name__}) "
+                                                        "cannot be replicated; use one ps has in numpy"))
 
     def _set_params(self, store: Store, body: dict[str, Any]) -> None:
         opt = self._updater(store).optimizer
@@ -183,18 +205,25 @@ class KVServer:
             opt.set_learning_rate(float(body["learning_rate"]))   # ps's and MXNet's optimizers alike
         if "rescale_grad" in body:
             opt.rescale_grad = float(body["rescale_grad"])
+        self._journal(store, Event("params", 0, 0, {k: float(body[k]) for k in ("learning_rate", "rescale_grad")
+                                                    if k in body}))
 
     def _get_states(self, store: Store, body: dict[str, Any]) -> bytes:
         return self._updater(store).get_states()
 
     def _set_states(self, store: Store, body: dict[str, Any]) -> None:
         self._updater(store).set_states(body["states"])
+        self._journal(store, Event("states", 0, 0, body["states"]))
 
     def _set_compression(self, store: Store, body: dict[str, Any]) -> None:
         store.compression = compression.parse(body["params"])
+        self._journal(store, Event("compression", 0, 0, store.compression))
 
     def _stats(self, store: Store, body: dict[str, Any]) -> dict[str, Any]:
         return store.stats()
+
+    def _pushed(self, store: Store, body: dict[str, Any]) -> dict[int, int]:
+        return store.pushed(int(body["worker"]))
 
     _COMMANDS: dict[str, Callable[[KVServer, Store, dict[str, Any]], Any]] = {
         "set_optimizer": _set_optimizer,
@@ -204,6 +233,7 @@ class KVServer:
         "set_states": _set_states,
         "set_compression": _set_compression,
         "stats": _stats,
+        "pushed": _pushed,
     }
 
     @staticmethod
@@ -215,17 +245,28 @@ class KVServer:
     # -- lifecycle messages ---------------------------------------------------------------
     def _on_worker_closed(self, msg: Message) -> None:
         replies = self._store().worker_closed(msg.body["id"])
-        if replies:
-            self._send(replies)
+        self.replication.after(lambda: self._send(replies) if replies else None)
 
     def _on_terminate(self, msg: Message) -> None:
         self.po.send(Message(Command.TERMINATE, recver=SCHEDULER, request=False, route=msg.route))
         self._stopped.set()
 
+    def _on_node(self, node_id: int, up: bool) -> None:
+        """A worker died and its restart is awaited (I/O thread, like the store)."""
+        if up or node_id not in self.po.worker_ids:
+            return
+        route = self._routes.pop(node_id, None)
+        if route is not None:
+            self.po.van.forget(route)
+        self._store().worker_died(node_id)
+
     def _on_failure(self, exc: PSError) -> None:
         self.error = exc
         self._stopped.set()
 
+
+
+_SETTINGS = ("set_optimizer", "set_optimizer_pickle", "set_params", "set_states", "set_compression")
 
 
 def _keys(stalls: list[Stall]) -> str:

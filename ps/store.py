@@ -18,6 +18,10 @@ server only has to send what the store returns. Rules (design §5, MXNet's where
   and the rows nobody pushed become zero (MXNet's server assigns the row_sparse sum). A
   round where some workers pushed dense and others rows is summed dense.
 * A bad request gets an error reply; nothing else changes.
+* Recovery (PS_MAX_RESTARTS): a push carries its worker's count of pushes to the key
+  (``Entry.seq``), so a push resent to a restarted server that its replica already holds is
+  answered, not applied twice. With ``journal`` set, every change to a value is recorded as
+  an :class:`Event` (the sums, not the pushes) for a backup server to replay (ps/replica.py).
 """
 from __future__ import annotations
 
@@ -60,6 +64,18 @@ class Updater(Protocol):
     def set_states(self, data: bytes) -> None: ...
 
 
+class Event(NamedTuple):
+    """One change of this store, as a backup replays it (ps/replica.py): ``kind`` is
+    init, chunk (a chunk sum of the open round, applied at its close), close, whole (a
+    non-elementwise round's full sum), rows, dense, async, arows."""
+
+    kind: str
+    key: int
+    offset: int = 0
+    info: Any = None
+    arrays: tuple = ()
+
+
 class Reply(NamedTuple):
     dest: int                  # worker node id
     entry: Entry
@@ -70,9 +86,12 @@ SPARE_MAX_BYTES = 256 << 10   # keep a key's free merge buffer across rounds onl
 SCRATCH_MAX_BYTES = 4 << 20   # keep the chunk-sum scratch up to this size (a chunk is ~1 MiB)
 
 
+DEAD = -1       # Round.members: a push a dead worker began; its restart finishes it
+
+
 class Round:
     __slots__ = ("merged", "members", "received", "complete", "waiters", "pulls", "frames", "started",
-                 "rows", "row_len", "opened")
+                 "rows", "row_len", "opened", "skip")
 
     def __init__(self, opened: float = 0.0) -> None:
         self.opened = opened                    # when its first push arrived (Store's clock)
@@ -82,10 +101,11 @@ class Round:
         self.complete: set[int] = set()
         self.waiters: list[Waiter] = []         # pushes answered at close
         self.pulls: list[Waiter] = []           # deferred pulls
-        self.frames: dict[int, list] = {}       # chunk offset -> received arrays not summed yet
+        self.frames: dict[int, list] = {}       # chunk offset -> [(worker, received array)] not summed yet
         self.started = False                    # a chunk sum went into the value already
         self.rows: list[Rows] | None = None     # row-sparse pushes, in arrival order
         self.row_len = 0
+        self.skip: dict[int, int] = {}          # restarted worker -> leading elements its dead self sent
 
 
 class Waiter(NamedTuple):
@@ -108,7 +128,7 @@ class Stall(NamedTuple):
 
 class KeyState:
     __slots__ = ("key", "value", "dtype_code", "total", "init_src", "init_got", "rounds", "spare",
-                 "partial", "merge_dtype", "closed")
+                 "partial", "merge_dtype", "closed", "applied")
 
     def __init__(self, key: int, dtype_code: int, total: int, init_src: tuple[int, int]):
         self.key = key
@@ -122,6 +142,7 @@ class KeyState:
         self.partial: dict[tuple[int, int], list] = {}  # async: (worker, ts) -> [buffer, got]
         self.merge_dtype = DTYPES[dtype_code]
         self.closed = 0                         # sync rounds applied so far
+        self.applied: dict[int, int] = {}       # async: worker -> seq of its last applied push
 
     @property
     def ready(self) -> bool:
@@ -149,6 +170,8 @@ class Store:
         self.multi_precision = False
         self.compression: dict[str, Any] | None = None
         self.closed_workers: set[int] = set()
+        self.journal: list[Event] | None = None  # recorded changes, for a backup (ps/replica.py)
+        self.replaying: set[int] = set()         # restarted workers re-running steps their dead self did
         self._scratch = np.empty(0, np.uint8)  # reused for chunk sums that go through an optimizer
 
     # -- entry point ---------------------------------------------------------------------
@@ -196,6 +219,8 @@ class Store:
             ks = self.keys[key] = KeyState(key, code, total, (sender, ts))
             if self.multi_precision and DTYPES[code] == np.float16:
                 ks.merge_dtype = np.dtype(np.float32)
+        elif ks.ready and (ks.init_src[0] < 0 or sender in self.replaying):  # restored, or replayed
+            return [Reply(sender, Entry(ts, entry.op, key, 0, 0, total, code), None)] if off + n == total else []
         elif ks.init_src != (sender, ts):
             raise StoreError("ValueError", f"key {key} is already initialized; a key can be "
                                            "initialized only once")
@@ -204,6 +229,8 @@ class Store:
         ks.value[off:off + n] = data
         ks.init_got += n
         if ks.ready:
+            if self.journal is not None:
+                self.journal.append(Event("init", key, 0, [code, total], (ks.value.copy(),)))
             return [Reply(sender, Entry(ts, entry.op, key, 0, 0, total, code), None)]
         return []
 
@@ -212,13 +239,49 @@ class Store:
         ks = self._ready_key(entry)
         if sender in self.closed_workers:
             raise StoreError("PeerLostError", f"{self._who(sender)} already closed its store")
+        if self._applied_before(ks, sender, entry):
+            return self._answer_again(ks, sender, entry)
+        self.replaying.discard(sender)
         if entry.op & (Op.TWO_BIT | Op.FP16):
             data = self._decompress(entry, data, ks)
         if not self.sync:
             return self._push_async(sender, entry, data, ks)
         rnd = self._round_for(ks, sender, entry.ts)
-        self._gather(ks, rnd, entry.offset, entry.length, data)
+        if _sent_before(rnd, sender, entry):
+            return []                        # its dead self sent this chunk: counted already
+        self._gather(ks, rnd, sender, entry.offset, entry.length, data)
         return self._count(ks, rnd, sender, entry, ks.total)
+
+    def _applied_before(self, ks: KeyState, sender: int, entry: Entry) -> bool:
+        """A push this store already holds: resent after a server restart, or replayed by a
+        restarted worker (its dead self pushed it, whole, into a closed or open round)."""
+        seq = entry.seq
+        if not seq:
+            return False
+        if not self.sync:
+            return seq <= ks.applied.get(sender, 0)
+        return seq <= ks.closed + self._complete_open(ks, sender)
+
+    @staticmethod
+    def _complete_open(ks: KeyState, worker: int) -> int:
+        """How many of the key's leading open rounds hold a whole push of ``worker``."""
+        n = 0
+        for rnd in ks.rounds:
+            if worker not in rnd.complete:
+                break
+            n += 1
+        return n
+
+    def _answer_again(self, ks: KeyState, sender: int, entry: Entry) -> list[Reply]:
+        """Answer such a push once, at its last chunk (chunks of one push arrive in order),
+        with the value after its round: now if closed, else when it closes."""
+        if entry.offset + entry.length < entry.total:
+            return []
+        index = entry.seq - ks.closed - 1
+        if self.sync and 0 <= index < len(ks.rounds):
+            ks.rounds[index].pulls.append(Waiter(sender, entry))
+            return []
+        return self._answer(ks, Waiter(sender, entry))
 
     def _count(self, ks: KeyState, rnd: Round, sender: int, entry: Entry, whole: int) -> list[Reply]:
         """Count one chunk of a worker's push; once ``whole`` arrived, the push is complete."""
@@ -246,12 +309,17 @@ class Store:
         ks = self._rows_key(entry, data.ids)
         if sender in self.closed_workers:
             raise StoreError("PeerLostError", f"{self._who(sender)} already closed its store")
+        if self._applied_before(ks, sender, entry):
+            return self._answer_again(ks, sender, entry)
+        self.replaying.discard(sender)
         if not self.sync:
             return self._push_rows_async(sender, entry, data, ks)
         rnd = self._round_for(ks, sender, entry.ts)
+        if _sent_before(rnd, sender, entry):
+            return []
         if rnd.rows is None:
             rnd.rows = []
-        rnd.rows.append(data)
+        rnd.rows.append((sender, data))
         rnd.row_len = entry.row_len
         return self._count(ks, rnd, sender, entry, entry.total)    # rows entries count rows
 
@@ -269,9 +337,17 @@ class Store:
             data = Rows(np.concatenate([p.ids for p in parts]), np.concatenate([p.values for p in parts]))
         row_len = entry.row_len
         self._writable(ks)
-        self.updater.update_rows(ks.key, data.ids, data.values.reshape(-1, row_len).astype(ks.merge_dtype, copy=False),
-                                 ks.value.reshape(-1, row_len))
+        values = data.values.reshape(-1, row_len).astype(ks.merge_dtype, copy=False)
+        self.updater.update_rows(ks.key, data.ids, values, ks.value.reshape(-1, row_len))
+        self._applied_async(ks, sender, entry, "arows", (data.ids.copy(), values.copy()), row_len)
         return self._answer(ks, Waiter(sender, entry))
+
+    def _applied_async(self, ks: KeyState, sender: int, entry: Entry, kind: str, arrays: tuple,
+                       info: Any = None) -> None:
+        if entry.seq:
+            ks.applied[sender] = entry.seq
+        if self.journal is not None:
+            self.journal.append(Event(kind, ks.key, 0, [sender, entry.seq, info], arrays))
 
     def pull_rows(self, sender: int, entry: Entry, data: Rows) -> list[Reply]:
         ks = self._rows_key(entry, data.ids)
@@ -288,29 +364,29 @@ class Store:
         if rnd.frames:                          # some workers pushed dense: sum dense
             grad = np.zeros(ks.total, ks.merge_dtype)
             for off, pend in rnd.frames.items():
-                for frame in pend:
+                for frame in _by_worker(pend):
                     np.add(grad[off:off + frame.size], frame, out=grad[off:off + frame.size], casting="unsafe")
             rnd.frames = {}
             by_row = grad.reshape(-1, row_len)
-            for data in rnd.rows:
+            for data in _by_worker(rnd.rows):
                 by_row[data.ids] += data.values.reshape(-1, row_len)
             self._writable(ks)
             if self.updater is None:
                 np.copyto(ks.value, grad, casting="unsafe")
             else:
                 self.updater(ks.key, grad, ks.value)
+            if self.journal is not None:
+                self.journal.append(Event("dense", ks.key, 0, None, (grad,)))
             return
-        rows = np.unique(np.concatenate([data.ids for data in rnd.rows])).astype(np.int64)
+        pushes = _by_worker(rnd.rows)
+        rows = np.unique(np.concatenate([data.ids for data in pushes])).astype(np.int64)
         summed = np.zeros((rows.size, row_len), ks.merge_dtype)
-        for data in rnd.rows:                   # in arrival order, as dense sums; ids distinct per push
+        for data in pushes:                     # in rank order, as dense sums; ids distinct per push
             summed[np.searchsorted(rows, data.ids)] += data.values.reshape(-1, row_len)
         self._writable(ks)
-        weight = ks.value.reshape(-1, row_len)
-        if self.updater is None:
-            weight[:] = 0
-            weight[rows] = summed
-        else:
-            self.updater.update_rows(ks.key, rows, summed, weight)
+        apply_rows(self.updater, ks.key, ks.value.reshape(-1, row_len), rows, summed)
+        if self.journal is not None:
+            self.journal.append(Event("rows", ks.key, 0, row_len, (rows, summed.reshape(-1))))
 
     def _decompress(self, entry: Entry, data: np.ndarray, ks: KeyState) -> np.ndarray:
         if entry.op & Op.FP16:
@@ -325,7 +401,7 @@ class Store:
             if rnd.members.get(sender) == ts:
                 return rnd
         for rnd in ks.rounds:
-            if sender not in rnd.members:
+            if rnd.members.get(sender, DEAD) == DEAD:    # absent, or begun by its dead self
                 rnd.members[sender] = ts
                 return rnd
         rnd = Round(self.clock())
@@ -333,16 +409,16 @@ class Store:
         ks.rounds.append(rnd)
         return rnd
 
-    def _gather(self, ks: KeyState, rnd: Round, off: int, n: int, data: np.ndarray) -> None:
+    def _gather(self, ks: KeyState, rnd: Round, sender: int, off: int, n: int, data: np.ndarray) -> None:
         """Hold each worker's chunk (the received frame, no copy) until every worker sent it,
         then sum them in one pass (:meth:`_reduce`). A later round's complete chunks wait
         until it is the first open round: rounds change the value in order."""
         pend = rnd.frames.get(off)
         if pend is None:
             pend = rnd.frames[off] = []
-        elif pend[0].size != n:
+        elif pend[0][1].size != n:
             raise StoreError("ProtocolError", f"key {ks.key}: workers cut the value into different chunks")
-        pend.append(data)
+        pend.append((sender, data))
         if len(pend) >= self.num_workers and (rnd is ks.rounds[0] or self._whole_key()):
             self._reduce(ks, rnd, off, rnd.frames.pop(off))
 
@@ -356,7 +432,10 @@ class Store:
         full-size sum is kept. Safe because every worker pushed this chunk, so every worker
         is a member of this round and every pull of the key waits for it to close; the round
         is the first open one, so the value holds the previous round's result. Other
-        optimizers get the chunk summed into the round's full-size buffer."""
+        optimizers get the chunk summed into the round's full-size buffer. The frames are summed
+        in rank order, not arrival order: the same inputs give the same bits, so a restarted
+        server that redoes a round gets what the dead one would have (and runs repeat)."""
+        frames = _by_worker(frames)
         n = frames[0].size
         if self._whole_key():
             _sum(frames, self._merge_buffer(ks, rnd)[off:off + n])
@@ -368,13 +447,16 @@ class Store:
             rnd.started = True
         dst = ks.value[off:off + n]
         if self.updater is None and ks.merge_dtype == ks.value.dtype:
-            _sum(frames, dst)
-            return
-        total = _sum(frames, self._scratch_for(n, ks.merge_dtype))
-        if self.updater is None:
-            np.copyto(dst, total, casting="unsafe")
-        else:
-            self.updater.update_chunk(ks.key, off, total, ks.value)
+            total = _sum(frames, dst)
+        else:   # journaled: a buffer of its own, which the event keeps (the scratch is reused)
+            total = _sum(frames, self._scratch_for(n, ks.merge_dtype) if self.journal is None
+                         else np.empty(n, ks.merge_dtype))
+            if self.updater is None:
+                np.copyto(dst, total, casting="unsafe")
+            else:
+                self.updater.update_chunk(ks.key, off, total, ks.value)
+        if self.journal is not None:
+            self.journal.append(Event("chunk", ks.key, off, None, (total if total.base is None else total.copy(),)))
 
     def _scratch_for(self, n: int, dtype: np.dtype) -> np.ndarray:
         """Room for one chunk's sum; only used inside :meth:`_reduce`, so one buffer serves all keys."""
@@ -400,6 +482,8 @@ class Store:
             rnd = ks.rounds.pop(0)
             ks.closed += 1
             self._apply_round(ks, rnd)
+            if self.journal is not None:
+                self.journal.append(Event("close", ks.key, 0, ks.closed))
             for waiter in rnd.waiters + rnd.pulls:
                 replies += self._answer(ks, waiter)
             if ks.rounds:                      # chunks the next round completed while it waited
@@ -417,6 +501,8 @@ class Store:
             return
         self._writable(ks)
         self.updater(ks.key, merged, ks.value)
+        if self.journal is not None:
+            self.journal.append(Event("whole", ks.key, 0, None, (merged.copy(),)))
         ks.spare = merged if merged.nbytes <= SPARE_MAX_BYTES else None
 
     def _writable(self, ks: KeyState) -> None:
@@ -436,7 +522,9 @@ class Store:
                 return []
             data = ks.partial.pop((sender, ts))[0]
         self._writable(ks)
-        self.updater(key, data.astype(ks.value.dtype, copy=False), ks.value)
+        grad = data.astype(ks.value.dtype, copy=False)
+        self.updater(key, grad, ks.value)
+        self._applied_async(ks, sender, entry, "async", (grad.copy(),))
         return self._answer(ks, Waiter(sender, entry))
 
     # -- pull ----------------------------------------------------------------------------
@@ -476,6 +564,26 @@ class Store:
             waiting = tuple(sorted(rnd.complete | {p.worker for p in rnd.pulls}))
             found.append(Stall(ks.key, ks.closed + 1, now - rnd.opened, missing, waiting))
         return found
+
+    # -- workers restarting (PS_MAX_RESTARTS) -----------------------------------------------
+    def worker_died(self, worker: int) -> None:
+        """A worker died and its restart is awaited: the pushes it had begun stay (their
+        chunks may be summed already) and its restart sends only the rest (``Round.skip``);
+        until it pushes something new, it replays what its dead self did."""
+        self.replaying.add(worker)
+        for ks in self.keys.values():
+            for key in [k for k in ks.partial if k[0] == worker]:   # async: half-received pushes
+                del ks.partial[key]
+            for rnd in ks.rounds:
+                if worker in rnd.members and worker not in rnd.complete:
+                    rnd.members[worker] = DEAD
+                    rnd.skip[worker] = rnd.received.get(worker, 0)
+
+    def pushed(self, worker: int) -> dict[int, int]:
+        """Per key, the pushes of ``worker`` this store holds whole: where a restart resumes."""
+        if self.sync:
+            return {k: ks.closed + self._complete_open(ks, worker) for k, ks in self.keys.items()}
+        return {k: ks.applied.get(worker, 0) for k, ks in self.keys.items()}
 
     # -- workers leaving -----------------------------------------------------------------
     def worker_closed(self, worker: int) -> list[Reply]:
@@ -524,8 +632,44 @@ class Store:
             wide = multi_precision and ks.value.dtype == np.float16
             ks.merge_dtype = np.dtype(np.float32) if wide else ks.value.dtype
 
+    # -- recovery ------------------------------------------------------------------------
+    def half_applied(self) -> list[int]:
+        """Keys whose open sync round changed the value in part (chunk by chunk): a snapshot
+        now would hold half a round."""
+        return [ks.key for ks in self.keys.values() if any(r.started for r in ks.rounds)]
+
+    def restore_key(self, key: int, dtype_code: int, value: np.ndarray, closed: int,
+                    applied: dict[int, int]) -> None:
+        """A key as a replica held it (a restarted server): initialized, ``closed`` sync rounds."""
+        ks = self.keys[key] = KeyState(key, dtype_code, value.size, (-1, -1))
+        ks.value = value
+        ks.init_got = value.size
+        ks.closed = closed
+        ks.applied = dict(applied)
+
     def stats(self) -> dict[str, Any]:
         return {"keys": len(self.keys), "bytes": sum(ks.value.nbytes for ks in self.keys.values())}
+
+
+def apply_rows(updater: Updater | None, key: int, weight: np.ndarray, rows: np.ndarray, summed: np.ndarray) -> None:
+    """Close a row-sparse round (or replay its close on a backup, ps/replica.py): the rows'
+    sums through the optimizer, or, without one, they replace the value (MXNet assigns)."""
+    if updater is None:
+        weight[:] = 0
+        weight[rows] = summed
+    else:
+        updater.update_rows(key, rows, summed, weight)
+
+
+def _by_worker(pairs: list) -> list:
+    """[(worker, item)] -> the items in worker order."""
+    return [item for _, item in sorted(pairs, key=lambda pair: pair[0])]
+
+
+def _sent_before(rnd: Round, sender: int, entry: Entry) -> bool:
+    """A chunk a restarted worker's dead self had sent (chunks of a push arrive in order)."""
+    skip = rnd.skip.get(sender)
+    return skip is not None and entry.length > 0 and entry.offset + entry.length <= skip
 
 
 def _sum(frames: list, dst: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ was queued before, so a burst of small calls travels together without waiting on
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from typing import Any, Callable
 
@@ -21,21 +22,27 @@ from .keys import CHUNK_BYTES, Slice, chunks
 from .message import DTYPES, ROW_ID, Batch, Command, Entry, Message, Op, Rows, node_name, server_id
 from .postoffice import Postoffice
 
+logger = logging.getLogger(__name__)
+
 
 class KVWorker:
     """Owns its Customer (as in ps-lite): requests go out here, replies come back to it."""
 
     def __init__(self, po: Postoffice):
         self.po = po
-        self.customer = Customer()
+        self.customer = Customer(keep=po.config.max_restarts > 0)
+        self._push_seq: dict[int, int] = {}    # key -> pushes so far (Entry.seq)
+        self._seq_start = 0                    # a restarted worker that resumed: its round
         self._outbox: dict[int, Batch] = {}   # server id -> what waits to leave for it
         self._lock = threading.RLock()
         self._flush_scheduled = False
         self._cmd_ids = itertools.count(1)
         self._cmd_waiters: dict[int, tuple[threading.Event, dict[int, Any]]] = {}
+        self._cmd_sent: dict[int, tuple[list[int], dict[str, Any]]] = {}
         po.on(Command.DATA, self.customer.on_reply)
         po.on(Command.SERVER_CMD, self._on_command_reply)
         po.add_failure_listener(self.customer.fail_all)
+        po.add_node_listener(self._on_node)
 
     def request(self, op: int, key: int, slices: tuple[Slice, ...], code: int, value: np.ndarray | None,
                 out: np.ndarray | None, what: str,
@@ -50,17 +57,31 @@ class KVWorker:
         ts = req.ts
         itemsize = DTYPES[code].itemsize
         with self._lock:
+            seq = self._next_seq(op, key)
             for s in slices:
                 sid = server_id(s.server)
                 if value is None:
-                    self._emit(sid, Entry(ts, op, key, 0, s.size, s.size, code), None)
+                    self._emit(sid, Entry(ts, op, key, 0, s.size, s.size, code, None, 0, seq), None, req)
                     continue
                 piece = value[s.start:s.start + s.size]
                 for off, n in chunks(s.size, itemsize):   # the key's dtype: same cut for every encoding
                     chunk = piece[off:off + n]
-                    self._emit(sid, Entry(ts, op, key, off, n, s.size, code),
-                               chunk if encode is None else encode(chunk))
+                    self._emit(sid, Entry(ts, op, key, off, n, s.size, code, None, 0, seq),
+                               chunk if encode is None else encode(chunk), req)
         return req
+
+    def _next_seq(self, op: int, key: int) -> int:
+        """A push's number among this worker's pushes to ``key`` (under the lock: in send order)."""
+        if not op & Op.PUSH:
+            return 0
+        seq = self._push_seq[key] = self._push_seq.get(key, self._seq_start) + 1
+        return seq
+
+    def resume(self, round_: int) -> None:
+        """Number the next push to every key ``round_ + 1`` (a restarted worker skipping ahead)."""
+        with self._lock:
+            self._seq_start = round_
+            self._push_seq = {k: max(v, round_) for k, v in self._push_seq.items()}
 
     def request_rows(self, op: int, key: int, slices: tuple[Slice, ...], code: int, row_len: int,
                      rows: np.ndarray, values: np.ndarray | None, out: np.ndarray | None, what: str) -> Request:
@@ -85,19 +106,23 @@ class KVWorker:
                                             {sid: lo * row_len for sid, _, lo, _ in parts}, what)
         per_chunk = max(1, CHUNK_BYTES // (row_len * DTYPES[code].itemsize))
         with self._lock:
+            seq = self._next_seq(op, key)
             for sid, first, lo, hi in parts:
                 ids = (rows[lo:hi] - first).astype(ROW_ID)
                 n = hi - lo
                 if not op & Op.PUSH:
-                    self._emit(sid, Entry(req.ts, op, key, 0, n, n, code, None, row_len), Rows(ids))
+                    self._emit(sid, Entry(req.ts, op, key, 0, n, n, code, None, row_len), Rows(ids), req)
                     continue
                 for off in range(0, max(n, 1), per_chunk):
                     m = min(per_chunk, n - off)
-                    self._emit(sid, Entry(req.ts, op, key, off, m, n, code, None, row_len),
-                               Rows(ids[off:off + m], values[lo + off:lo + off + m].reshape(-1)))
+                    self._emit(sid, Entry(req.ts, op, key, off, m, n, code, None, row_len, seq),
+                               Rows(ids[off:off + m], values[lo + off:lo + off + m].reshape(-1)), req)
         return req
 
-    def _emit(self, sid: int, entry: Entry, data: np.ndarray | Rows | None) -> None:
+    def _emit(self, sid: int, entry: Entry, data: np.ndarray | Rows | None, req: Request | None = None) -> None:
+        if req is not None and req.sent is not None:
+            # no copy: a pushed array must not change until its push is answered (KVStore.push)
+            req.sent.append((sid, entry, data))
         box = self._outbox.get(sid)
         if box is None:
             if not self._flush_scheduled:
@@ -122,6 +147,25 @@ class KVWorker:
     def _send(self, sid: int, box: Batch) -> None:
         self.po.send(Message(Command.DATA, recver=sid, body=box.entries, frames=box.frames))
 
+    # -- a server restarted (PS_MAX_RESTARTS) --------------------------------------------
+    def _on_node(self, node_id: int, up: bool) -> None:
+        """A restarted server is back with its state as of its last replicated change:
+        resend everything it has not answered; it answers what it already applied."""
+        if not up or node_id not in self.po.server_ids:
+            return
+        requests = [r for r in self.customer.pending() if node_id in r.pending and r.sent is not None]
+        with self._lock:
+            for req in requests:
+                for entry, data in req.restart(node_id):
+                    self._emit(node_id, entry, data)
+            self.flush()
+        for cid, (servers, body) in list(self._cmd_sent.items()):
+            waiter = self._cmd_waiters.get(cid)
+            if waiter is not None and node_id in servers and node_id not in waiter[1]:
+                self.po.send(Message(Command.SERVER_CMD, recver=node_id, body=body))
+        if requests:
+            logger.warning("%s: resent %d unanswered request(s) to %s", self.po, len(requests), node_name(node_id))
+
     # -- waiting -------------------------------------------------------------------------
     def handle(self, requests: list[Request], finalize: Callable[[], Any]) -> Handle:
         """The future of one call made of ``requests``."""
@@ -145,9 +189,11 @@ class KVWorker:
         cid = next(self._cmd_ids)
         event, results = threading.Event(), {}
         self._cmd_waiters[cid] = (event, results)
+        body = {"id": cid, "cmd": cmd, **(payload or {})}
+        self._cmd_sent[cid] = (servers, body)
         try:
             for sid in servers:
-                self.po.send(Message(Command.SERVER_CMD, recver=sid, body={"id": cid, "cmd": cmd, **(payload or {})}))
+                self.po.send(Message(Command.SERVER_CMD, recver=sid, body=body))
             deadline = Deadline(timeout or self.po.config.request_timeout or None)
             while len(results) < len(servers):
                 event.wait(deadline.remaining(0.5))
@@ -157,6 +203,7 @@ class KVWorker:
                 deadline.check(f"servers to answer {cmd!r} ({len(results)}/{len(servers)} answered)")
         finally:
             self._cmd_waiters.pop(cid, None)
+            self._cmd_sent.pop(cid, None)
         for sid, reply in results.items():
             if reply.get("error"):
                 kind, text = reply["error"]
@@ -169,3 +216,4 @@ class KVWorker:
         if waiter is not None:
             waiter[1][msg.sender] = body
             waiter[0].set()
+

@@ -76,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ps-env", action="append", default=[], metavar="NAME=VALUE", help="extra env for ps processes")
     p.add_argument("--native-env", action="append", default=[], metavar="NAME=VALUE",
                    help="extra env for native processes")
+    p.add_argument("--ab-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="extra env for ps-b only (--ab . --ab-env PS_MAX_RESTARTS=1: a setting's cost in one run)")
     p.add_argument("--py-spy", metavar="DIR", help="record the ps servers with py-spy (speedscope files in DIR)")
     p.add_argument("--cprofile", metavar="DIR", help="cProfile the ps workers' timed rounds (files in DIR)")
     args = p.parse_args(argv)
@@ -256,6 +258,7 @@ def start_clusters(impls: list[str], w: int, s: int, spec: dict[str, Any], args:
             env = _env_pairs(args.native_env if impl == "native" else args.ps_env)
             if impl == "ps-b":
                 env["PYTHONPATH"] = args.ab
+                env.update(_env_pairs(args.ab_env))
             wrap = None
             if impl == "ps" and args.py_spy:
                 os.makedirs(args.py_spy, exist_ok=True)

@@ -71,3 +71,7 @@ class Van(Protocol):
     def transport_stats(self) -> dict[str, int]:
         """Counters of the transport: bytes sent and received, resends, duplicates..."""
         return {}
+
+    def forget(self, peer: Any) -> None:
+        """Drop what the transport keeps about a peer (a node id or a ROUTER identity) that
+        died: a restarted node starts its channels afresh (PS_RESEND's sequence numbers)."""

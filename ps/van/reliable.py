@@ -167,6 +167,15 @@ class ReliableVan(Van):
     def transport_stats(self) -> dict[str, int]:
         return {**self.inner.transport_stats(), **self.stats}
 
+    def forget(self, peer: Any) -> None:
+        with self._lock:
+            self._next_seq.pop(peer, None)
+            for key in [k for k in self._unacked if k[0] == peer]:
+                del self._unacked[key]
+            self._expected.pop(peer, None)
+            self._held.pop(peer, None)
+        self.inner.forget(peer)
+
     def pending(self) -> int:
         with self._lock:
             return len(self._unacked)

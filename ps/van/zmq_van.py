@@ -220,7 +220,9 @@ class ZmqVan(Van):
         try:
             tracker = sock.send_multipart(frames, copy=False, track=msg.on_sent is not None)
         except zmq.ZMQError as exc:
-            logger.warning("dropping %r: %s", msg, exc.strerror)
+            # EHOSTUNREACH: a peer that died (the scheduler names it); anything else is news
+            logger.log(logging.INFO if exc.errno == zmq.EHOSTUNREACH else logging.WARNING,
+                       "dropping %r: %s", msg, exc.strerror)
             return
         self._bytes_sent += nbytes
         if msg.on_sent is not None:

@@ -143,3 +143,20 @@ def test_float16_multi_precision_merges_in_float32():
     s.handle(W1, Entry(3, *e[1:]), -big)
     (p,) = s.handle(W0, entry(4, Op.PULL, code=dtype_code(np.float16)), None)
     np.testing.assert_array_equal(p.data, np.zeros(6, np.float16))
+
+
+def test_a_round_sums_in_rank_order_whatever_the_arrival_order():
+    """float32 addition does not associate: 1e8 + 1 - 1e8 + 1 depends on the order. Summing in
+    rank order makes a round's result a function of its pushes, so a restarted server that
+    redoes a round gets the bits the dead one would have (docs/reliability.md)."""
+    workers = [9, 11, 13, 15]
+    pushes = {9: 1e8, 11: 1.0, 13: -1e8, 15: 1.0}
+    results = set()
+    for order in ([9, 11, 13, 15], [13, 11, 15, 9], [15, 13, 11, 9], [11, 9, 15, 13]):
+        s = Store(4, sync=True)
+        init(s)
+        for ts, w in enumerate(order):
+            push(s, w, 100 + ts, np.full(6, pushes[w]))
+        results.add(float(s.keys[3].value[0]))
+    assert len(results) == 1, results
+    assert workers == sorted(pushes)

@@ -1,0 +1,168 @@
+"""Chaos soak: a long sync job under ``--max-restarts`` while a random server or worker is
+SIGKILLed every ~N rounds; the final weights must equal an unfaulted run's.
+
+    python -m ps.bench.chaos --workers 4 --servers 2 --rounds 2000 --kill-every 100
+
+Runs the job twice through ``python -m ps.launch``: once untouched (the reference), once with
+kills (one at a time: the next waits until the last restart is back). Gradients depend only
+on (rank, round, key), and restarted workers resume at ``kv.round``. Prints a JSON summary:
+kills, restarts, exit status, rounds completed, max |w - w_ref|, server RSS, wall times.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import psutil
+
+from launcher.process import start_group, stop_group
+
+SHAPES = {"small": (2, 3), "mid": (40_000,), "big": (300_000,)}     # big: cut across every server
+BOUND = "100000"                                                    # MXNET_KVSTORE_BIGARRAY_BOUND
+
+
+def grad(rank: int, rnd: int, salt: int, shape: tuple) -> np.ndarray:
+    x = np.arange(int(np.prod(shape)), dtype=np.float64)
+    return (np.sin(0.001 * x * (salt + 1) + 0.37 * rnd + 1.3 * rank) * 0.01).astype(np.float32).reshape(shape)
+
+
+def worker(out: str, rounds: int) -> None:
+    import ps
+    kv = ps.KVStore("dist_sync")
+    kv.init(list(SHAPES), [np.full(s, 0.5, np.float32) for s in SHAPES.values()])
+    kv.set_optimizer(ps.optim.SGD(learning_rate=0.1, momentum=0.9, wd=1e-4))
+    start = kv.resume() if kv.restarted else 0
+    if kv.restarted:
+        print(f"RESTARTED worker {kv.rank} at round {start}", flush=True)
+    vals = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
+    for rnd in range(start, rounds):
+        for salt, (key, shape) in enumerate(SHAPES.items()):
+            kv.push(key, grad(kv.rank, rnd, salt, shape))
+        for key in SHAPES:
+            kv.pull(key, out=vals[key])
+        if kv.rank == 0 and rnd % 10 == 0:
+            print(f"ROUND {rnd}", flush=True)
+    kv.barrier()
+    for key in SHAPES:
+        kv.pull(key, out=vals[key])
+    if kv.rank == 0:
+        np.savez(os.path.join(out, "weights.npz"), **vals)
+    print(f"FINISHED worker {kv.rank}", flush=True)
+    kv.close()
+
+
+def job_pids(port: str) -> dict[tuple[str, int], int]:
+    """(role, rank) -> pid of the live servers and workers of the job on scheduler ``port``."""
+    found = {}
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+            if env.get("DMLC_PS_ROOT_PORT") == port and env.get("DMLC_ROLE") in ("server", "worker") \
+                    and proc.status() != psutil.STATUS_ZOMBIE:
+                found[(env["DMLC_ROLE"], int(env["DMLC_RANK"]))] = proc.pid
+        except (psutil.Error, OSError, KeyError, ValueError):
+            continue
+    return found
+
+
+def run_job(args: argparse.Namespace, out: str, kill_every: int, rng: random.Random) -> dict:
+    cmd = [sys.executable, "-m", "ps.launch", "-n", str(args.workers), "-s", str(args.servers), "--launcher", "local",
+           "--max-restarts", str(args.max_restarts if kill_every else 0),
+           sys.executable, "-m", "ps.bench.chaos", "--worker-mode", out, str(args.rounds)]
+    env = {**os.environ, "MXNET_KVSTORE_BIGARRAY_BOUND": BOUND, "PS_CONNECT_TIMEOUT": "60"}
+    proc = start_group(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.SimpleQueue = queue.SimpleQueue()
+    threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True).start()
+    started, port, last_round, kills, back = time.time(), None, -1, [], True
+    next_kill = kill_every + rng.randrange(-kill_every // 3, kill_every // 3 + 1) if kill_every else None
+    rss: dict[int, list[int]] = {}
+    log = open(os.path.join(out, "job.log"), "w")
+    last_sample = 0.0
+    while proc.poll() is None or not lines.empty():
+        try:
+            line = lines.get(timeout=0.2)
+        except queue.Empty:
+            line = None
+        if line is not None:
+            log.write(line)
+            if port is None and (m := re.search(r"scheduler 127\.0\.0\.1:(\d+)", line)):
+                port = m.group(1)
+            if m := re.search(r"\[worker 0\] ROUND (\d+)", line):
+                last_round = max(last_round, int(m.group(1)))
+            if "is back after" in line:
+                back = True
+        if time.time() - started > args.timeout:
+            stop_group(proc)
+            break
+        if port and time.time() - last_sample > 1.0:
+            last_sample = time.time()
+            for (role, rank), pid in job_pids(port).items():
+                if role == "server":
+                    try:
+                        rss.setdefault(rank, []).append(psutil.Process(pid).memory_info().rss // 1024)
+                    except psutil.Error:
+                        pass
+        if next_kill is not None and port and back and last_round >= next_kill \
+                and last_round < args.rounds - 20 and len(kills) < args.max_restarts:
+            pids = job_pids(port)
+            if pids:
+                target = rng.choice(sorted(pids))
+                os.kill(pids[target], signal.SIGKILL)
+                kills.append({"round": last_round, "role": target[0], "rank": target[1]})
+                back = False
+                next_kill = last_round + kill_every + rng.randrange(-kill_every // 3, kill_every // 3 + 1)
+    code = proc.wait()
+    log.close()
+    text = open(os.path.join(out, "job.log")).read()
+    return {"exit": code, "seconds": round(time.time() - started, 1), "kills": kills,
+            "restarts": text.count("starting it again"), "last_round": last_round,
+            "server_rss_kb": {r: [v[0], v[-1]] for r, v in rss.items() if v}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--servers", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2000)
+    ap.add_argument("--kill-every", type=int, default=100, help="rounds between kills (+-1/3, at random)")
+    ap.add_argument("--max-restarts", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--worker-mode", nargs=2, metavar=("OUT", "ROUNDS"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker_mode:
+        worker(args.worker_mode[0], int(args.worker_mode[1]))
+        return 0
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory(prefix="ps-chaos-") as tmp:
+        ref_dir, run_dir = os.path.join(tmp, "ref"), os.path.join(tmp, "run")
+        os.makedirs(ref_dir)
+        os.makedirs(run_dir)
+        ref = run_job(args, ref_dir, 0, rng)
+        run = run_job(args, run_dir, args.kill_every, rng)
+        diff = None
+        if os.path.exists(os.path.join(ref_dir, "weights.npz")) and os.path.exists(os.path.join(run_dir, "weights.npz")):
+            with np.load(os.path.join(ref_dir, "weights.npz")) as a, np.load(os.path.join(run_dir, "weights.npz")) as b:
+                diff = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+        summary = {"seed": seed, "workers": args.workers, "servers": args.servers, "rounds": args.rounds,
+                   "reference": ref, "faulted": run, "max_abs_diff": diff}
+        print(json.dumps(summary, indent=1))
+        if run["exit"] != 0:
+            print(open(os.path.join(run_dir, "job.log")).read()[-5000:], file=sys.stderr)
+        return 0 if run["exit"] == 0 and diff == 0.0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,248 @@
+"""A backup server's copy of another server's state, kept by replaying its changes.
+
+With ``PS_MAX_RESTARTS`` > 0 server rank r is the backup of rank r-1 (its *primary*, in a
+ring). The primary records every change of its store as :class:`ps.store.Event`s: the sums
+a round applied, never the workers' pushes, so a backup receives one push's worth of bytes
+per round, not one per worker. The backup replays them with the same optimizer code on the
+same inputs, so its copy is bit-identical to the primary's as of the last closed round.
+A round's chunk sums are held until its close event and then applied together: a copy
+never holds half a round, whatever moment the primary dies at.
+
+A restarted server fetches its state from its backup (:func:`restore`). Nothing is
+unpickled: events are msgpack metadata plus raw arrays whose dtype and size are checked.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import optim
+from .errors import ProtocolError
+from .message import DTYPES
+from .store import Event, Store, Updater, apply_rows
+
+# dtypes an event array may have: the key dtypes plus int64 row ids
+_ARRAY_DTYPES = (*DTYPES, np.dtype("<i8"), np.dtype("<u4"))
+_ARRAY_CODE = {dt: i for i, dt in enumerate(_ARRAY_DTYPES)}
+
+
+# -- wire ------------------------------------------------------------------------------------
+def encode_events(events: list[Event]) -> tuple[list[Any], list[np.ndarray]]:
+    """(msgpack-able body, frames): each event as [kind, key, offset, info, [(code, size)...]]."""
+    body, frames = [], []
+    for ev in events:
+        layout = []
+        for arr in ev.arrays:
+            arr = np.ascontiguousarray(arr).reshape(-1)
+            layout.append([_ARRAY_CODE[arr.dtype], arr.size])
+            frames.append(arr)
+        body.append([ev.kind, ev.key, ev.offset, ev.info, layout])
+    return body, frames
+
+
+def decode_events(body: Any, frames: list[Any]) -> list[Event]:
+    """Raises ProtocolError if the metadata and the frames disagree."""
+    if not isinstance(body, list):
+        raise ProtocolError("replica events must be a list")
+    it = iter(frames)
+    events = []
+    for raw in body:
+        if not (isinstance(raw, list) and len(raw) == 5 and isinstance(raw[0], str)
+                and isinstance(raw[1], int) and isinstance(raw[2], int) and isinstance(raw[4], list)):
+            raise ProtocolError(f"malformed replica event {raw!r:.100}")
+        kind, key, offset, info, layout = raw
+        arrays = []
+        for item in layout:
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int)
+                    and isinstance(item[1], int) and 0 <= item[0] < len(_ARRAY_DTYPES) and item[1] >= 0):
+                raise ProtocolError(f"malformed replica array {item!r:.100}")
+            dtype = _ARRAY_DTYPES[item[0]]
+            frame = next(it, None)
+            if frame is None or memoryview(frame).nbytes != item[1] * dtype.itemsize:
+                raise ProtocolError(f"replica event {kind} of key {key}: frame size does not match")
+            arrays.append(np.frombuffer(frame, dtype=dtype))
+        events.append(Event(kind, key, offset, info, tuple(arrays)))
+    if next(it, None) is not None:
+        raise ProtocolError("more replica frames than events")
+    return events
+
+
+# -- what a snapshot holds -------------------------------------------------------------------
+def updater_events(updater: Updater | None, multi_precision: bool, compression: Any) -> list[Event]:
+    """The optimizer (spec and states) and compression, as events. Raises ValueError for an
+    optimizer ps cannot replicate (MXNet's own, pickled)."""
+    events = []
+    if updater is not None:
+        if not isinstance(updater, optim.Updater):
+            raise ValueError(f"the servers run a pickled MXNet optimizer ({type(updater.optimizer).__name__}), "
+                             "which ps cannot replicate; use one ps has in numpy (docs/optimizers.md)")
+        events.append(Event("opt", 0, 0, [updater.optimizer.to_spec(), multi_precision]))
+        events.append(Event("states", 0, 0, updater.get_states()))
+    if compression is not None:
+        events.append(Event("compression", 0, 0, compression))
+    return events
+
+
+def snapshot(store: Store) -> list[Event]:
+    """Everything a backup needs to mirror ``store`` (call between rounds: see half_applied)."""
+    events = updater_events(store.updater, store.multi_precision, store.compression)
+    for ks in store.keys.values():
+        if ks.ready:
+            events.append(Event("key", ks.key, 0, [ks.dtype_code, ks.closed, list(ks.applied.items())],
+                                (ks.value.copy(),)))
+    return events
+
+
+def restore(store: Store, events: list[Event]) -> None:
+    """Fill a restarted server's empty store from its backup's snapshot."""
+    updater, multi = None, False
+    for ev in events:
+        if ev.kind == "key":
+            code, closed, applied = ev.info
+            store.restore_key(ev.key, code, ev.arrays[0].copy(), closed, {int(w): int(s) for w, s in applied})
+        elif ev.kind == "opt":
+            updater, multi = optim.Updater(optim.from_spec(ev.info[0])), bool(ev.info[1])
+        elif ev.kind == "states" and updater is not None:
+            updater.set_states(ev.info)
+        elif ev.kind == "compression":
+            store.compression = ev.info
+    store.set_updater(updater, multi)
+
+
+# -- the backup's copy -------------------------------------------------------------------------
+@dataclass
+class MirrorKey:
+    value: np.ndarray
+    dtype_code: int
+    closed: int = 0
+    applied: dict[int, int] = field(default_factory=dict)
+    chunks: list[tuple[int, np.ndarray]] = field(default_factory=list)   # the open round's sums
+
+
+class Mirror:
+    """A primary server's state as its backup holds it."""
+
+    def __init__(self, primary: int):
+        self.primary = primary
+        self.keys: dict[int, MirrorKey] = {}
+        self.updater: optim.Updater | None = None
+        self.multi_precision = False
+        self.compression: Any = None
+        self.events = 0
+        self.broken: str | None = None      # a change it cannot replay arrived (the copy is useless)
+
+    def apply(self, events: list[Event]) -> None:
+        for ev in events:
+            self.events += 1
+            handler = self._HANDLERS.get(ev.kind)
+            if handler is None:
+                raise ProtocolError(f"unknown replica event {ev.kind!r}")
+            handler(self, ev)
+
+    def snapshot(self) -> list[Event]:
+        """This copy as the events :func:`restore` reads (the open rounds' sums left out)."""
+        events = []
+        if self.updater is not None:
+            events += updater_events(self.updater, self.multi_precision, None)
+        if self.compression is not None:
+            events.append(Event("compression", 0, 0, self.compression))
+        for key, mk in self.keys.items():
+            events.append(Event("key", key, 0, [mk.dtype_code, mk.closed, list(mk.applied.items())], (mk.value,)))
+        return events
+
+    def nbytes(self) -> int:
+        return sum(mk.value.nbytes for mk in self.keys.values())
+
+    # -- replay: the same calls the primary's Store made, on the same inputs -----------------
+    def _key(self, ev: Event) -> MirrorKey:
+        mk = self.keys.get(ev.key)
+        if mk is None:
+            raise ProtocolError(f"replica event {ev.kind} for key {ev.key}, which the replica does not hold")
+        return mk
+
+    def _on_init(self, ev: Event) -> None:
+        code, _total = ev.info
+        self.keys[ev.key] = MirrorKey(ev.arrays[0].copy(), code)
+
+    def _on_key(self, ev: Event) -> None:
+        code, closed, applied = ev.info
+        self.keys[ev.key] = MirrorKey(ev.arrays[0].copy(), code, closed, {int(w): int(s) for w, s in applied})
+
+    def _on_chunk(self, ev: Event) -> None:
+        self._key(ev).chunks.append((ev.offset, ev.arrays[0].copy()))
+
+    def _on_close(self, ev: Event) -> None:
+        mk = self._key(ev)
+        chunks, mk.chunks = mk.chunks, []
+        if chunks and self.updater is not None:
+            self.updater.begin(ev.key, mk.value)
+        for off, total in chunks:
+            if self.updater is None:
+                np.copyto(mk.value[off:off + total.size], total, casting="unsafe")
+            else:
+                self.updater.update_chunk(ev.key, off, total, mk.value)
+        mk.closed = ev.info
+
+    def _on_whole(self, ev: Event) -> None:
+        self._updater()(ev.key, ev.arrays[0], self._key(ev).value)
+
+    def _on_dense(self, ev: Event) -> None:
+        mk = self._key(ev)
+        if self.updater is None:
+            np.copyto(mk.value, ev.arrays[0], casting="unsafe")
+        else:
+            self.updater(ev.key, ev.arrays[0], mk.value)
+
+    def _on_rows(self, ev: Event) -> None:
+        mk, row_len = self._key(ev), ev.info
+        apply_rows(self.updater, ev.key, mk.value.reshape(-1, row_len), ev.arrays[0], ev.arrays[1].reshape(-1, row_len))
+
+    def _on_async(self, ev: Event) -> None:
+        mk = self._key(ev)
+        worker, seq, _ = ev.info
+        self._updater()(ev.key, ev.arrays[0], mk.value)
+        if seq:
+            mk.applied[worker] = seq
+
+    def _on_arows(self, ev: Event) -> None:
+        mk = self._key(ev)
+        worker, seq, row_len = ev.info
+        self._updater().update_rows(ev.key, ev.arrays[0], ev.arrays[1].reshape(-1, row_len),
+                                    mk.value.reshape(-1, row_len))
+        if seq:
+            mk.applied[worker] = seq
+
+    def _on_opt(self, ev: Event) -> None:
+        self.updater = optim.Updater(optim.from_spec(ev.info[0]))
+        self.multi_precision = bool(ev.info[1])
+
+    def _on_states(self, ev: Event) -> None:
+        self._updater().set_states(ev.info)
+
+    def _on_params(self, ev: Event) -> None:
+        opt = self._updater().optimizer
+        if "learning_rate" in ev.info:
+            opt.set_learning_rate(float(ev.info["learning_rate"]))
+        if "rescale_grad" in ev.info:
+            opt.rescale_grad = float(ev.info["rescale_grad"])
+
+    def _on_compression(self, ev: Event) -> None:
+        self.compression = ev.info
+
+    def _on_unreplicable(self, ev: Event) -> None:
+        self.broken = str(ev.info)
+
+    def _updater(self) -> optim.Updater:
+        if self.updater is None:
+            raise ProtocolError("replica event needs an optimizer the replica does not have")
+        return self.updater
+
+    _HANDLERS = {
+        "init": _on_init, "key": _on_key, "chunk": _on_chunk, "close": _on_close, "whole": _on_whole,
+        "dense": _on_dense, "rows": _on_rows, "async": _on_async, "arows": _on_arows, "opt": _on_opt,
+        "states": _on_states, "params": _on_params, "compression": _on_compression,
+        "unreplicable": _on_unreplicable,
+    }
+

@@ -1,0 +1,251 @@
+"""Server replication (PS_MAX_RESTARTS > 0, two servers or more): the protocol around
+ps/replica.py's copy.
+
+Servers form a ring: rank r keeps the copy of rank r-1 (its *primary*) and rank r+1 keeps
+rank r's (its *backup*). A backup asks its primary for a snapshot (SUBSCRIBE); from then on
+the primary streams every change of its store (REPLICA) and holds each reply until the
+backup has acknowledged the changes made before it. So whatever a worker was answered is
+in the copy: a primary that dies loses nothing its workers do not still hold and resend.
+A restarted server fetches its state from its backup (FETCH) before the scheduler tells
+the workers it is back.
+
+Everything here runs on the van's I/O thread, like the store, except :meth:`start`.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from typing import Callable
+
+from . import replica
+from ._timing import Deadline
+from .errors import ProtocolError, PSError
+from .message import Command, Message, node_name, server_id
+from .postoffice import Postoffice
+from .store import Event, Store
+
+logger = logging.getLogger(__name__)
+
+
+class Replication:
+    def __init__(self, po: Postoffice, name: Callable[[], str], store: Callable[[], Store]):
+        self.po, self._name, self._store = po, name, store
+        self.enabled = po.config.max_restarts > 0 and po.num_servers >= 2
+        # primary side: the backup that subscribed, and replies held until it acknowledges
+        self.subscriber: tuple[int, bytes | None] | None = None
+        self._wanted: tuple[int, bytes | None] | None = None
+        self.seq = 0
+        self.acked = 0
+        self._held: collections.deque[tuple[int, Callable[[], None]]] = collections.deque()
+        self.bytes_sent = 0
+        # backup side: the primary's copy
+        self.mirror: replica.Mirror | None = None
+        self.mirror_error: str | None = "its primary has not sent a snapshot yet"
+        # a restarted server: its state, fetched from its backup
+        self._fetched = threading.Event()
+        self._fetch_events: list[Event] = []
+        self._fetch_error: str | None = None
+        po.on(Command.REPLICA, self._on_replica)
+        po.on(Command.SUBSCRIBE, self._on_subscribe)
+        po.on(Command.FETCH, self._on_fetch)
+        po.add_node_listener(self._on_node)
+
+    @property
+    def name(self) -> str:
+        return self._name()
+
+    @property
+    def primary(self) -> int:
+        return server_id((self.po.rank - 1) % self.po.num_servers)
+
+    @property
+    def backup(self) -> int:
+        return server_id((self.po.rank + 1) % self.po.num_servers)
+
+    # -- joining (main thread) ------------------------------------------------------------
+    def start(self) -> str | None:
+        """After the node table: a restarted server fetches its state; then every server
+        subscribes to its primary. Returns why a restarted server cannot recover, if so."""
+        if not self.enabled:
+            return "the job keeps no replica (DMLC_NUM_SERVER < 2 or PS_MAX_RESTARTS=0)" if self.po.restarted else None
+        if self.po.restarted:
+            error = self._fetch()
+            if error is not None:
+                return error
+        self.po.connect(self.primary)
+        self.po.send(Message(Command.SUBSCRIBE, recver=self.primary))
+        return None
+
+    def _fetch(self) -> str | None:
+        backup = self.backup
+        if backup in self.po.down:
+            return f"its backup {node_name(backup)} is down too: {self.po.down[backup]}"
+        self.po.connect(backup)
+        self.po.send(Message(Command.FETCH, recver=backup))
+        deadline = Deadline(self.po.config.connect_timeout)
+        while not self._fetched.wait(deadline.remaining(0.5)):
+            if self.po.failure is not None:
+                raise self.po.failure
+            if deadline.expired:
+                return (f"its backup {node_name(backup)} did not send the replica within "
+                        f"{deadline.seconds:g}s (PS_CONNECT_TIMEOUT)")
+        if self._fetch_error is None:
+            store = self._store()
+            logger.warning("%s recovered %d keys (%.1f MB) from the replica on %s", self.name, len(store.keys),
+                           store.stats()["bytes"] / 1e6, node_name(backup))
+        return self._fetch_error
+
+    # -- primary side --------------------------------------------------------------------
+    def after(self, send: Callable[[], None]) -> None:
+        """Run ``send`` (replies to workers) once the backup holds every change made so
+        far: stream this handler's changes first, then hold ``send`` until acknowledged."""
+        store = self._store()
+        if self.subscriber is not None and store.journal:
+            events, store.journal = store.journal, []
+            self._send_events(events)
+            self._held.append((self.seq, send))
+        elif self._held:
+            self._held.append((self.seq, send))
+        else:
+            send()
+        if self._wanted is not None:
+            self._try_snapshot()
+
+    def _on_subscribe(self, msg: Message) -> None:
+        self._restarted(msg)
+        self._wanted = (msg.sender, msg.route)
+        self._try_snapshot()
+
+    def _try_snapshot(self) -> None:
+        """Answer a subscription with a snapshot, but only between rounds: a copy taken while
+        a round is half applied (chunk by chunk) would apply that round's first half twice."""
+        store = self._store()
+        if self._wanted is None or store.half_applied():
+            return
+        sub, self._wanted = self._wanted, None
+        try:
+            events = replica.snapshot(store)
+        except ValueError as exc:
+            logger.warning("%s keeps no replica: %s", self.name, exc)
+            self._send(sub, {"seq": 0, "error": str(exc)}, [])
+            return
+        self.subscriber = sub
+        store.journal = []
+        settings = [e for e in events if e.kind != "key"]
+        self._send_events(settings, reset=True)
+        for ev in events:
+            if ev.kind == "key":
+                self._send_events([ev])
+        logger.info("%s: %s now keeps a replica of this server (%d keys)", self.name, node_name(sub[0]),
+                    len(events) - len(settings))
+
+    def _send_events(self, events: list[Event], reset: bool = False) -> None:
+        assert self.subscriber is not None
+        body, frames = replica.encode_events(events)
+        self.seq += 1
+        self.bytes_sent += sum(f.nbytes for f in frames)
+        self._send(self.subscriber, {"seq": self.seq, "reset": reset, "events": body}, frames)
+
+    def _send(self, to: tuple[int, bytes | None], body: dict, frames: list) -> None:
+        self.po.send(Message(Command.REPLICA, recver=to[0], body=body, frames=frames, route=to[1]))
+
+    def _release(self) -> None:
+        while self._held and self._held[0][0] <= self.acked:
+            self._held.popleft()[1]()
+
+    # -- backup side ---------------------------------------------------------------------
+    def _on_replica(self, msg: Message) -> None:
+        body = msg.body if isinstance(msg.body, dict) else {}
+        if not msg.request:                               # an acknowledgement, on the primary
+            if self.subscriber is not None and msg.sender == self.subscriber[0]:
+                self.acked = max(self.acked, int(body.get("ack", 0)))
+                self._release()
+            return
+        seq = int(body.get("seq", 0))
+        if body.get("error"):
+            self.mirror, self.mirror_error = None, f"its primary keeps no replica: {body['error']}"
+        elif body.get("reset"):
+            self.mirror, self.mirror_error = replica.Mirror(msg.sender), None
+        # acknowledged before it is applied: from here on the change is in this process, which
+        # applies its messages in order, so the primary's replies need not wait for the optimizer
+        self.po.send(Message(Command.REPLICA, recver=msg.sender, body={"ack": seq}, request=False))
+        if self.mirror is not None and self.mirror.primary == msg.sender:
+            try:
+                self.mirror.apply(replica.decode_events(body.get("events"), msg.frames))
+            except (ProtocolError, ValueError, TypeError, KeyError) as exc:
+                logger.error("%s: the replica of %s is broken: %s", self.name, node_name(msg.sender), exc)
+                self.mirror, self.mirror_error = None, f"a change could not be applied to it: {exc}"
+
+    def _restarted(self, msg: Message) -> None:
+        """A message from a new incarnation of our subscriber: it died (maybe before the
+        scheduler's word of it reached us, which PS_RESEND can delay)."""
+        if self.subscriber is not None and self.subscriber[0] == msg.sender and self.subscriber[1] != msg.route:
+            self._drop_subscriber()
+
+    def _drop_subscriber(self) -> None:
+        """The backup died: nobody to wait for; answer what was held."""
+        assert self.subscriber is not None
+        self.po.van.forget(self.subscriber[1])
+        self.subscriber = None
+        self._store().journal = None
+        self.acked = self.seq
+        self._release()
+
+    def _on_fetch(self, msg: Message) -> None:
+        if msg.request:
+            self._restarted(msg)
+            self._hand_over(msg)
+            return
+        body = msg.body if isinstance(msg.body, dict) else {}
+        if body.get("error"):
+            self._fetch_error = body["error"]
+            self._fetched.set()
+            return
+        try:
+            self._fetch_events += replica.decode_events(body.get("events"), msg.frames)
+            if body.get("done"):
+                replica.restore(self._store(), self._fetch_events)
+                self._fetch_events = []
+                self._fetched.set()
+        except (ProtocolError, ValueError, TypeError, KeyError) as exc:
+            self._fetch_error = f"the replica from {node_name(msg.sender)} could not be restored: {exc}"
+            self._fetched.set()
+
+    def _hand_over(self, msg: Message) -> None:
+        """A restarted primary asks for its state."""
+        def reply(body: dict, frames: list) -> None:
+            self.po.send(Message(Command.FETCH, recver=msg.sender, body=body, frames=frames,
+                                 request=False, route=msg.route))
+        mirror = self.mirror
+        if mirror is None or mirror.primary != msg.sender or mirror.broken:
+            why = self.mirror_error or (mirror.broken if mirror is not None and mirror.broken else
+                                        f"it keeps the replica of {node_name(mirror.primary)} instead")
+            reply({"error": f"{self.name} holds no replica of {node_name(msg.sender)}: {why}"}, [])
+            return
+        events = mirror.snapshot()
+        settings = [e for e in events if e.kind != "key"]
+        keys = [e for e in events if e.kind == "key"]
+        parts = [settings, *[[k] for k in keys]]
+        for i, part in enumerate(parts):
+            body, frames = replica.encode_events(part)
+            reply({"events": body, "done": i == len(parts) - 1}, frames)
+        logger.warning("%s handed the replica of %s (%d keys, %.1f MB) to its restart", self.name,
+                       node_name(msg.sender), len(keys), mirror.nbytes() / 1e6)
+        self.mirror, self.mirror_error = None, "it was handed to a restart, and no new snapshot has come since"
+
+    # -- membership ----------------------------------------------------------------------
+    def _on_node(self, node_id: int, up: bool) -> None:
+        if not self.enabled:
+            return
+        if not up:
+            if self.subscriber is not None and node_id == self.subscriber[0]:
+                self._drop_subscriber()
+            if self._wanted is not None and self._wanted[0] == node_id:
+                self._wanted = None
+            return
+        if node_id == self.primary:        # the primary is back: keep its copy again
+            try:
+                self.po.send(Message(Command.SUBSCRIBE, recver=node_id))
+            except PSError:
+                pass

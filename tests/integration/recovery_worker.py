@@ -1,0 +1,92 @@
+"""A worker of tests/integration/test_recovery.py: deterministic sync training in which
+worker 0 may SIGKILL a server or another worker of its own job (found by its environment)
+at a chosen round.
+
+    python recovery_worker.py OUT_DIR ROUNDS OPTIMIZER [--kill ROLE RANK ROUND push|pull]... [--resume]
+
+Every worker pushes gradients that depend only on (rank, round, key), so a run that lost
+nothing ends with the weights of an unfaulted run. A restarted worker re-runs the loop from
+round 0 (the servers answer what its dead self pushed), or with --resume jumps to
+``kv.round``. Every rank writes its final weights; rank 0 also to weights.npz.
+"""
+import argparse
+import os
+import signal
+import time
+
+import numpy as np
+import psutil
+
+import ps
+
+SHAPES = {3: (40,), 5: (300_000,), 7: (17, 33), 9: (1000,)}   # key 5 is cut across both servers
+
+
+def grad(rank: int, rnd: int, key: int, shape: tuple) -> np.ndarray:
+    n = int(np.prod(shape))
+    x = np.arange(n, dtype=np.float64)
+    return (np.sin(0.001 * x * (key + 1) + 0.37 * rnd + 1.3 * rank) * 0.1).astype(np.float32).reshape(shape)
+
+
+def find(role: str, rank: int) -> psutil.Process:
+    port = os.environ["DMLC_PS_ROOT_PORT"]
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        if env.get("DMLC_ROLE") == role and env.get("DMLC_PS_ROOT_PORT") == port \
+                and env.get("DMLC_RANK") == str(rank) and proc.pid != os.getpid():
+            return proc
+    raise RuntimeError(f"no {role} {rank} of this job found")
+
+
+def kill(role: str, rank: int, rnd: int) -> None:
+    proc = find(role, rank)
+    print(f"KILL {role} {rank} pid {proc.pid} at round {rnd}", flush=True)
+    proc.send_signal(signal.SIGKILL)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("rounds", type=int)
+    p.add_argument("optimizer", choices=["sgd", "adam"])
+    p.add_argument("--kill", nargs=4, action="append", default=[], metavar=("ROLE", "RANK", "ROUND", "WHEN"))
+    p.add_argument("--resume", action="store_true")
+    args = p.parse_args()
+    kills = {(int(rnd), when): (role, int(rank)) for role, rank, rnd, when in args.kill}
+
+    kv = ps.KVStore("dist_sync")
+    if kv.restarted:
+        print(f"RESTARTED rank {kv.rank} round {kv.round}", flush=True)
+    for key, shape in SHAPES.items():
+        kv.init(key, np.full(shape, 0.5, np.float32))
+    opt = ps.optim.SGD(learning_rate=0.1, momentum=0.9, wd=1e-4) if args.optimizer == "sgd" \
+        else ps.optim.Adam(learning_rate=0.01, wd=1e-4)
+    kv.set_optimizer(opt)
+    out = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
+    start = kv.resume() if kv.restarted and args.resume else 0
+    for rnd in range(start, args.rounds):
+        for key, shape in SHAPES.items():
+            kv.push(key, grad(kv.rank, rnd, key, shape))
+        if kv.rank == 0 and (rnd, "push") in kills:
+            kill(*kills[(rnd, "push")], rnd)
+        for key in SHAPES:
+            kv.pull(key, out=out[key])
+        if kv.rank == 0 and (rnd, "pull") in kills:
+            kill(*kills[(rnd, "pull")], rnd)
+            time.sleep(0.05)
+    kv.barrier()
+    for key in SHAPES:              # the final values, after every worker's last round
+        kv.pull(key, out=out[key])
+    arrays = {str(k): v for k, v in out.items()}
+    np.savez(os.path.join(args.out, f"weights-rank{kv.rank}.npz"), **arrays)
+    if kv.rank == 0:
+        np.savez(os.path.join(args.out, "weights.npz"), **arrays)
+    print(f"DONE rank {kv.rank} rounds {args.rounds}", flush=True)
+    kv.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""--max-restarts: a server SIGKILLed mid-job is started again by the launcher, recovers its
+keys and optimizer state from its replica on another server, and the job ends with exactly
+the weights of a run nobody killed; a killed worker is started again, rejoins with its rank
+and the job ends with the same weights too. Real processes through the launcher, real SIGKILL."""
+import random
+import re
+
+import numpy as np
+import psutil
+import pytest
+
+from tests.helpers import PYTHON, ROOT, cluster_env
+
+SCRIPT = str(ROOT / "tests" / "integration" / "recovery_worker.py")
+ROUNDS = 60
+
+
+def launch(procs, out, optimizer, *kills, rounds=ROUNDS, restarts=2, servers=2, workers=2, timeout=150,
+           extra=(), **env):
+    """``kills``: (server rank, round, when) or (role, rank, round, when)."""
+    args = [PYTHON, "-m", "ps.launch", "-n", str(workers), "-s", str(servers), "--launcher", "local",
+            "--max-restarts", str(restarts), PYTHON, SCRIPT, str(out), str(rounds), optimizer, *extra]
+    for kill in kills:
+        role, rank, rnd, when = kill if len(kill) == 4 else ("server", *kill)
+        args += ["--kill", role, str(rank), str(rnd), when]
+    env = cluster_env(0, MXNET_KVSTORE_BIGARRAY_BOUND="100000", **env)   # key 5 cut across both servers
+    launcher = procs.start(args, env)
+    code, stdout, stderr = procs.finish(launcher, timeout=timeout)
+    return code, stdout + stderr
+
+
+def weights(path):
+    with np.load(path / "weights.npz") as f:
+        return {k: f[k] for k in f}
+
+
+def job_processes(text):
+    """Processes still alive that belong to the job (its scheduler port in their environment)."""
+    port = re.search(r"scheduler 127\.0\.0\.1:(\d+)", text).group(1)
+    left = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("DMLC_PS_ROOT_PORT") == port:
+                left.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return left
+
+
+@pytest.fixture(scope="module")
+def unfaulted(tmp_path_factory):
+    """The reference weights: the same job, nobody killed (one run per optimizer)."""
+    from tests.helpers import Procs
+    procs, found = Procs(), {}
+    try:
+        for optimizer in ("sgd", "adam"):
+            out = tmp_path_factory.mktemp(f"ref-{optimizer}")
+            code, text = launch(procs, out, optimizer, restarts=0)
+            assert code == 0, text
+            found[optimizer] = weights(out)
+    finally:
+        procs.cleanup()
+    return found
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_killed_server_recovers_and_nothing_is_lost(procs, tmp_path, unfaulted, optimizer):
+    rng = random.Random()
+    kill = (rng.randrange(2), rng.randrange(5, ROUNDS - 5), rng.choice(["push", "pull"]))
+    code, text = launch(procs, tmp_path, optimizer, kill)
+    assert code == 0, f"kill {kill}\n{text}"
+    assert f"KILL server {kill[0]}" in text and "starting it again (restart 1 of 2)" in text, text
+    assert re.search(rf"server {kill[0]} \(S\[\d+\]\) recovered \d+ keys", text), text
+    assert "DONE rank 0" in text and "DONE rank 1" in text, text
+    got = weights(tmp_path)
+    for key, ref in unfaulted[optimizer].items():
+        assert np.abs(got[key] - ref).max() <= 1e-6, f"key {key}, kill {kill}"   # measured: 0.0 (bit-identical)
+    assert not job_processes(text)
+
+
+@pytest.mark.timeout(200)
+def test_both_servers_killed_one_after_the_other(procs, tmp_path, unfaulted):
+    code, text = launch(procs, tmp_path, "sgd", (0, 10, "push"), (1, 30, "pull"))
+    assert code == 0, text
+    assert "restart 2 of 2" in text, text
+    got = weights(tmp_path)
+    for key, ref in unfaulted["sgd"].items():
+        assert np.abs(got[key] - ref).max() <= 1e-6, key
+
+
+@pytest.mark.timeout(200)
+def test_lost_messages_and_a_killed_server_still_exact(procs, tmp_path, unfaulted):
+    kill = (random.randrange(2), random.randrange(5, 25), "push")
+    code, text = launch(procs, tmp_path, "sgd", kill, PS_RESEND="1", PS_DROP_MSG="10", PS_RESEND_TIMEOUT="100")
+    assert code == 0, f"kill {kill}\n{text}"
+    got = weights(tmp_path)
+    for key, ref in unfaulted["sgd"].items():
+        assert np.abs(got[key] - ref).max() <= 1e-6, f"key {key}, kill {kill}"
+
+
+@pytest.mark.timeout(120)
+def test_kills_beyond_the_limit_end_the_job_naming_the_node_and_the_limit(procs, tmp_path):
+    code, text = launch(procs, tmp_path, "sgd", (1, 5, "push"), (1, 15, "push"), restarts=1, rounds=30)
+    assert code != 0, text
+    assert "server 1 was killed by SIGKILL; the job has used all of its 1 restart(s) (--max-restarts)" in text, text
+    assert not (tmp_path / "weights.npz").exists()
+    assert not job_processes(text), text
+
+
+@pytest.mark.timeout(120)
+def test_one_server_has_no_replica_so_its_death_ends_the_job(procs, tmp_path):
+    code, text = launch(procs, tmp_path, "sgd", (0, 5, "push"), servers=1, workers=1, rounds=20)
+    assert code != 0, text
+    assert "with one server there is no replica of its state to recover from" in text, text
+    assert not job_processes(text), text
+
+
+def assert_all_workers_equal(path, workers=2):
+    ranks = [weights_of(path / f"weights-rank{r}.npz") for r in range(workers)]
+    for other in ranks[1:]:
+        for key, value in ranks[0].items():
+            np.testing.assert_array_equal(other[key], value)
+
+
+def weights_of(file):
+    with np.load(file) as f:
+        return {k: f[k] for k in f}
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("mode", ["replay", "resume"])
+def test_a_killed_worker_rejoins_with_its_rank_and_nothing_is_lost(procs, tmp_path, unfaulted, mode):
+    optimizer = "sgd" if mode == "replay" else "adam"
+    kill = ("worker", 1, random.randrange(5, ROUNDS - 5), random.choice(["push", "pull"]))
+    code, text = launch(procs, tmp_path, optimizer, kill, extra=["--resume"] if mode == "resume" else [])
+    assert code == 0, f"kill {kill}\n{text}"
+    assert "worker 1 was killed by SIGKILL: starting it again (restart 1 of 2)" in text, text
+    restarted = re.search(r"RESTARTED rank 1 round (\d+)", text)
+    # the round it learned: its dead self may have pushed a step ahead of worker 0 (which killed it)
+    assert restarted and kill[2] <= int(restarted.group(1)) <= kill[2] + 2, text
+    assert "worker 1 (W[11]) is back (restart 1)" in text, text
+    assert_all_workers_equal(tmp_path)
+    got = weights(tmp_path)
+    for key, ref in unfaulted[optimizer].items():
+        assert np.abs(got[key] - ref).max() <= 1e-6, f"key {key}, kill {kill}"     # measured: 0.0
+    assert not job_processes(text)
+
+
+@pytest.mark.timeout(200)
+def test_a_worker_and_then_a_server_killed_in_one_job(procs, tmp_path, unfaulted):
+    code, text = launch(procs, tmp_path, "sgd", ("worker", 1, 12, "push"), ("server", 1, 40, "pull"))
+    assert code == 0, text
+    assert_all_workers_equal(tmp_path)
+    got = weights(tmp_path)
+    for key, ref in unfaulted["sgd"].items():
+        assert np.abs(got[key] - ref).max() <= 1e-6, key
+
+
+@pytest.mark.timeout(120)
+def test_the_restart_aware_example_resumes_where_it_died(procs):
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local",
+                            "--max-restarts", "1", PYTHON, "examples/restart_train.py", "--crash-at", "30"],
+                           cluster_env(0))
+    code, out, err = procs.finish(launcher, timeout=100)
+    text = out + err
+    assert code == 0, text
+    assert "worker 1 crashes at step 30" in text and "worker 1 restarted: resuming at step 30" in text, text
+    finals = re.findall(r"worker (\d): final loss ([0-9.]+), w\[:3\] (.*)", text)
+    assert sorted(f[0] for f in finals) == ["0", "1"] and finals[0][1:] == finals[1][1:], text
+    assert float(finals[0][1]) < 0.01, text          # it learned: w ~ linspace(-1, 1)

@@ -1,0 +1,57 @@
+"""An ordinary Gluon training loop (no ps import, no restart logic) in which worker 0 kills
+processes of its own job: tests/mxnet/test_restart.py. Data depend on (step, rank) only.
+
+    python gluon_restart.py STEPS OUT_DIR [ROLE:RANK:STEP ...]
+"""
+import os
+import signal
+import sys
+
+import mxnet as mx
+import numpy as np
+import psutil
+from mxnet import autograd, gluon, nd
+
+steps, out = int(sys.argv[1]), sys.argv[2]
+kills = {int(s): (role, rank) for role, rank, s in (k.split(":") for k in sys.argv[3:])}
+
+kv = mx.kv.create("dist_sync")
+mx.random.seed(1)
+net = gluon.nn.HybridSequential()
+net.add(gluon.nn.Dense(32, activation="relu"), gluon.nn.Dense(4))
+net.initialize(mx.init.Xavier(), ctx=mx.cpu())
+trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4},
+                        kvstore=kv)
+loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+
+
+def batch(step, rank):
+    rng = np.random.RandomState(step * 10 + rank)
+    x = rng.randn(16, 8).astype(np.float32)
+    return nd.array(x), nd.array((x[:, 0] > 0) + 2.0 * (x[:, 1] > 0))
+
+
+def kill(role, rank, step):
+    port = os.environ["DMLC_PS_ROOT_PORT"]
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        if env.get("DMLC_ROLE") == role and env.get("DMLC_RANK") == rank and env.get("DMLC_PS_ROOT_PORT") == port:
+            print(f"KILL {role} {rank} at step {step}", flush=True)
+            proc.send_signal(signal.SIGKILL)
+
+
+for step in range(steps):
+    x, y = batch(step, kv.rank)
+    with autograd.record():
+        loss = loss_fn(net(x), y)
+    loss.backward()
+    trainer.step(16)
+    if kv.rank == 0 and step in kills:
+        nd.waitall()
+        kill(*kills[step], step)
+nd.waitall()
+np.savez(os.path.join(out, f"w{kv.rank}.npz"), **{k: v.data().asnumpy() for k, v in net.collect_params().items()})
+print(f"DONE rank {kv.rank}", flush=True)

@@ -1,0 +1,38 @@
+"""An unmodified Gluon script under ``--max-restarts``: a worker and a server SIGKILLed
+mid-training; the job ends with exactly the weights of a run nobody killed. The restarted
+worker re-runs the script from step 0; the servers answer the steps its dead self did."""
+import numpy as np
+import pytest
+
+from tests.helpers import PYTHON, ROOT, cluster_env
+
+pytest.importorskip("mxnet")
+SCRIPT = str(ROOT / "tests" / "mxnet" / "gluon_restart.py")
+
+
+def run(procs, out, *kills):
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local",
+                            "--max-restarts", "2", PYTHON, SCRIPT, "160", str(out), *kills], cluster_env(0))
+    code, stdout, stderr = procs.finish(launcher, timeout=150)
+    assert code == 0, stdout + stderr
+    return stdout + stderr
+
+
+def load(path):
+    with np.load(path) as f:
+        return {k: f[k] for k in f}
+
+
+@pytest.mark.timeout(200)
+def test_an_unmodified_gluon_script_survives_a_killed_worker_and_server(procs, tmp_path):
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "run").mkdir()
+    run(procs, tmp_path / "ref")
+    text = run(procs, tmp_path / "run", "worker:1:50", "server:0:110")
+    assert "worker 1 was killed by SIGKILL: starting it again (restart 1 of 2)" in text, text
+    assert "server 0 was killed by SIGKILL: starting it again (restart 2 of 2)" in text, text
+    ref = load(tmp_path / "ref" / "w0.npz")
+    for rank in (0, 1):
+        got = load(tmp_path / "run" / f"w{rank}.npz")
+        for key, value in ref.items():
+            np.testing.assert_array_equal(got[key], value, err_msg=f"rank {rank} {key}")

@@ -103,3 +103,35 @@ def test_torch_bench_runs_ps_ddp_and_one_process(tmp_path):
             if line.startswith("| ") and not line.startswith("| mode")}
     assert set(rows) == {"ps.torch DistributedOptimizer", "torch DDP (gloo)", "one process"}, stdout
     assert all(ms > 0 for ms in rows.values()), stdout
+
+
+@pytest.mark.timeout(120)
+def test_multihost_bench_runs_on_two_namespace_hosts_and_cleans_up(tmp_path):
+    """`python -m ps.bench --hosts 2 --quick`: ps and native on two shaped namespace hosts (root
+    only; skipped where namespaces cannot be made). Checks the CSV, never a speed."""
+    if os.geteuid() != 0 or subprocess.run(["ip", "netns", "list"], capture_output=True).returncode:
+        pytest.skip("network namespaces need root and iproute2")
+    out = tmp_path / "mh.csv"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MXNET_KVSTORE"))}
+    env["PYTHONPATH"] = str(ROOT)
+    impls = "ps,native" if importlib.util.find_spec("mxnet") else "ps"
+    proc = start_group([sys.executable, "-m", "ps.bench", "--hosts", "2", "--link", "100mbit", "--quick",
+                        "--impls", impls, "--csv", str(out)], env, cwd=str(ROOT), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=100)
+    except subprocess.TimeoutExpired:
+        stop_group(proc, grace=10)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"the multi-host smoke did not finish\n{stdout}\n{stderr}")
+    assert proc.returncode == 0, f"{stdout}\n{stderr}"
+    with open(out, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert sorted(r["impl"] for r in rows) == sorted(impls.split(","))
+    for row in rows:
+        assert row["hosts"] == "2" and float(row["step_s"]) > 0 and float(row["mb_per_host_step"]) > 0, row
+        assert 0 < float(row["efficiency"]) <= 1.0 + 1e-6, row
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "psbench" not in left, left                               # torn down
+    routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
+    assert "10.79.0.0/16" not in routes, routes

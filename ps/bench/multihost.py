@@ -1,0 +1,308 @@
+"""The multi-host benchmark: ps and MXNet's native ps-lite on K network-namespace hosts with
+shaped links, a real model's parameter list, compute simulated layer by layer.
+
+    python -m ps.bench --hosts 4 --link 1gbit --model resnet50_v1 --compute 1.0
+
+Each host runs one worker and one server (host 0, unshaped, runs the scheduler). A step:
+the forward pass (1/3 of ``--compute``) walks the keys in order and waits for each key's
+new weights before its share; the backward pass (2/3) walks them in reverse and issues each
+key's pushpull the moment its share ends (``priority=-index``, as MXNet's Trainer does).
+Compute is ``time.sleep``: the CPUs stay free for the communication, as with a GPU. Reports
+the median step time, the scaling efficiency (compute / step), bytes per host per step and
+the bound max(compute, 2(K-1)/K x model / link); the CPU load of each run, to flag one that
+was CPU-bound. Root only (namespaces, tc).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+from launcher.process import start_group, stop_group
+
+from .netns import Hosts, NamespaceError
+
+MODELS = Path(__file__).with_name("models")
+PORT = "9391"
+
+
+def load_model(name: str) -> list[list[int]]:
+    path = MODELS / f"{name}.json"
+    if not path.exists():
+        raise SystemExit(f"unknown --model {name!r}; have {', '.join(p.stem for p in MODELS.glob('*.json'))}")
+    return json.loads(path.read_text())["shapes"]
+
+
+def link_bytes_per_s(rate: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)(bit|bps)", rate.lower())
+    if not m:
+        raise SystemExit(f"--link {rate!r}: use tc's form, e.g. 1gbit, 100mbit")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
+    value = float(m.group(1)) * scale
+    return value / 8 if m.group(3) == "bit" else value
+
+
+# -- the worker ----------------------------------------------------------------------------------
+def worker(spec: dict) -> None:
+    import numpy as np
+    shapes = [tuple(s) for s in spec["shapes"]]
+    sizes = [int(np.prod(s)) for s in shapes]
+    total = sum(sizes)
+    compute = spec["compute"]
+    fwd = [compute / 3 * n / total for n in sizes]
+    bwd = [compute * 2 / 3 * n / total for n in sizes]
+    native = spec["impl"] == "native"
+    if native:
+        import mxnet as mx
+        kv = mx.kv.create("dist_sync")
+        grads = [mx.nd.full(s, 0.001 * (kv.rank + 1)) for s in shapes]
+        outs = [mx.nd.zeros(s) for s in shapes]
+        for i, s in enumerate(shapes):
+            kv.init(i, mx.nd.zeros(s))
+        kv.barrier() if hasattr(kv, "barrier") else None
+    else:
+        import ps
+        kv = ps.KVStore("dist_sync")
+        grads = [np.full(s, 0.001 * (kv.rank + 1), np.float32) for s in shapes]
+        outs = [np.zeros(s, np.float32) for s in shapes]
+        kv.init(list(range(len(shapes))), [np.zeros(s, np.float32) for s in shapes])
+    handles: list = [None] * len(shapes)
+
+    def wait(i: int) -> None:
+        if native:
+            outs[i].wait_to_read()
+        elif handles[i] is not None:
+            handles[i].wait()
+
+    steps = []
+    clock = time.perf_counter
+    start = clock()
+    for step in range(spec["warmup"] + spec["steps"]):
+        if step == spec["warmup"]:
+            print(f"TIMED {kv.rank}", flush=True)
+        target = clock()
+        for i in range(len(shapes)):                       # forward: each key's weights, in order
+            wait(i)
+            target = max(target, clock()) + fwd[i]
+            _sleep_until(target, clock)
+        for i in reversed(range(len(shapes))):             # backward: last layer's gradient first
+            target += bwd[i]
+            _sleep_until(target, clock)
+            if native:
+                kv.pushpull(i, grads[i], out=outs[i], priority=-i)
+            else:
+                handles[i] = kv.pushpull(i, grads[i], out=outs[i], priority=-i, block=False)
+        now = clock()
+        steps.append(now - start)
+        start = now
+    for i in range(len(shapes)):
+        wait(i)
+    timed = steps[spec["warmup"]:]
+    print("RESULT " + json.dumps({"rank": kv.rank, "median": statistics.median(timed), "steps": timed}), flush=True)
+    if not native:
+        kv.close()
+
+
+def _sleep_until(target: float, clock) -> None:
+    left = target - clock()
+    if left > 0:
+        time.sleep(left)
+
+
+# -- the driver ----------------------------------------------------------------------------------
+@dataclass
+class Run:
+    impl: str
+    rep: int
+    hosts: int
+    step_s: float
+    compute_s: float
+    bound_s: float
+    efficiency: float
+    mb_per_host_step: float
+    cpu_load: float
+
+
+def _env(hosts: Hosts, host: int, role: str, args: argparse.Namespace, rank: int | None = None,
+         extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MXNET_KVSTORE"))}
+    root = str(Path(__file__).resolve().parents[2])
+    env.update(DMLC_ROLE=role, DMLC_PS_ROOT_URI=hosts.ip(0), DMLC_PS_ROOT_PORT=PORT,
+               DMLC_NUM_SERVER=str(args.hosts), DMLC_NUM_WORKER=str(args.hosts), DMLC_NODE_HOST=hosts.ip(host),
+               PYTHONPATH=root, PS_CONNECT_TIMEOUT="60", OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1",
+               PS_MXNET_AUTOLOAD="0", PYTHONUNBUFFERED="1")
+    if rank is not None:
+        env["DMLC_RANK"] = str(rank)
+    for pair in args.env:
+        name, _, value = pair.partition("=")
+        env[name] = value
+    env.update(extra or {})
+    return env
+
+
+def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes: list) -> Run:
+    py = sys.executable
+    node = [py, "-c", "import mxnet"] if impl == "native" else [py, "-m", "ps"]
+    extra = {"PS_MAX_RESTARTS": "1"} if impl == "ps-restarts" else {}     # the cost of recovery being on
+    spec = {"impl": "native" if impl == "native" else "ps", "shapes": shapes, "compute": args.compute, "steps": args.steps, "warmup": args.warmup}
+    procs = [start_group(hosts.argv(0, node), _env(hosts, 0, "scheduler", args, None, extra), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)]
+    workers = []
+    try:
+        for h in range(1, args.hosts + 1):
+            procs.append(start_group(hosts.argv(h, node), _env(hosts, h, "server", args, h - 1, extra),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for h in range(1, args.hosts + 1):
+            p = start_group(hosts.argv(h, [py, "-m", "ps.bench.multihost", "--worker-mode", json.dumps(spec)]),
+                            _env(hosts, h, "worker", args, h - 1, extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+            workers.append(p)
+            procs.append(p)
+        counters: dict[str, list] = {}
+        timed = threading.Event()
+
+        def watch(p: subprocess.Popen, out: list) -> None:
+            for line in p.stdout:
+                if line.startswith("TIMED") and not timed.is_set():
+                    counters["start"] = [hosts.link_bytes(h) for h in range(1, args.hosts + 1)]
+                    counters["cpu0"] = psutil.cpu_times()
+                    timed.set()
+                out.append(line)
+        outputs = [[] for _ in workers]
+        readers = [threading.Thread(target=watch, args=(p, o), daemon=True) for p, o in zip(workers, outputs)]
+        for t in readers:
+            t.start()
+        deadline = time.time() + args.timeout
+        for p in workers:
+            p.wait(max(1, deadline - time.time()))
+        counters["end"] = [hosts.link_bytes(h) for h in range(1, args.hosts + 1)]
+        cpu1 = psutil.cpu_times()
+        for t in readers:
+            t.join(5)
+        results = []
+        for p, out in zip(workers, outputs):
+            res = [json.loads(ln[len("RESULT "):]) for ln in out if ln.startswith("RESULT ")]
+            if p.returncode or not res:
+                raise RuntimeError(f"{impl} worker failed ({p.returncode}): {''.join(out)[-2000:]}\n"
+                                   f"{p.stderr.read()[-3000:]}")
+            results.append(res[0])
+    finally:
+        for p in procs:
+            try:
+                stop_group(p, grace=2.0)
+            except RuntimeError:
+                pass
+    step = statistics.median(r["median"] for r in results)
+    total_steps = args.steps
+    moved = [(e[0] - s[0]) + (e[1] - s[1]) for s, e in zip(counters["start"], counters["end"])]
+    cpu0 = counters["cpu0"]
+    busy = (sum(cpu1) - cpu1.idle - cpu1.iowait) - (sum(cpu0) - cpu0.idle - cpu0.iowait)
+    load = busy / max(1e-9, sum(cpu1) - sum(cpu0))
+    model = sum(_size(s) for s in shapes) * 4
+    k = args.hosts
+    bound = max(args.compute, 2 * (k - 1) / k * model / link_bytes_per_s(args.link)) if args.link else args.compute
+    return Run(impl, rep, k, step, args.compute, bound, args.compute / step,
+               statistics.median(moved) / total_steps / 1e6, load)
+
+
+def _size(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ps.bench --hosts", description=__doc__.splitlines()[0])
+    p.add_argument("--hosts", type=int, default=0, help="K namespace hosts, one worker and one server each")
+    p.add_argument("--link", default="1gbit", help="tc rate of every host's link, both ways (e.g. 1gbit); 'none'")
+    p.add_argument("--model", default="resnet50_v1", help="parameter shapes: resnet50_v1 or vgg16")
+    p.add_argument("--compute", type=float, default=1.0, help="simulated compute per step, seconds")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--reps", type=int, default=3, help="alternating repetitions per implementation")
+    p.add_argument("--impls", default="ps,native",
+                   help="comma list of ps, native, ps-restarts (ps with PS_MAX_RESTARTS=1: replication on)")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra env for every process")
+    p.add_argument("--quick", action="store_true", help="a smoke run: tiny model, 0.05 s compute, 3 steps")
+    p.add_argument("--csv", help="write one row per run")
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--worker-mode", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker_mode:
+        worker(json.loads(args.worker_mode))
+        return 0
+    if args.hosts < 1:
+        p.error(f"--hosts must be >= 1, got {args.hosts}")
+    if args.link == "none":
+        args.link = None
+    shapes = load_model(args.model)
+    if args.quick:
+        shapes, args.compute, args.steps, args.warmup, args.reps = shapes[:12], 0.05, 3, 1, 1
+    impls = [i for i in args.impls.split(",") if i]
+    if "native" in impls:
+        try:
+            import mxnet  # noqa: F401
+        except ImportError:
+            impls.remove("native")
+            print("# mxnet is not installed: native left out", file=sys.stderr)
+    runs: list[Run] = []
+    try:
+        with Hosts(args.hosts, args.link) as hosts:
+            for rep in range(args.reps):
+                for impl in impls if rep % 2 == 0 else impls[::-1]:
+                    run = run_once(hosts, args, impl, rep, shapes)
+                    runs.append(run)
+                    print(f"# {impl} rep {rep}: step {run.step_s:.3f}s  efficiency {run.efficiency:.2f}  "
+                          f"{run.mb_per_host_step:.1f} MB/host/step  CPU load {run.cpu_load:.0%}", flush=True)
+    except NamespaceError as exc:
+        print(f"ps.bench: {exc}", file=sys.stderr)
+        return 2
+    report(runs, args, shapes)
+    if args.csv:
+        with open(args.csv, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(asdict(runs[0])))
+            w.writeheader()
+            for run in runs:
+                w.writerow(asdict(run))
+    return 0
+
+
+def report(runs: list[Run], args: argparse.Namespace, shapes: list) -> None:
+    model_mb = sum(_size(s) for s in shapes) * 4 / 1e6
+    print(f"\n# {args.hosts} hosts, link {args.link or 'unshaped'} both ways, {args.model} "
+          f"({len(shapes)} keys, {model_mb:.1f} MB), compute {args.compute:g}s, median of {args.reps} reps")
+    print(f"{'impl':11} {'step s':>8} {'bound s':>8} {'step/bound':>10} {'efficiency':>10} {'MB/host/step':>12} "
+          f"{'CPU load':>8}  per-rep step s")
+    for impl in dict.fromkeys(r.impl for r in runs):
+        mine = [r for r in runs if r.impl == impl]
+        step = statistics.median(r.step_s for r in mine)
+        bound = mine[0].bound_s
+        print(f"{impl:11} {step:8.3f} {bound:8.3f} {step / bound:10.2f} {args.compute / step:10.2f} "
+              f"{statistics.median(r.mb_per_host_step for r in mine):12.1f} "
+              f"{max(r.cpu_load for r in mine):8.0%}  {' '.join(f'{r.step_s:.3f}' for r in mine)}")
+    by_rep: dict[int, dict[str, float]] = {}
+    for r in runs:
+        by_rep.setdefault(r.rep, {})[r.impl] = r.step_s
+    for num, den in (("ps", "native"), ("ps-restarts", "ps")):
+        ratios = [v[num] / v[den] for v in by_rep.values() if num in v and den in v]
+        if ratios:
+            print(f"{num} / {den} step time: {statistics.median(ratios):.2f} "
+                  f"(per rep: {' '.join(f'{x:.2f}' for x in ratios)})")
+    if any(r.cpu_load > 0.85 for r in runs):
+        print("# WARNING: a run used more than 85% of the machine's CPUs: it measured the CPU, not the links")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

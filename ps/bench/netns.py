@@ -1,0 +1,126 @@
+"""K "hosts" on this machine for the multi-host benchmark: network namespaces on a bridge,
+every host's link shaped both ways with ``tc tbf``. Root only.
+
+Safety (the test-infrastructure rule): the subnet is never addressed from the root
+namespace. The launcher's own host is a namespace too (host 0, the scheduler), and an
+``unreachable`` route for the subnet is in place in the root namespace for as long as the
+hosts exist, so a stray connection fails here instead of leaving the machine.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+
+SUBNET = "10.79.0"          # distinct from the tests' 10.77.0.x: both may run at once
+
+
+class NamespaceError(RuntimeError):
+    pass
+
+
+def _ip(*args: str) -> None:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if proc.returncode:
+        raise NamespaceError(f"ip {' '.join(args)}: {proc.stderr.strip()}")
+
+
+def check_root() -> None:
+    """Raise NamespaceError saying why the multi-host benchmark cannot run here."""
+    if os.geteuid() != 0:
+        raise NamespaceError("python -m ps.bench --hosts needs root (network namespaces and tc); run it as root, "
+                             "or without --hosts for the single-machine benchmark")
+    for tool in ("ip", "tc"):
+        if subprocess.run(["which", tool], capture_output=True).returncode:
+            raise NamespaceError(f"python -m ps.bench --hosts needs `{tool}` (iproute2)")
+
+
+class Hosts:
+    """``with Hosts(4, "1gbit") as hosts: hosts.argv(1, [...])``: namespaces ``<prefix>0..K``
+    (0: the scheduler's host, unshaped), ``<prefix>sw`` holds the bridge."""
+
+    def __init__(self, count: int, link: str | None, prefix: str = "psbench", burst: str = "256kb",
+                 latency: str = "20ms"):
+        self.count, self.link, self.prefix, self.burst, self.latency = count, link, prefix, burst, latency
+        self._made: list[str] = []
+        self._route = False
+
+    def name(self, host: int) -> str:
+        return f"{self.prefix}{host}"
+
+    def ip(self, host: int) -> str:
+        return f"{SUBNET}.{host + 1}"
+
+    def argv(self, host: int, argv: Sequence[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.name(host), *argv]
+
+    def __enter__(self) -> "Hosts":
+        check_root()
+        try:
+            self._up()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    def _up(self) -> None:
+        _ip("route", "replace", "unreachable", f"{SUBNET.rsplit('.', 1)[0]}.0.0/16", "metric", "4000")
+        self._route = True
+        sw = f"{self.prefix}sw"
+        self.down(quiet=True)
+        self._route = True
+        _ip("netns", "add", sw)
+        self._made.append(sw)
+        _ip("-n", sw, "link", "set", "lo", "up")
+        _ip("-n", sw, "link", "add", "br0", "type", "bridge")
+        _ip("-n", sw, "link", "set", "br0", "up")
+        for host in range(self.count + 1):
+            ns = self.name(host)
+            _ip("netns", "add", ns)
+            self._made.append(ns)
+            _ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"p{host}", "netns", sw)
+            _ip("-n", sw, "link", "set", f"p{host}", "master", "br0", "up")
+            _ip("-n", ns, "addr", "add", f"{self.ip(host)}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            if host and self.link:     # both ways: the host's egress, and the bridge port's (its ingress)
+                for where, dev in ((ns, "eth0"), (sw, f"p{host}")):
+                    self._tc(where, dev)
+
+    def _tc(self, ns: str, dev: str) -> None:
+        proc = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                               "rate", self.link, "burst", self.burst, "latency", self.latency],
+                              capture_output=True, text=True, timeout=30)
+        if proc.returncode:
+            raise NamespaceError(f"tc tbf rate {self.link} on {ns}/{dev}: {proc.stderr.strip()}")
+
+    def down(self, quiet: bool = False) -> None:
+        """Kill what runs in our namespaces (only those), delete them, drop the safety route."""
+        names = [self.name(h) for h in range(self.count + 1)] + [f"{self.prefix}sw"]
+        for ns in names:
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=30).stdout
+            for pid in pids.split():
+                try:
+                    os.kill(int(pid), 9)
+                except (ProcessLookupError, ValueError):
+                    pass
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+        self._made = []
+        if self._route and not quiet:
+            subprocess.run(["ip", "route", "del", "unreachable", f"{SUBNET.rsplit('.', 1)[0]}.0.0/16",
+                            "metric", "4000"], capture_output=True, timeout=30)
+            self._route = False
+
+    def link_bytes(self, host: int) -> tuple[int, int]:
+        """(received, sent) bytes on the host's eth0 so far."""
+        out = subprocess.run(self.argv(host, ["cat", "/proc/net/dev"]), capture_output=True, text=True,
+                             timeout=30).stdout
+        for line in out.splitlines():
+            name, _, rest = line.partition(":")
+            if name.strip() == "eth0":
+                fields = rest.split()
+                return int(fields[0]), int(fields[8])
+        return 0, 0

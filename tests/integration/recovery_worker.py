@@ -54,10 +54,11 @@ def main() -> None:
     p.add_argument("optimizer", choices=["sgd", "adam"])
     p.add_argument("--kill", nargs=4, action="append", default=[], metavar=("ROLE", "RANK", "ROUND", "WHEN"))
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--type", default="dist_sync")
     args = p.parse_args()
     kills = {(int(rnd), when): (role, int(rank)) for role, rank, rnd, when in args.kill}
 
-    kv = ps.KVStore("dist_sync")
+    kv = ps.KVStore(args.type)
     if kv.restarted:
         print(f"RESTARTED rank {kv.rank} round {kv.round}", flush=True)
     for key, shape in SHAPES.items():

@@ -169,3 +169,31 @@ def test_the_restart_aware_example_resumes_where_it_died(procs):
     finals = re.findall(r"worker (\d): final loss ([0-9.]+), w\[:3\] (.*)", text)
     assert sorted(f[0] for f in finals) == ["0", "1"] and finals[0][1:] == finals[1][1:], text
     assert float(finals[0][1]) < 0.01, text          # it learned: w ~ linspace(-1, 1)
+
+
+@pytest.mark.timeout(200)
+def test_in_dist_async_a_killed_worker_rejoins_and_the_others_go_on(procs, tmp_path):
+    kill = ("worker", 1, 15, "push")
+    code, text = launch(procs, tmp_path, "sgd", kill, rounds=40, extra=["--type", "dist_async"])
+    assert code == 0, text
+    assert "worker 1 was killed by SIGKILL: starting it again" in text and "RESTARTED rank 1" in text, text
+    assert_all_workers_equal(tmp_path)          # the final pulls, after the last barrier
+    assert not job_processes(text)
+
+
+@pytest.mark.timeout(120)
+def test_a_dead_server_nobody_restarts_ends_the_job_after_the_connect_timeout(procs, port, tmp_path):
+    """By hand (no launcher to restart it): the job waits PS_CONNECT_TIMEOUT for the restart,
+    then ends, naming the server and the wait."""
+    env = cluster_env(port, PS_MAX_RESTARTS="1", PS_CONNECT_TIMEOUT="4", MXNET_KVSTORE_BIGARRAY_BOUND="100000")
+    sched = procs.role("scheduler", env)
+    servers = [procs.role("server", {**env, "DMLC_RANK": str(r)}) for r in range(2)]
+    workers = [procs.role("worker", {**env, "DMLC_RANK": str(r)}, SCRIPT, str(tmp_path), "200", "sgd",
+                          *(["--kill", "server", "1", "5", "push"] if r == 0 else [])) for r in range(2)]
+    code, out, err = procs.finish(workers[0], timeout=60)
+    assert code != 0, out + err
+    assert "KILL server 1" in out, out + err
+    assert re.search(r"server 1 \(S\[10\] at [\d.:]+\) closed its connection and did not come back within 2s "
+                     r"\(process died\?\); it was not restarted within 4s \(PS_CONNECT_TIMEOUT\)", err), err
+    for proc in [sched, servers[0], workers[1]]:
+        assert procs.finish(proc, timeout=30)[0] != 0

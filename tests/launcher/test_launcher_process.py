@@ -13,7 +13,7 @@ import pytest
 
 from launcher.launch import parse_args, run
 from launcher.output import EXIT_MARKER, Output
-from launcher.process import Command, Job, StopSignal, group_members, supervise
+from launcher.process import Command, Job, Restarts, StopSignal, group_members, supervise
 
 from tests.helpers import alive, poll_for
 
@@ -164,3 +164,19 @@ def test_dry_run_starts_nothing():
     lines = out.getvalue().splitlines()
     assert lines[0] == "# 1 server, 2 workers on 1 host; scheduler 127.0.0.1:<port> (port chosen at start)"
     assert [ln.split("] ")[0] + "]" for ln in lines[1:]] == ["[server 0]", "[worker 0]", "[worker 1]"]
+
+
+@pytest.mark.parametrize("limit, expected", [(0, 3), (1, 3), (2, 0)])
+def test_restarts_start_a_failed_worker_again_up_to_the_limit(tmp_path, limit, expected):
+    """A worker that fails twice, then succeeds: with 2 restarts the job ends 0; with fewer it
+    ends with the worker's status, and the launcher's log says which limit ran out."""
+    count = tmp_path / "count"
+    code = (f"import os, sys; p = {str(count)!r}; n = int(open(p).read()) if os.path.exists(p) else 0; "
+            "open(p, 'w').write(str(n + 1)); sys.exit(3 if n < 2 else 0)")
+    job, out, err = make_job()
+    job.spawn(Command("worker 0", py(code)))
+    job.spawn(Command("server 0", py("import time; time.sleep(0.5)")))
+    assert supervise(job, restarts=Restarts(limit)) == expected
+    job.close()
+    assert int(count.read_text()) == min(limit, 2) + 1
+    assert len([p for p in job.procs if p.cmd.name == "worker 0"]) == min(limit, 2) + 1

@@ -117,3 +117,19 @@ def test_a_scripts_own_optimizer_runs_on_remote_servers(launch, sshd):
     for r in results:
         for name, values in local["weights"].items():
             np.testing.assert_allclose(r["weights"][name], values, atol=1e-5, err_msg=name)
+
+
+def test_max_restarts_starts_a_killed_server_again_over_ssh(launch, sshd, tmp_path):
+    """--max-restarts with --launcher ssh: the killed server is started again over a new ssh
+    connection (with the job key on stdin), recovers, and the job ends normally."""
+    script = os.path.join(ROOT, "tests", "integration", "recovery_worker.py")
+    job = launch(["-n", "2", "-s", "2", "-H", f'{sshd["SSHD_DIR"]}/hosts', "--max-restarts", "1",
+                  "--env", "MXNET_KVSTORE_BIGARRAY_BOUND:100000",
+                  PY, script, str(tmp_path), "30", "sgd", "--kill", "server", "1", "10", "push"], env=ssh_env(sshd))
+    assert job.wait(120) == 0, job.output
+    # over ssh the launcher sees ssh's status for a remote process killed by a signal (255)
+    assert re.search(r"server 1 (was killed by SIGKILL|exited with status \d+): starting it again \(restart 1 of 1\)",
+                     job.output), job.output
+    assert re.search(r"server 1 \(S\[10\]\) recovered \d+ keys", job.output), job.output
+    assert "DONE rank 0" in job.output and "DONE rank 1" in job.output, job.output
+    assert poll_for(lambda: not marked_pids(job.marker), 10)

@@ -69,6 +69,9 @@ def test_cli_env_options():
     (["-n", "1", "--env", "NOPE", "x"], "--env NOPE: no value given and NOPE is not set"),
     (["-n", "1", "--env-worker", "DMLC_ROLE:server", "x"], "--env-worker DMLC_ROLE: the launcher sets"),
     (["-n", "1", "--timeout", "0", "x"], "--timeout must be > 0 seconds, got 0.0"),
+    (["-n", "1", "--max-restarts", "-1", "x"], "--max-restarts must be >= 0, got -1"),
+    (["-n", "1", "--launcher", "slurm", "--max-restarts", "2", "x"],
+     "--max-restarts needs a launcher that starts each process itself (local or ssh); --launcher slurm"),
 ])
 def test_cli_errors_name_the_option(argv, message):
     with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -80,6 +83,15 @@ def test_cli_hostfile_launcher_rules(tmp_path):
     assert spec.launcher == "ssh" and spec.hosts == (Host("h1"),)
     with pytest.raises(SpecError, match="-H/--hostfile is for --launcher ssh or mpi, not local"):
         spec_of("--launcher", "local", "-n", "1", "x", hostfile_text="h1\n", tmp_path=tmp_path)
+
+
+def test_max_restarts_reaches_every_process_and_the_scheduler():
+    from launcher.tracker import job_env, scheduler_env
+    spec = spec_of("-n", "2", "--max-restarts", "3", "python", "x.py")
+    assert spec.max_restarts == 3
+    assert job_env(spec, "127.0.0.1", 9000)["PS_MAX_RESTARTS"] == "3"
+    assert scheduler_env(spec, "127.0.0.1", {})["PS_MAX_RESTARTS"] == "3"
+    assert "PS_MAX_RESTARTS" not in job_env(spec_of("-n", "2", "python", "x.py"), "127.0.0.1", 9000)
 
 
 def test_parse_env_pair():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 from .errors import ConfigError
 
@@ -157,6 +157,47 @@ def value_of(name: str, environ: Mapping[str, str] | None = None) -> Any:
     var = next(v for v in VARIABLES if v.name == name)
     raw = env.get(name)
     return var.default if raw is None else var.parse(name, raw)
+
+
+class ManagerRank(NamedTuple):
+    """A process that mpirun or srun started (not ps.launch): who it is, from their variables."""
+
+    manager: str        # "Open MPI", "MPICH", "Slurm"
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    multi_host: bool
+    job_id: str          # the same in every rank of the job (a default port is derived from it)
+    nodelist: str | None  # Slurm: the step's hosts (the first runs rank 0)
+
+
+_MANAGERS = (
+    ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_MCA_ess_base_jobid"),
+    ("MPICH", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "PMI_KVSNAME"),
+    # srun's step variables: a batch script's own shell has SLURM_PROCID and SLURM_NTASKS but is no rank
+    ("Slurm", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS", "SLURM_JOB_ID"),
+)
+
+
+def manager_rank(environ: Mapping[str, str] | None = None) -> ManagerRank | None:
+    """The rank mpirun (Open MPI, MPICH) or srun gave this process, or None. Only for a
+    process with no ``DMLC_ROLE``: ps.launch's processes are told who they are."""
+    env = os.environ if environ is None else environ
+    for manager, rank, size, local_rank, local_size, job in _MANAGERS:
+        if rank not in env or size not in env or (manager == "Slurm" and "SLURM_STEP_ID" not in env):
+            continue
+        n = _int(size, env[size], 1)
+        if manager == "Slurm":
+            nodes = _int("SLURM_STEP_NUM_NODES", env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", "1")), 1)
+            job_id = f"{env.get(job, '')}.{env.get('SLURM_STEP_ID', '')}"
+            return ManagerRank(manager, _int(rank, env[rank]), n, _int(local_rank, env.get(local_rank, "0")),
+                               n // nodes, nodes > 1, job_id, env.get("SLURM_STEP_NODELIST", env.get("SLURM_NODELIST")))
+        local_n = _int(local_size, env.get(local_size, env[size]), 1)
+        return ManagerRank(manager, _int(rank, env[rank]), n, _int(local_rank, env.get(local_rank, "0")),
+                           local_n, local_n < n, env.get(job, ""), None)
+    return None
 
 
 def role_from_env(environ: Mapping[str, str] | None = None) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
+from .. import selfstart
 from ..kvstore import KVStore
 
 _state: dict[str, Any] = {"kv": None, "alone": False, "keys": set()}
@@ -23,6 +24,7 @@ def init() -> None:
     """Join the job named by the ``DMLC_*`` variables; alone (size 1) without them."""
     if _state["kv"] is not None or _state["alone"]:
         return
+    selfstart.start()           # under mpirun/srun without ps.launch: make the rendezvous here
     if "DMLC_PS_ROOT_URI" not in os.environ:
         _state["alone"] = True
         return

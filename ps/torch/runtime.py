@@ -1,7 +1,8 @@
 """The one store a ps.torch process talks through, and who this process is.
 
 ``init()`` joins the cluster named by the ``DMLC_*`` variables (``python -m ps.launch`` sets
-them). Without ``DMLC_PS_ROOT_URI`` it runs alone (size 1, every collective a no-op), as
+them), or, under ``mpirun``/``srun`` alone, starts its part of one (ps/selfstart.py). Without
+either it runs alone (size 1, every collective a no-op), as
 Horovod does outside ``horovodrun``, so one script serves both.
 """
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .. import KVStore
+from .. import KVStore, selfstart
 
 _store: KVStore | None = None
 _alone = False
@@ -26,6 +27,7 @@ def init(comm: Any = None, *, kvstore: str = "dist_sync") -> None:
                          "variables (python -m ps.launch sets them)")
     if _store is not None or _alone:
         return
+    selfstart.start()           # under mpirun/srun without ps.launch: make the rendezvous here
     if "DMLC_PS_ROOT_URI" not in os.environ:
         _alone = True
         return

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import time
 
+import psutil
 import pytest
 
-from .launch_util import ROOT, marked_pids, need_root, poll_for, worker_cmd
+from .launch_util import PY, ROOT, marked_pids, need_root, poll_for, worker_cmd
 
 pytestmark = pytest.mark.launcher
 
@@ -91,3 +93,54 @@ def test_slurm_job_failure_and_sigint(launch, slurm):
     os.kill(job.proc.pid, signal.SIGINT)
     assert job.wait(10) == 130, job.output
     assert poll_for(lambda: not marked_pids(job.marker), 10 - (time.monotonic() - t0)), marked_pids(job.marker)
+
+
+# -- Horovod's way: mpirun / srun start the script itself, no ps.launch (ps/selfstart.py) --------
+HVD_SCRIPT = ("import os, torch, ps.torch as hvd; hvd.init(); "
+              "t = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), name='x'); "
+              "os.write(1, f'HVD {hvd.rank()} {hvd.size()} {hvd.local_rank()} {hvd.local_size()} {float(t)} '"
+              "f'{os.environ[\"DMLC_PS_ROOT_URI\"]}\\n'.encode())")   # one write: mpirun interleaves prints
+
+
+def hvd_results(text: str) -> list[list[str]]:
+    return sorted(line.split()[1:] for line in text.splitlines() if line.startswith("HVD "))
+
+
+def no_ps_processes_of(port_env: str) -> bool:
+    return not [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [])[-2:] == ["-m", "ps"]
+                and _env_of(p).get("DMLC_PS_ROOT_PORT") == port_env]
+
+
+def _env_of(proc):
+    try:
+        return proc.environ()
+    except (psutil.Error, OSError):
+        return {}
+
+
+@pytest.mark.timeout(120)
+def test_ps_torch_under_a_bare_mpirun(mpi_path):
+    """`mpirun -np 3 python train.py` with `hvd.init()`: rank 0 starts the scheduler, each rank
+    a server; the ranks, sizes and an allreduce come out as under horovodrun; nothing is left."""
+    pytest.importorskip("torch")
+    kind, path = mpi_path
+    argv = ["mpirun", "-np", "3"] + (["--allow-run-as-root", "--oversubscribe"] if kind == "openmpi" else [])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_"))}
+    env.update(PATH=path, PYTHONPATH=ROOT, DMLC_PS_ROOT_PORT=str(29000 + os.getpid() % 1000))
+    proc = subprocess.run([*argv, PY, "-c", HVD_SCRIPT], env=env, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert hvd_results(proc.stdout) == [[str(r), "3", str(r), "3", "2.0", "127.0.0.1"] for r in range(3)], \
+        proc.stdout + proc.stderr
+    assert poll_for(lambda: no_ps_processes_of(env["DMLC_PS_ROOT_PORT"]), 10)
+
+
+@pytest.mark.timeout(120)
+def test_ps_torch_under_a_bare_srun(slurm):
+    pytest.importorskip("torch")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_"))}
+    env.update(SLURM_CONF=slurm["SLURM_CONF"], PYTHONPATH=ROOT)
+    proc = subprocess.run(["srun", "-n", "2", PY, "-c", HVD_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=100)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert hvd_results(proc.stdout) == [[str(r), "2", str(r), "2", "1.5", "127.0.0.1"] for r in range(2)], \
+        proc.stdout + proc.stderr

@@ -66,3 +66,19 @@ def test_interface_and_node_host():
     cfg = Config.from_env({**BASE, "DMLC_NODE_HOST": "localhost", "DMLC_INTERFACE": "nosuchnic"})
     assert netutil.announce_host(cfg, "127.0.0.1") == "127.0.0.1"
     assert netutil.announce_host(Config.from_env(BASE), "127.0.0.1") == "127.0.0.1"
+
+
+def test_manager_rank_reads_mpirun_and_srun_variables():
+    from ps.config import manager_rank
+    ompi = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_MCA_ess_base_jobid": "77"}
+    assert manager_rank(ompi) == ("Open MPI", 2, 4, 0, 2, True, "77", None)
+    mpich = {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2", "PMI_KVSNAME": "kvs_9"}
+    assert manager_rank(mpich) == ("MPICH", 1, 2, 1, 2, False, "kvs_9", None)
+    srun = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4", "SLURM_LOCALID": "1", "SLURM_STEP_NUM_NODES": "2",
+            "SLURM_JOB_ID": "12", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_NTASKS": "4"}
+    assert manager_rank(srun) == ("Slurm", 3, 4, 1, 2, True, "12.0", "n[1-2]")
+    batch_shell = {k: v for k, v in srun.items() if k != "SLURM_STEP_ID"}      # sbatch's own shell: no rank
+    assert manager_rank(batch_shell) is None and manager_rank({}) is None
+    with pytest.raises(ConfigError, match="OMPI_COMM_WORLD_SIZE must be >= 1"):
+        manager_rank({**ompi, "OMPI_COMM_WORLD_SIZE": "0"})

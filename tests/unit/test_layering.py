@@ -32,6 +32,7 @@ ALLOWED = {
     "kvstore": {"_logging", "_timing", "compression", "config", "customer", "errors", "keys", "message",
                 "postoffice", "van", "worker"},
     "testing": {"config", "errors", "kvstore", "scheduler", "server", "van"},
+    "selfstart": {"config", "errors", "netutil"},
     "__main__": {"_logging", "config", "errors", "mxnet_autoload", "scheduler", "server"},
     "__init__": {"config", "customer", "errors", "kvstore", "optim"},
     "launch": {"launcher.launch"},
@@ -48,11 +49,11 @@ ALLOWED = {
     "mxnet.arrays": set(), "mxnet.engine": set(),
     "mxnet.kvstore": {"_security", "_timing", "errors", "kvstore", "mxnet.arrays", "mxnet.engine",
                       "optim.from_mxnet", "optim.pickled"},
-    "mxnet.horovod": {"kvstore"},
+    "mxnet.horovod": {"kvstore", "selfstart"},
     "mxnet": {"__main__", "config", "mxnet.horovod", "mxnet.kvstore"},
     "mxnet.autoload.sitecustomize": {"config", "mxnet"},   # python startup hook: imports ps.mxnet lazily
     # the PyTorch adapter (Horovod's API): the public KVStore only
-    "torch.compression": set(), "torch.runtime": {"__init__"},
+    "torch.compression": set(), "torch.runtime": {"__init__", "selfstart"},
     "torch.ops": {"torch.compression", "torch.runtime"},
     "torch.optimizer": {"torch.compression", "torch.ops", "torch.runtime"},
     "torch.server_optimizer": {"optim", "torch.ops", "torch.runtime"},
@@ -69,7 +70,7 @@ ALLOWED = {
     "bench.cli": {"bench.cluster", "bench.gluon", "bench.measure", "bench.report"},
     "bench.__main__": {"bench.cli", "bench.multihost"},
     "bench.netns": set(),
-    "bench.multihost": {"bench.netns", "launcher.process"},
+    "bench.multihost": {"__init__", "bench.netns", "launcher.process"},
 }
 
 

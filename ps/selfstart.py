@@ -1,0 +1,124 @@
+"""Horovod's way of launching, on ps: ``mpirun -np 4 python train.py`` or ``srun -n 4 python
+train.py``, no ``python -m ps.launch``.
+
+A rank that mpirun or srun started (``ps.config.manager_rank``) with no ``DMLC_ROLE`` makes the
+rendezvous itself before its store joins: rank 0 starts the scheduler, rank r starts server r
+(one server per rank unless ``DMLC_NUM_SERVER`` says otherwise), each as a ``python -m ps``
+child that dies with its rank; then the rank is worker r. The scheduler's address is
+127.0.0.1 when every rank is on one host, the first host of a Slurm step, or
+``DMLC_PS_ROOT_URI``; its port is derived from the job's id (the same in every rank) unless
+``DMLC_PS_ROOT_PORT`` is set.
+"""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+
+from . import netutil
+from .config import ManagerRank, manager_rank
+from .errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+PORT_BASE, PORT_SPAN = 20000, 20000
+CHILD_EXIT_WAIT = 15.0     # seconds the scheduler and servers get to end on their own after the worker
+
+
+def needed(environ: Mapping[str, str] | None = None) -> ManagerRank | None:
+    """This process's mpirun/srun rank when it must start its part of the job itself."""
+    env = os.environ if environ is None else environ
+    if "DMLC_ROLE" in env:          # started by ps.launch, or by hand: told who it is
+        return None
+    return manager_rank(env)
+
+
+def rendezvous(rank: ManagerRank, environ: Mapping[str, str]) -> dict[str, str]:
+    """The DMLC_* variables every process of the job agrees on, computed in each rank alone."""
+    root = environ.get("DMLC_PS_ROOT_URI")
+    if not root:
+        if not rank.multi_host:
+            root = "127.0.0.1"
+        elif rank.nodelist:
+            root = netutil.resolve(_first_host(rank.nodelist))
+        else:
+            raise ConfigError(f"{rank.manager} started ranks on several hosts: set DMLC_PS_ROOT_URI to rank 0's "
+                              "host in every rank (mpirun -x DMLC_PS_ROOT_URI=<host of rank 0>)")
+    port = environ.get("DMLC_PS_ROOT_PORT")
+    if not port:
+        if not rank.job_id:
+            raise ConfigError(f"{rank.manager} gives no job id to derive the scheduler's port from: set "
+                              "DMLC_PS_ROOT_PORT in every rank")
+        port = str(PORT_BASE + int(hashlib.sha256(rank.job_id.encode()).hexdigest(), 16) % PORT_SPAN)
+    return {"DMLC_PS_ROOT_URI": root, "DMLC_PS_ROOT_PORT": port, "DMLC_NUM_WORKER": str(rank.size),
+            "DMLC_NUM_SERVER": environ.get("DMLC_NUM_SERVER") or str(rank.size)}
+
+
+def _first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list (``node[1-3],x`` -> node1), as scontrol expands it."""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                             timeout=30, check=True).stdout.split()
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ConfigError(f"cannot expand SLURM_STEP_NODELIST={nodelist!r} with scontrol ({exc}): set "
+                          "DMLC_PS_ROOT_URI to rank 0's host") from None
+    if not out:
+        raise ConfigError(f"SLURM_STEP_NODELIST={nodelist!r} names no host")
+    return out[0]
+
+
+def start(environ: Mapping[str, str] | None = None) -> ManagerRank | None:
+    """Under mpirun/srun: start this rank's scheduler and servers, and make this process its
+    worker (its DMLC_* variables set in ``os.environ``). None when not needed."""
+    rank = needed(environ)
+    if rank is None:
+        return None
+    base = rendezvous(rank, os.environ)
+    children = []
+    if rank.rank == 0:
+        children.append(_spawn("scheduler", base, None))
+    for server in range(rank.rank, int(base["DMLC_NUM_SERVER"]), rank.size):
+        children.append(_spawn("server", base, server))
+    os.environ.update(base, DMLC_ROLE="worker", DMLC_RANK=str(rank.rank))
+    atexit.register(_reap, children)
+    logger.info("%s rank %d of %d: scheduler %s:%s, %d server(s) started here", rank.manager, rank.rank,
+                rank.size, base["DMLC_PS_ROOT_URI"], base["DMLC_PS_ROOT_PORT"], len(children) - (rank.rank == 0))
+    return rank
+
+
+def _spawn(role: str, base: dict[str, str], rank: int | None) -> subprocess.Popen:
+    env = {**os.environ, **base, "DMLC_ROLE": role}
+    if rank is not None:
+        env["DMLC_RANK"] = str(rank)
+    return subprocess.Popen([sys.executable, "-m", "ps"], env=env, stdin=subprocess.DEVNULL,
+                            preexec_fn=_die_with_parent)
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the rank that started it dies (kill -9 included). Linux."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)       # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _reap(children: list[subprocess.Popen]) -> None:
+    """At the worker's exit (after its store closed): the servers and the scheduler end once
+    every worker closed; wait for that, then stop what is left."""
+    deadline = time.monotonic() + CHILD_EXIT_WAIT
+    for child in children:
+        try:
+            child.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.terminate()
+            try:
+                child.wait(5)
+            except subprocess.TimeoutExpired:
+                child.kill()

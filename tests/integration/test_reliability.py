@@ -71,7 +71,8 @@ def test_garbage_on_scheduler_and_server_ports_does_not_hurt(procs, port):
         (result,) = [x for x in lines(out) if x["event"] == "result"]
         assert result["bad"] == 0
     for p in others:
-        assert procs.finish(p, timeout=30)[0] == 0
+        code, out, err = procs.finish(p, timeout=30)
+        assert code == 0, f"{p.args} exited {code}:\n{out[-2000:]}\n{err[-4000:]}"   # its own words if it dies
 
 
 def job_processes(port):

@@ -91,6 +91,22 @@ class PSKVStore(mx.kvstore.KVStore):
         """ps's transport counters (bytes sent and received, resends...): ``ps.KVStore.transport_stats``."""
         return self._kv.transport_stats()
 
+    # ps's restarts (--max-restarts): see ps.KVStore and docs/reliability.md
+    @property
+    def restarted(self) -> bool:
+        """This worker replaces one that died."""
+        return self._kv.restarted
+
+    @property
+    def round(self) -> int:
+        """The sync rounds the dead worker had completed (0 unless :attr:`restarted`)."""
+        return self._kv.round
+
+    def resume(self) -> int:
+        """Count this worker's next push to each key as round :attr:`round` + 1 (a script that
+        skips to that step itself); returns :attr:`round`."""
+        return self._kv.resume()
+
     @staticmethod
     def is_capable(capability: str) -> bool:
         if capability.lower() == mx.kvstore.KVStoreBase.OPTIMIZER:

@@ -43,6 +43,8 @@ def kill(role, rank, step):
             proc.send_signal(signal.SIGKILL)
 
 
+if kv.restarted:      # re-run from step 0: Gluon's Trainer fetches the weights only at its first step
+    print(f"RESTARTED rank {kv.rank} round {kv.round}", flush=True)
 for step in range(steps):
     x, y = batch(step, kv.rank)
     with autograd.record():

@@ -1,6 +1,8 @@
 """An unmodified Gluon script under ``--max-restarts``: a worker and a server SIGKILLed
 mid-training; the job ends with exactly the weights of a run nobody killed. The restarted
 worker re-runs the script from step 0; the servers answer the steps its dead self did."""
+import re
+
 import numpy as np
 import pytest
 
@@ -25,10 +27,14 @@ def load(path):
 
 @pytest.mark.timeout(200)
 def test_an_unmodified_gluon_script_survives_a_killed_worker_and_server(procs, tmp_path):
+    """The script re-runs from step 0 (the servers answer what its dead self did); it can tell
+    it was restarted and how far its dead self got (kv.restarted, kv.round)."""
     (tmp_path / "ref").mkdir()
     (tmp_path / "run").mkdir()
     run(procs, tmp_path / "ref")
     text = run(procs, tmp_path / "run", "worker:1:50", "server:0:110")
+    restarted = re.search(r"RESTARTED rank 1 round (\d+)", text)
+    assert restarted and 50 <= int(restarted.group(1)) <= 53, text
     assert "worker 1 was killed by SIGKILL: starting it again (restart 1 of 2)" in text, text
     assert "server 0 was killed by SIGKILL: starting it again (restart 2 of 2)" in text, text
     ref = load(tmp_path / "ref" / "w0.npz")

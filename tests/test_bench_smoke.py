@@ -115,9 +115,10 @@ def test_multihost_bench_runs_on_two_namespace_hosts_and_cleans_up(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MXNET_KVSTORE"))}
     env["PYTHONPATH"] = str(ROOT)
     impls = "ps,native" if importlib.util.find_spec("mxnet") else "ps"
+    chart = tmp_path / "mh.png"
     proc = start_group([sys.executable, "-m", "ps.bench", "--hosts", "2", "--link", "100mbit", "--quick",
-                        "--impls", impls, "--csv", str(out)], env, cwd=str(ROOT), stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True)
+                        "--impls", impls, "--csv", str(out), "--plot", str(chart)], env, cwd=str(ROOT),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=100)
     except subprocess.TimeoutExpired:
@@ -131,6 +132,7 @@ def test_multihost_bench_runs_on_two_namespace_hosts_and_cleans_up(tmp_path):
     for row in rows:
         assert row["hosts"] == "2" and float(row["step_s"]) > 0 and float(row["mb_per_host_step"]) > 0, row
         assert 0 < float(row["efficiency"]) <= 1.0 + 1e-6, row
+    assert chart.stat().st_size > 10_000                             # the efficiency chart was drawn
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "psbench" not in left, left                               # torn down
     routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout

@@ -2,6 +2,7 @@
 shaped links, a real model's parameter list, compute simulated layer by layer.
 
     python -m ps.bench --hosts 4 --link 1gbit --model resnet50_v1 --compute 1.0
+    python -m ps.bench --hosts 2,3,4 --link 1gbit --plot scaling.png     # efficiency against K
 
 Each host runs one worker and one server (host 0, unshaped, runs the scheduler). A step:
 the forward pass (1/3 of ``--compute``) walks the keys in order and waits for each key's
@@ -152,6 +153,7 @@ def _env(hosts: Hosts, host: int, role: str, args: argparse.Namespace, rank: int
 
 
 def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes: list) -> Run:
+    """One job of ``impl`` on ``hosts``; ``args.hosts`` is its K."""
     py = sys.executable
     node = [py, "-c", "import mxnet"] if impl == "native" else [py, "-m", "ps"]
     extra = {"PS_MAX_RESTARTS": "1"} if impl == "ps-restarts" else {}     # the cost of recovery being on
@@ -225,7 +227,8 @@ def _size(shape: list[int]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ps.bench --hosts", description=__doc__.splitlines()[0])
-    p.add_argument("--hosts", type=int, default=0, help="K namespace hosts, one worker and one server each")
+    p.add_argument("--hosts", default="", help="K namespace hosts, one worker and one server each; a comma list "
+                   "(2,3,4) runs each K in turn")
     p.add_argument("--link", default="1gbit", help="tc rate of every host's link, both ways (e.g. 1gbit); 'none'")
     p.add_argument("--model", default="resnet50_v1", help="parameter shapes: resnet50_v1 or vgg16")
     p.add_argument("--compute", type=float, default=1.0, help="simulated compute per step, seconds")
@@ -237,17 +240,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra env for every process")
     p.add_argument("--quick", action="store_true", help="a smoke run: tiny model, 0.05 s compute, 3 steps")
     p.add_argument("--csv", help="write one row per run")
+    p.add_argument("--plot", metavar="FILE.png", help="draw scaling efficiency against K (ps, native, the bound)")
+    p.add_argument("--from-csv", metavar="FILE", help="redraw the table and --plot from a CSV; run nothing")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--worker-mode", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker_mode:
         worker(json.loads(args.worker_mode))
         return 0
-    if args.hosts < 1:
-        p.error(f"--hosts must be >= 1, got {args.hosts}")
     if args.link == "none":
         args.link = None
     shapes = load_model(args.model)
+    if args.from_csv:
+        with open(args.from_csv, newline="") as fh:
+            runs = [Run(r["impl"], int(r["rep"]), int(r["hosts"]), *(float(r[f]) for f in FLOATS))
+                    for r in csv.DictReader(fh)]
+        return _finish(runs, args, shapes)
+    try:
+        counts = [int(k) for k in str(args.hosts).split(",") if k]
+    except ValueError:
+        p.error(f"--hosts takes a number or a comma list of numbers, got {args.hosts!r}")
+    if not counts or min(counts) < 1:
+        p.error(f"--hosts must be >= 1, got {args.hosts!r}")
     if args.quick:
         shapes, args.compute, args.steps, args.warmup, args.reps = shapes[:12], 0.05, 3, 1, 1
     impls = [i for i in args.impls.split(",") if i]
@@ -259,37 +273,78 @@ def main(argv: list[str] | None = None) -> int:
             print("# mxnet is not installed: native left out", file=sys.stderr)
     runs: list[Run] = []
     try:
-        with Hosts(args.hosts, args.link) as hosts:
-            for rep in range(args.reps):
-                for impl in impls if rep % 2 == 0 else impls[::-1]:
-                    run = run_once(hosts, args, impl, rep, shapes)
-                    runs.append(run)
-                    print(f"# {impl} rep {rep}: step {run.step_s:.3f}s  efficiency {run.efficiency:.2f}  "
-                          f"{run.mb_per_host_step:.1f} MB/host/step  CPU load {run.cpu_load:.0%}", flush=True)
+        for k in counts:
+            args.hosts = k
+            with Hosts(k, args.link) as hosts:
+                for rep in range(args.reps):
+                    for impl in impls if rep % 2 == 0 else impls[::-1]:
+                        run = run_once(hosts, args, impl, rep, shapes)
+                        runs.append(run)
+                        print(f"# K={k} {impl} rep {rep}: step {run.step_s:.3f}s  efficiency {run.efficiency:.2f}  "
+                              f"{run.mb_per_host_step:.1f} MB/host/step  CPU load {run.cpu_load:.0%}", flush=True)
     except NamespaceError as exc:
         print(f"ps.bench: {exc}", file=sys.stderr)
         return 2
-    report(runs, args, shapes)
     if args.csv:
         with open(args.csv, "w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=list(asdict(runs[0])))
             w.writeheader()
             for run in runs:
                 w.writerow(asdict(run))
+    return _finish(runs, args, shapes)
+
+
+FLOATS = ("step_s", "compute_s", "bound_s", "efficiency", "mb_per_host_step", "cpu_load")
+
+
+def _finish(runs: list[Run], args: argparse.Namespace, shapes: list) -> int:
+    for k in sorted({r.hosts for r in runs}):
+        args.hosts = k
+        report([r for r in runs if r.hosts == k], args, shapes)
+    if args.plot:
+        plot(runs, args, args.plot)
     return 0
+
+
+def plot(runs: list[Run], args: argparse.Namespace, path: str) -> None:
+    """Scaling efficiency (compute / step) against K: ps, native and the bound."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    counts = sorted({r.hosts for r in runs})
+    styles = {"ps": ("tab:blue", "o-"), "native": ("tab:orange", "s-"), "ps-restarts": ("tab:gray", "^--")}
+    for impl in dict.fromkeys(r.impl for r in runs):
+        color, style = styles.get(impl, ("tab:green", "x-"))
+        pts = [(k, statistics.median(r.efficiency for r in runs if r.impl == impl and r.hosts == k))
+               for k in counts if any(r.impl == impl and r.hosts == k for r in runs)]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, label=impl)
+    bound = [(k, min(r.compute_s / r.bound_s for r in runs if r.hosts == k)) for k in counts]
+    ax.plot([p[0] for p in bound], [p[1] for p in bound], "k:", label="bound: compute / max(compute, comm)")
+    ax.set_xticks(counts)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("hosts (one worker and one server each)")
+    ax.set_ylabel("scaling efficiency (compute / step)")
+    ax.set_title(f"{args.model}, {args.link or 'unshaped'} links both ways, {runs[0].compute_s:g} s compute per step")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"# chart: {path}")
 
 
 def report(runs: list[Run], args: argparse.Namespace, shapes: list) -> None:
     model_mb = sum(_size(s) for s in shapes) * 4 / 1e6
+    reps = len({r.rep for r in runs})
     print(f"\n# {args.hosts} hosts, link {args.link or 'unshaped'} both ways, {args.model} "
-          f"({len(shapes)} keys, {model_mb:.1f} MB), compute {args.compute:g}s, median of {args.reps} reps")
+          f"({len(shapes)} keys, {model_mb:.1f} MB), compute {runs[0].compute_s:g}s, median of {reps} reps")
     print(f"{'impl':11} {'step s':>8} {'bound s':>8} {'step/bound':>10} {'efficiency':>10} {'MB/host/step':>12} "
           f"{'CPU load':>8}  per-rep step s")
     for impl in dict.fromkeys(r.impl for r in runs):
         mine = [r for r in runs if r.impl == impl]
         step = statistics.median(r.step_s for r in mine)
         bound = mine[0].bound_s
-        print(f"{impl:11} {step:8.3f} {bound:8.3f} {step / bound:10.2f} {args.compute / step:10.2f} "
+        print(f"{impl:11} {step:8.3f} {bound:8.3f} {step / bound:10.2f} {mine[0].compute_s / step:10.2f} "
               f"{statistics.median(r.mb_per_host_step for r in mine):12.1f} "
               f"{max(r.cpu_load for r in mine):8.0%}  {' '.join(f'{r.step_s:.3f}' for r in mine)}")
     by_rep: dict[int, dict[str, float]] = {}

@@ -260,6 +260,8 @@ class Store:
             return False
         if not self.sync:
             return seq <= ks.applied.get(sender, 0)
+        if seq > ks.closed + len(ks.rounds):      # the usual case: a new push (no loop on the hot path)
+            return False
         return seq <= ks.closed + self._complete_open(ks, sender)
 
     @staticmethod
@@ -663,7 +665,14 @@ def apply_rows(updater: Updater | None, key: int, weight: np.ndarray, rows: np.n
 
 def _by_worker(pairs: list) -> list:
     """[(worker, item)] -> the items in worker order."""
-    return [item for _, item in sorted(pairs, key=lambda pair: pair[0])]
+    if len(pairs) == 2:                         # the common small case, without a sort
+        (a, x), (b, y) = pairs
+        return [x, y] if a < b else [y, x]
+    return [item for _, item in sorted(pairs, key=_first)]
+
+
+def _first(pair: tuple) -> Any:
+    return pair[0]
 
 
 def _sent_before(rnd: Round, sender: int, entry: Entry) -> bool:

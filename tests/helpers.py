@@ -61,8 +61,10 @@ class Procs:
 
     @staticmethod
     def kill(proc: subprocess.Popen) -> None:
+        """SIGTERM, then SIGKILL after 3 s: a launcher gets the time to stop its own job (its
+        processes run in their own sessions, out of reach of a kill of its group)."""
         if proc.poll() is None:
-            stop_group(proc, grace=0)
+            stop_group(proc, grace=3.0)
 
     def cleanup(self) -> None:
         for proc in self.procs:

@@ -35,11 +35,11 @@ class Request:
         self.callbacks: list[Callable[[Request], None]] | None = None
         # PS_MAX_RESTARTS: what went to each server (resent to its restart) and what came back
         self.sent: list[tuple[int, Any, Any]] | None = [] if keep else None
-        self.got: dict[int, int] = {}
+        self.got: dict[int, dict[int, int]] = {}    # server -> {offset: elements} of the chunks it answered
 
     def restart(self, server: int) -> list[tuple[Any, Any]]:
         """``server`` restarted before answering: forget its partial answer; what to resend."""
-        self.remaining += self.got.pop(server, 0)
+        self.remaining += sum(self.got.pop(server, {}).values())
         return [(entry, data) for sid, entry, data in self.sent or () if sid == server]
 
     def wait(self, deadline: Deadline, failure: Callable[[], PSError | None]) -> None:
@@ -93,8 +93,8 @@ class Customer:
             error = entry.error
             data = next(arrays) if (entry.op & Op.PULL and error is None) else None
             req = requests.get(entry.ts)
-            if req is None:
-                continue                      # late reply to a request that already failed
+            if req is None or msg.sender not in req.pending:
+                continue                      # late reply to a request that already failed, or a repeat
             if error is not None:
                 kind, text = error
                 exc_type = PeerLostError if kind == "PeerLostError" else None
@@ -103,11 +103,16 @@ class Customer:
                 continue
             if data is not None:
                 n = entry.length
+                if req.sent is not None:
+                    # a restarted server can get a request twice (the resend, and the copy
+                    # queued when it came back): one answer per chunk counts
+                    got = req.got.setdefault(msg.sender, {})
+                    if entry.offset in got:
+                        continue
+                    got[entry.offset] = n
                 start = req.starts[msg.sender] + entry.offset
                 req.out[start:start + n] = data
                 req.remaining -= n
-                if req.sent is not None:
-                    req.got[msg.sender] = req.got.get(msg.sender, 0) + n
                 if entry.offset + n == entry.total:
                     req.pending.discard(msg.sender)
             else:

@@ -192,7 +192,8 @@ class Message:
     """One message. ``route`` is the ZeroMQ identity a ROUTER received it from (or
     should send it to); ``frames`` hold the arrays of DATA entries in entry order."""
 
-    __slots__ = ("cmd", "sender", "recver", "request", "seq", "body", "frames", "route", "on_sent", "source")
+    __slots__ = ("cmd", "sender", "recver", "request", "seq", "body", "frames", "route", "on_sent", "source",
+                 "gen")
 
     def __init__(self, cmd: Command, sender: int = 0, recver: int = 0, body: Any = None,
                  frames: Sequence[Any] = (), request: bool = True, route: bytes | None = None,
@@ -207,6 +208,7 @@ class Message:
         self.route = route
         self.on_sent: Callable[[Any], None] | None = None   # gets the zmq MessageTracker
         self.source = 0     # received on a DEALER: the node id that socket is connected to
+        self.gen = 0        # the van's generation of its peer when queued (not on the wire)
 
     def __repr__(self) -> str:
         kind = "req" if self.request else "reply"

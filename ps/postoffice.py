@@ -245,6 +245,9 @@ class Postoffice:
         self.down[node_id] = body["reason"]
         logger.warning("%s: %s; waiting for its restart", self, body["reason"])
         self.van.forget(node_id)
+        if node_id in self._peers:
+            self.van.disconnect(node_id)
+            self._peers[node_id] = ""           # reopened (to whatever address) when it is back
         self._tell(node_id, False)
 
     def _on_node_up(self, body: dict[str, Any]) -> None:
@@ -253,7 +256,10 @@ class Postoffice:
         self.down.pop(node.node_id, None)
         self.van.forget(node.node_id)
         if node.node_id in self._peers:
-            self.connect(node.node_id)          # on this (the I/O) thread: before anything is resent
+            # a fresh connection even to the old address: the old one may still hold what
+            # was queued for the dead process. On this (the I/O) thread: before any resend.
+            self._peers[node.node_id] = ""
+            self.connect(node.node_id)
         logger.warning("%s: %s %d (%s) is back (restart %d)", self, node.role.name.lower(), node.rank,
                        node_name(node.node_id), body.get("restart", 0))
         self._tell(node.node_id, True)

@@ -75,3 +75,7 @@ class Van(Protocol):
     def forget(self, peer: Any) -> None:
         """Drop what the transport keeps about a peer (a node id or a ROUTER identity) that
         died: a restarted node starts its channels afresh (PS_RESEND's sequence numbers)."""
+
+    def disconnect(self, node_id: int) -> None:
+        """Close the connection to a node that died: left open, it would reconnect by
+        itself to a restart at the same address and hand it what was queued for the dead one."""

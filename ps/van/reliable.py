@@ -174,7 +174,13 @@ class ReliableVan(Van):
                 del self._unacked[key]
             self._expected.pop(peer, None)
             self._held.pop(peer, None)
-        self.inner.forget(peer)
+            # under the lock: every message numbered before this is stale in the inner van
+            # too, every one numbered after is not (one numbered 5 of the old count must
+            # never reach the restart, which would then drop the new 5 as a duplicate)
+            self.inner.forget(peer)
+
+    def disconnect(self, node_id: int) -> None:
+        self.inner.disconnect(node_id)
 
     def pending(self) -> int:
         with self._lock:

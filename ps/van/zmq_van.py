@@ -40,6 +40,10 @@ class ZmqVan(Van):
         self._router: zmq.Socket | None = None
         self._dealers: dict[int, zmq.Socket] = {}
         self._dealer_ids: dict[zmq.Socket, int] = {}
+        # peer (node id or ROUTER identity) -> how often it was forgotten: a message queued
+        # before its peer died is not sent to the peer's restart (forget, _send_now)
+        self._gens: dict[Any, int] = {}
+        self._stale = 0
         self._monitors: dict[zmq.Socket, tuple[int, zmq.Socket, Callable[[int, bool], None]]] = {}
         self._identity = b"ps-" + uuid.uuid4().hex[:16].encode()
         self._queue: collections.deque = collections.deque()
@@ -66,6 +70,9 @@ class ZmqVan(Van):
             router.curve_server = True
             router.curve_publickey, router.curve_secretkey = self._curve
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # a peer that reopened its connection to us (we are a restart at its old address)
+        # takes its identity over instead of being refused while the old one lingers
+        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         router.setsockopt(zmq.MAXMSGSIZE, MAX_MSG_SIZE)
         try:
             self.address = self._bind(router, host, port, port_range)
@@ -124,11 +131,7 @@ class ZmqVan(Van):
         self.call_soon(lambda: self._connect_now(node_id, address))
 
     def _connect_now(self, node_id: int, address: str) -> None:
-        old = self._dealers.pop(node_id, None)
-        if old is not None:
-            self._poller.unregister(old)
-            self._dealer_ids.pop(old, None)
-            old.close(linger=0)
+        self._disconnect_now(node_id)
         dealer = self._ctx.socket(zmq.DEALER)
         self._tune(dealer)
         dealer.setsockopt(zmq.IDENTITY, self._identity)
@@ -172,9 +175,30 @@ class ZmqVan(Van):
     # -- sending -------------------------------------------------------------------------
     def transport_stats(self) -> dict[str, int]:
         """Bytes of ps messages this van sent and received (meta and data frames)."""
-        return {"bytes_sent": self._bytes_sent, "bytes_received": self._bytes_received}
+        stats = {"bytes_sent": self._bytes_sent, "bytes_received": self._bytes_received}
+        if self._stale:
+            stats["stale"] = self._stale
+        return stats
+
+    def forget(self, peer: Any) -> None:
+        """Messages to ``peer`` queued so far are stale: they were meant for a process that
+        died, and a restart at the same node id must not get them (nor their PS_RESEND
+        numbers). A ReliableVan calls this under the lock it numbers messages under."""
+        self._gens[peer] = self._gens.get(peer, 0) + 1
+
+    def disconnect(self, node_id: int) -> None:
+        self.call_soon(lambda: self._disconnect_now(node_id))
+
+    def _disconnect_now(self, node_id: int) -> None:
+        old = self._dealers.pop(node_id, None)
+        if old is not None:
+            self._poller.unregister(old)
+            self._dealer_ids.pop(old, None)
+            old.close(linger=0)
 
     def send(self, msg: Message) -> None:
+        if self._gens:
+            msg.gen = self._gens.get(msg.route if msg.route is not None else msg.recver, 0)
         if self.in_io_thread:
             self._send_now(msg)
         else:
@@ -208,6 +232,10 @@ class ZmqVan(Van):
                 pass
 
     def _send_now(self, msg: Message) -> None:
+        if self._gens and msg.gen != self._gens.get(msg.route if msg.route is not None else msg.recver, 0):
+            self._stale += 1            # for a dead incarnation: its restart must not see it
+            logger.debug("dropping %r: queued before its peer was forgotten", msg)
+            return
         frames = encode(msg)
         nbytes = sum(memoryview(f).nbytes for f in frames)
         if msg.route is not None:
@@ -215,7 +243,8 @@ class ZmqVan(Van):
         else:
             sock = self._dealers.get(msg.recver)
             if sock is None:
-                logger.error("dropping %r: no connection to %s", msg, node_name(msg.recver))
+                logger.log(logging.DEBUG if msg.recver in self._gens else logging.ERROR,
+                           "dropping %r: no connection to %s", msg, node_name(msg.recver))
                 return
         try:
             tracker = sock.send_multipart(frames, copy=False, track=msg.on_sent is not None)

@@ -46,6 +46,31 @@ def test_push_acks_count_servers_and_a_late_reply_is_ignored():
     assert req.remaining == 0
 
 
+def test_a_push_ack_repeated_before_the_other_server_answers_counts_once():
+    c = Customer(keep=True)
+    req = c.new_request(2, None, {S0: 0, S1: 0}, "push to key 3")
+    c.on_reply(reply(S0, Entry(req.ts, Op.PUSH, 3, 0, 0, 6, F32)))
+    c.on_reply(reply(S0, Entry(req.ts, Op.PUSH, 3, 0, 0, 6, F32)))   # S0 got the push twice
+    assert not req.event.is_set() and req.pending == {S1}
+
+
+def test_a_restarted_servers_repeated_chunk_does_not_complete_a_pull_early():
+    """A restarted server can get a pull twice (the resend and a copy queued while it came
+    back); the second answer's first chunk must not stand in for the first one's last."""
+    c = Customer(keep=True)
+    out = np.zeros(6, np.float32)
+    req = c.new_request(6, out, {S0: 0}, "pull of key 3")
+    req.sent.append((S0, Entry(req.ts, Op.PULL, 3, 0, 6, 6, F32), None))
+    c.on_reply(reply(S0, Entry(req.ts, Op.PULL, 3, 0, 3, 6, F32), frames=[np.full(3, 1, np.float32)]))
+    assert req.restart(S0) and req.remaining == 6          # died after one chunk: all of it again
+    c.on_reply(reply(S0, Entry(req.ts, Op.PULL, 3, 0, 3, 6, F32), frames=[np.full(3, 5, np.float32)]))
+    c.on_reply(reply(S0, Entry(req.ts, Op.PULL, 3, 0, 3, 6, F32), frames=[np.full(3, 7, np.float32)]))
+    assert not req.event.is_set() and req.remaining == 3
+    c.on_reply(reply(S0, Entry(req.ts, Op.PULL, 3, 3, 3, 6, F32), frames=[np.full(3, 5, np.float32)]))
+    req.wait(Deadline(1), no_failure)
+    np.testing.assert_array_equal(out, [5] * 6)
+
+
 @pytest.mark.parametrize("kind,exc_type", [("KeyError", RemoteError), ("PeerLostError", PeerLostError)])
 def test_an_error_reply_ends_the_request_with_the_servers_error(kind, exc_type):
     c = Customer()

@@ -108,3 +108,52 @@ def test_a_peer_that_never_acknowledges_is_reported_lost(pairs):
         time.sleep(0.01)
     assert lost == [(B_ID, 7, 10.5)]
     assert p.a.pending() == 0
+
+
+def test_messages_queued_for_a_dead_peer_never_reach_its_restart():
+    """Real sockets. A worker's messages to a server that died, still queued when the
+    server's restart is announced, carry the old channel's numbers: had they reached the
+    restart, it would have dropped the new messages with those numbers as duplicates."""
+    received, arrived = [], threading.Condition()
+
+    def on_b2(msg):
+        with arrived:
+            received.append(msg.body["i"])
+            arrived.notify_all()
+
+    a = ReliableVan(create_van("zmq"), 0.05, 30.0)
+    b1 = ReliableVan(create_van("zmq"), 0.05, 30.0)
+    b2 = ReliableVan(create_van("zmq"), 0.05, 30.0)
+    try:
+        got_b1 = threading.Event()
+        b1_addr = b1.start(lambda msg: got_b1.set(), "127.0.0.1", name="B1")
+        a.start(lambda msg: None, "127.0.0.1", name="A")
+        a.connect(B_ID, b1_addr)
+        a.send(Message(Command.SERVER_CMD, A_ID, B_ID, {"i": 0}))
+        assert got_b1.wait(5), "B1 did not get the first message"
+        b1.stop()                                      # the server dies
+        b2_addr = b2.start(on_b2, "127.0.0.1", name="B2")
+
+        gate, forgotten = threading.Event(), threading.Event()
+
+        def node_up():                                 # as Postoffice does on NODE_UP, on the I/O thread
+            gate.wait(5)
+            a.forget(B_ID)
+            a.connect(B_ID, b2_addr)
+            forgotten.set()
+        a.call_soon(node_up)
+        for i in (1, 2, 3):                            # queued behind node_up, numbered 2, 3, 4 of the old count
+            a.send(Message(Command.SERVER_CMD, A_ID, B_ID, {"i": i}))
+        gate.set()
+        assert forgotten.wait(5), "the I/O thread did not run node_up"
+        for i in (4, 5):                               # numbered 1, 2 of the new count
+            a.send(Message(Command.SERVER_CMD, A_ID, B_ID, {"i": i}))
+        with arrived:
+            assert arrived.wait_for(lambda: len(received) >= 2, 5), f"B2 got {received}"
+        time.sleep(0.3)
+        assert received == [4, 5]
+        assert a.transport_stats()["stale"] == 3
+        assert a.pending() == 0
+    finally:
+        for van in (a, b1, b2):
+            van.stop()

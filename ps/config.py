@@ -47,6 +47,20 @@ def _bool(name: str, raw: str) -> bool:
     raise ConfigError(f"{name} must be 0 or 1, got {raw!r}")
 
 
+def _bytes(name: str, raw: str) -> int:
+    """A byte count: 4194304, 4096K, 4M or 1G (powers of 1024)."""
+    text = raw.strip().upper().removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    number = text[:-1] if scale > 1 else text
+    try:
+        value = float(number)
+    except ValueError:
+        raise ConfigError(f"{name} must be a byte count such as 4194304, 4M or 512K, got {raw!r}") from None
+    if value != value or value < 0:
+        raise ConfigError(f"{name} must be >= 0, got {raw!r}")
+    return int(value * scale)
+
+
 def _role(name: str, raw: str) -> str:
     if raw not in ROLES:
         raise ConfigError(f"{name} must be one of {', '.join(ROLES)}, got {raw!r}")
@@ -124,6 +138,10 @@ VARIABLES: tuple[Var, ...] = (
         "sets it for every process); > 0: instead of ending the job, everyone waits up to "
         "PS_CONNECT_TIMEOUT for a dead node to come back, each server keeps a replica of another's "
         "state, and workers keep each push until it is answered (docs/reliability.md)"),
+    Var("PS_SEND_WINDOW", "send_window", _bytes, 0,
+        "bytes a worker may have on the way to the servers (4M, 512K...): requests beyond it wait "
+        "and leave highest priority first (MXNet's priority=-index: the first layer's gradient "
+        "overtakes the backlog of later layers'); 0 = off, everything is sent at once in call order"),
     Var("PS_SECRET_FILE", "secret_file", _str, None,
         "file holding a shared secret: authenticate and encrypt all traffic (CURVE)"),
     Var("PS_JOB_KEY_FILE", "job_key_file", _str, None,
@@ -231,6 +249,7 @@ class Config:
     request_timeout: float = 0.0
     stall_warning: float = 60.0
     max_restarts: int = 0
+    send_window: int = 0
     secret_file: str | None = None
     job_key_file: str | None = None
     allow_pickle: bool = True

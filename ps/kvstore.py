@@ -284,10 +284,10 @@ class KVStore:
             if _is_rows(v):
                 rows, values = self._rows_value(info, v)
                 handles.append(self._worker.request_rows(Op.PUSH, info.key, info.slices, info.dtype_code,
-                                                         info.row_len, rows, values, None, what))
+                                                         info.row_len, rows, values, None, what, priority))
                 continue
             flat = self._value(info, v, "push to").reshape(-1)
-            handles.append(self._request(Op.PUSH, info, flat, None, what))
+            handles.append(self._request(Op.PUSH, info, flat, None, what, priority))
         return self._finish(handles, lambda: None, block)
 
     def row_sparse_pull(self, key: Any, row_ids: Any, priority: int = 0, block: bool = True) -> Any:
@@ -301,7 +301,8 @@ class KVStore:
         requests = []
         if rows.size:
             requests.append(self._worker.request_rows(Op.PULL, info.key, info.slices, info.dtype_code, info.row_len,
-                                                      rows, None, values.reshape(-1), f"row_sparse_pull of key {key!r}"))
+                                                      rows, None, values.reshape(-1), f"row_sparse_pull of key {key!r}",
+                                                      priority))
         return self._finish(requests, lambda: RowSparse(rows, values), block)
 
     def _row_ids(self, info: KeyInfo, row_ids: Any) -> np.ndarray:
@@ -353,19 +354,19 @@ class KVStore:
              ignore_sparse: bool = True) -> Any:
         """Fetch the current value (after this worker's earlier pushes to the key)."""
         self._check_open()
-        return self._pull_like(Op.PULL, key, None, out, block)
+        return self._pull_like(Op.PULL, key, None, out, block, priority)
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0, block: bool = True) -> Any:
         """Push and pull in one round trip; returns the updated value (or a Handle)."""
         self._check_open()
-        return self._pull_like(Op.PUSH | Op.PULL, key, value, out, block)
+        return self._pull_like(Op.PUSH | Op.PULL, key, value, out, block, priority)
 
     def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> Any:
         """init (rank 0's value wins) then pull into ``out``."""
         self.init(key, value)
-        return self.pull(key, out=out)
+        return self.pull(key, out=out, priority=priority)
 
-    def _pull_like(self, op: int, key: Any, value: Any, out: Any, block: bool) -> Any:
+    def _pull_like(self, op: int, key: Any, value: Any, out: Any, block: bool, priority: int = 0) -> Any:
         many = isinstance(key, (list, tuple))
         names = key if many else [key]
         values = [None] * len(names) if value is None else value if many else [value]
@@ -378,7 +379,7 @@ class KVStore:
             flat = None if v is None else self._value(info, v, "pushpull to").reshape(-1)
             recv, final = self._receiver(info, o)
             what = f"{'pushpull' if op & Op.PUSH else 'pull'} of key {k!r}"
-            handles.append(self._request(op, info, flat, recv.reshape(-1), what))
+            handles.append(self._request(op, info, flat, recv.reshape(-1), what, priority))
             finals.append(final)
         if isinstance(key, (list, tuple)):
             return self._finish(handles, lambda: [f() for f in finals], block)
@@ -406,7 +407,7 @@ class KVStore:
         return recv, final
 
     def _request(self, op: int, info: KeyInfo, value: np.ndarray | None, out: np.ndarray | None,
-                 what: str) -> Request:
+                 what: str, priority: int = 0) -> Request:
         encode = None
         if value is not None and op & Op.PUSH and self._compression and info.dtype == np.float32:
             if self._compression["type"] == "2bit":
@@ -417,7 +418,7 @@ class KVStore:
                 op, encode = op | Op.TWO_BIT, comp.pack_2bit
             else:
                 op, value = op | Op.FP16, value.astype(np.float16)
-        return self._worker.request(op, info.key, info.slices, info.dtype_code, value, out, what, encode)
+        return self._worker.request(op, info.key, info.slices, info.dtype_code, value, out, what, encode, priority)
 
     def _finish(self, requests: list[Request], finalize: Any, block: bool) -> Any:
         """Blocking calls send now; non-blocking ones leave with the I/O thread's next

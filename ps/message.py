@@ -1,6 +1,7 @@
 """What travels between nodes: a msgpack meta frame followed by raw array frames.
 
-Frame 0 is ``msgpack([VERSION, cmd, sender, recver, request, seq, body])``. For
+Frame 0 is ``msgpack([VERSION, cmd, sender, recver, request, seq, body])``, with an eighth
+element ``flags`` (a bit set of ``Flag``) only when some are set. For
 ``Command.DATA`` the body is a list of :class:`Entry` records, one per key chunk, each
 an array on the wire::
 
@@ -61,6 +62,13 @@ class Command(enum.IntEnum):
     REPLICA = 16      # primary server -> its backup: state changes (request); backup -> primary: ack
     SUBSCRIBE = 17    # backup server -> primary: send me a snapshot, then every change
     FETCH = 18        # restarted server -> its backup: the replica of my state (replies: snapshot parts)
+    CREDIT = 19       # server -> worker: I received a message of ``body`` payload bytes (PS_SEND_WINDOW)
+
+
+class Flag:
+    """Bits of a message's ``flags``."""
+
+    CREDIT = 1      # a DATA request whose sender counts its bytes in flight: answer with Command.CREDIT
 
 
 class Op:
@@ -193,7 +201,7 @@ class Message:
     should send it to); ``frames`` hold the arrays of DATA entries in entry order."""
 
     __slots__ = ("cmd", "sender", "recver", "request", "seq", "body", "frames", "route", "on_sent", "source",
-                 "gen")
+                 "gen", "flags")
 
     def __init__(self, cmd: Command, sender: int = 0, recver: int = 0, body: Any = None,
                  frames: Sequence[Any] = (), request: bool = True, route: bytes | None = None,
@@ -209,6 +217,7 @@ class Message:
         self.on_sent: Callable[[Any], None] | None = None   # gets the zmq MessageTracker
         self.source = 0     # received on a DEALER: the node id that socket is connected to
         self.gen = 0        # the van's generation of its peer when queued (not on the wire)
+        self.flags = 0      # Flag bits
 
     def __repr__(self) -> str:
         kind = "req" if self.request else "reply"
@@ -220,6 +229,17 @@ class Message:
                 f"{Command(self.cmd).name} {kind}{extra}")
 
 
+def payload_bytes(frames: Sequence[Any]) -> int:
+    """The array bytes of a decoded DATA message (a worker's Batch.nbytes for it)."""
+    total = 0
+    for f in frames:
+        if isinstance(f, Rows):
+            total += f.ids.nbytes + (f.values.nbytes if f.values is not None else 0)
+        else:
+            total += f.nbytes
+    return total
+
+
 def entry_has_data(request: bool, op: int, error: Any) -> bool:
     """Whether the entry owns a data item (an array, or Rows for a row-sparse request)."""
     if request:
@@ -228,8 +248,10 @@ def entry_has_data(request: bool, op: int, error: Any) -> bool:
 
 
 def encode(msg: Message) -> list[Any]:
-    meta = msgpack.packb([VERSION, int(msg.cmd), msg.sender, msg.recver, msg.request,
-                          msg.seq, msg.body], use_bin_type=True)
+    fields = [VERSION, int(msg.cmd), msg.sender, msg.recver, msg.request, msg.seq, msg.body]
+    if msg.flags:
+        fields.append(msg.flags)
+    meta = msgpack.packb(fields, use_bin_type=True)
     return [meta, *msg.frames]
 
 
@@ -248,7 +270,7 @@ def decode(frames: Sequence[Any], route: bytes | None = None) -> Message:
     try:
         meta = msgpack.unpackb(head, raw=False, strict_map_key=False, max_bin_len=MAX_META_BYTES, max_str_len=MAX_META_BYTES,
                                max_array_len=MAX_ENTRIES, max_map_len=MAX_ENTRIES)
-        version, cmd, sender, recver, request, seq, body = meta
+        version, cmd, sender, recver, request, seq, body, *extra = meta
         cmd = Command(cmd)
     except ProtocolError:
         raise
@@ -261,7 +283,11 @@ def decode(frames: Sequence[Any], route: bytes | None = None) -> Message:
         raise ProtocolError(f"protocol version {version!r}, expected {VERSION}")
     if not (isinstance(sender, int) and isinstance(recver, int) and isinstance(seq, int)):
         raise ProtocolError("sender, recver and seq must be integers")
+    if len(extra) > 1 or (extra and not isinstance(extra[0], int)):
+        raise ProtocolError(f"unexpected meta fields {extra!r:.100}")
     msg = Message(cmd, sender, recver, body, request=bool(request), route=route, seq=seq)
+    if extra:
+        msg.flags = extra[0]
     if cmd == Command.DATA:
         msg.frames = _data_arrays(body, frames[1:], bool(request))
     elif cmd in (Command.REPLICA, Command.FETCH):     # checked against their events by ps/replica.py

@@ -14,7 +14,7 @@ from .bufguard import BufferGuard
 from .config import Config
 from .errors import PSError
 from .keys import CHUNK_BYTES
-from .message import Batch, Command, Message, entry_has_data, id_to_rank, node_name
+from .message import Batch, Command, Flag, Message, entry_has_data, id_to_rank, node_name, payload_bytes
 from .postoffice import SCHEDULER, Postoffice
 from .replication import Replication
 from .store import Event, Reply, Stall, Store, Updater
@@ -84,6 +84,9 @@ class KVServer:
     def _on_data(self, msg: Message) -> None:
         if not msg.request:
             return
+        if msg.flags & Flag.CREDIT:     # first: the worker picks what it sends next now (ps/sendqueue.py)
+            self.po.send(Message(Command.CREDIT, recver=msg.sender, body=payload_bytes(msg.frames),
+                                 request=False, route=msg.route))
         self._routes[msg.sender] = msg.route
         store = self._store()
         replies: list[Reply] = []

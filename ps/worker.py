@@ -19,8 +19,9 @@ from ._timing import Deadline
 from .customer import Customer, Handle, Request
 from .errors import PSError, RemoteError
 from .keys import CHUNK_BYTES, Slice, chunks
-from .message import DTYPES, ROW_ID, Batch, Command, Entry, Message, Op, Rows, node_name, server_id
+from .message import DTYPES, ROW_ID, Batch, Command, Entry, Flag, Message, Op, Rows, node_name, server_id
 from .postoffice import Postoffice
+from .sendqueue import SendQueue
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,8 @@ class KVWorker:
         self._push_seq: dict[int, int] = {}    # key -> pushes so far (Entry.seq)
         self._seq_start = 0                    # a restarted worker that resumed: its round
         self._outbox: dict[int, Batch] = {}   # server id -> what waits to leave for it
+        window = po.config.send_window
+        self._queue = SendQueue(window) if window else None   # PS_SEND_WINDOW: by priority instead
         self._lock = threading.RLock()
         self._flush_scheduled = False
         self._cmd_ids = itertools.count(1)
@@ -41,15 +44,17 @@ class KVWorker:
         self._cmd_sent: dict[int, tuple[list[int], dict[str, Any]]] = {}
         po.on(Command.DATA, self.customer.on_reply)
         po.on(Command.SERVER_CMD, self._on_command_reply)
+        po.on(Command.CREDIT, self._on_credit)
         po.add_failure_listener(self.customer.fail_all)
         po.add_node_listener(self._on_node)
 
     def request(self, op: int, key: int, slices: tuple[Slice, ...], code: int, value: np.ndarray | None,
                 out: np.ndarray | None, what: str,
-                encode: Callable[[np.ndarray], np.ndarray] | None = None) -> Request:
+                encode: Callable[[np.ndarray], np.ndarray] | None = None, priority: int = 0) -> Request:
         """Queue one operation on a key (flat ``value``/``out``); returns its Request.
 
-        ``encode`` turns each chunk of ``value`` into its wire form (compression).
+        ``encode`` turns each chunk of ``value`` into its wire form (compression); a higher
+        ``priority`` leaves earlier under PS_SEND_WINDOW.
         """
         pulls = bool(op & Op.PULL)
         remaining = sum(s.size for s in slices) if pulls else len(slices)
@@ -61,13 +66,13 @@ class KVWorker:
             for s in slices:
                 sid = server_id(s.server)
                 if value is None:
-                    self._emit(sid, Entry(ts, op, key, 0, s.size, s.size, code, None, 0, seq), None, req)
+                    self._emit(sid, Entry(ts, op, key, 0, s.size, s.size, code, None, 0, seq), None, req, priority)
                     continue
                 piece = value[s.start:s.start + s.size]
                 for off, n in chunks(s.size, itemsize):   # the key's dtype: same cut for every encoding
                     chunk = piece[off:off + n]
                     self._emit(sid, Entry(ts, op, key, off, n, s.size, code, None, 0, seq),
-                               chunk if encode is None else encode(chunk), req)
+                               chunk if encode is None else encode(chunk), req, priority)
         return req
 
     def _next_seq(self, op: int, key: int) -> int:
@@ -84,7 +89,8 @@ class KVWorker:
             self._push_seq = {k: max(v, round_) for k, v in self._push_seq.items()}
 
     def request_rows(self, op: int, key: int, slices: tuple[Slice, ...], code: int, row_len: int,
-                     rows: np.ndarray, values: np.ndarray | None, out: np.ndarray | None, what: str) -> Request:
+                     rows: np.ndarray, values: np.ndarray | None, out: np.ndarray | None, what: str,
+                     priority: int = 0) -> Request:
         """Queue a row-sparse push (``values``: one row per id) or pull (into flat ``out``)
         of the sorted, distinct global ``rows``; each server gets the ids of its own rows.
 
@@ -111,29 +117,38 @@ class KVWorker:
                 ids = (rows[lo:hi] - first).astype(ROW_ID)
                 n = hi - lo
                 if not op & Op.PUSH:
-                    self._emit(sid, Entry(req.ts, op, key, 0, n, n, code, None, row_len), Rows(ids), req)
+                    self._emit(sid, Entry(req.ts, op, key, 0, n, n, code, None, row_len), Rows(ids), req, priority)
                     continue
                 for off in range(0, max(n, 1), per_chunk):
                     m = min(per_chunk, n - off)
                     self._emit(sid, Entry(req.ts, op, key, off, m, n, code, None, row_len, seq),
-                               Rows(ids[off:off + m], values[lo + off:lo + off + m].reshape(-1)), req)
+                               Rows(ids[off:off + m], values[lo + off:lo + off + m].reshape(-1)), req, priority)
         return req
 
-    def _emit(self, sid: int, entry: Entry, data: np.ndarray | Rows | None, req: Request | None = None) -> None:
+    def _emit(self, sid: int, entry: Entry, data: np.ndarray | Rows | None, req: Request | None = None,
+              priority: int | None = None) -> None:
+        """``priority`` None: not through the send queue (a resend to a restarted server)."""
         if req is not None and req.sent is not None:
             # no copy: a pushed array must not change until its push is answered (KVStore.push)
             req.sent.append((sid, entry, data))
+        if self._queue is not None and priority is not None:
+            self._queue.add(priority, sid, entry, data)
+            self._schedule_flush()
+            return
         box = self._outbox.get(sid)
         if box is None:
-            if not self._flush_scheduled:
-                # after what the I/O thread already has queued (on it too): requests that
-                # MXNet's engine hands over in one burst leave together, one message per
-                # server. (The flush takes self._lock, held here: it cannot run before the flag.)
-                self.po.call_later(self.flush)
-                self._flush_scheduled = True
+            self._schedule_flush()
             box = self._outbox[sid] = Batch()
         if box.add(entry, data) >= CHUNK_BYTES:
             self._send(sid, self._outbox.pop(sid))
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            # after what the I/O thread already has queued (on it too): requests that
+            # MXNet's engine hands over in one burst leave together, one message per
+            # server. (The flush takes self._lock, held here: it cannot run before the flag.)
+            self.po.call_later(self.flush)
+            self._flush_scheduled = True
 
     def flush(self) -> None:
         """Send what the boxes hold, under the lock: messages leave (or enter the I/O
@@ -143,15 +158,37 @@ class KVWorker:
             boxes, self._outbox = self._outbox, {}
             for sid, box in boxes.items():
                 self._send(sid, box)
+            if self._queue is not None:
+                self._send_queued()
 
-    def _send(self, sid: int, box: Batch) -> None:
-        self.po.send(Message(Command.DATA, recver=sid, body=box.entries, frames=box.frames))
+    def _send(self, sid: int, box: Batch, flags: int = 0) -> None:
+        msg = Message(Command.DATA, recver=sid, body=box.entries, frames=box.frames)
+        msg.flags = flags
+        self.po.send(msg)
+
+    def _send_queued(self) -> None:
+        """What the send window has room for, most urgent first (under the lock)."""
+        for sid, box in self._queue.take():
+            self._send(sid, box, Flag.CREDIT if box.nbytes else 0)
+
+    def _on_credit(self, msg: Message) -> None:
+        if self._queue is None or not isinstance(msg.body, int):
+            return
+        with self._lock:
+            self._queue.credit(msg.sender, msg.body)
+            if len(self._queue):
+                self._send_queued()
 
     # -- a server restarted (PS_MAX_RESTARTS) --------------------------------------------
     def _on_node(self, node_id: int, up: bool) -> None:
         """A restarted server is back with its state as of its last replicated change:
         resend everything it has not answered; it answers what it already applied."""
-        if not up or node_id not in self.po.server_ids:
+        if node_id not in self.po.server_ids:
+            return
+        if self._queue is not None:
+            with self._lock:
+                self._queue.forget(node_id)     # nothing on the way to it will be credited
+        if not up:
             return
         requests = [r for r in self.customer.pending() if node_id in r.pending and r.sent is not None]
         with self._lock:

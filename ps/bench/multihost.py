@@ -35,6 +35,7 @@ from launcher.process import start_group, stop_group
 from .netns import Hosts, NamespaceError
 
 MODELS = Path(__file__).with_name("models")
+WIRE_PAYLOAD = 1448 / 1514      # TCP payload (MSS with timestamps) per Ethernet frame tbf counts
 PORT = "9391"
 
 
@@ -43,6 +44,51 @@ def load_model(name: str) -> list[list[int]]:
     if not path.exists():
         raise SystemExit(f"unknown --model {name!r}; have {', '.join(p.stem for p in MODELS.glob('*.json'))}")
     return json.loads(path.read_text())["shapes"]
+
+
+def tight_bound(shapes: list, hosts: int, compute: float, link: float | None, bigarray_bound: int = 1_000_000) -> float:
+    """The issue's tight bound on a step: for every host h and key k, keys 0..k cannot leave
+    before key k's gradient is ready and must all be back before key k's next forward:
+    step >= C x (1 - a_k) + T_h(0..k) / link, a_k the fraction of the model's bytes before
+    key k, T_h the bytes host h sends for them (its worker's pushes to the other hosts'
+    servers, its server's replies to the other hosts' workers), keys placed by MXNet's rule.
+    The link carries TCP/IP frames: 1448 payload bytes per 1514 that tbf counts."""
+    from ..keys import plan
+    if not link:
+        return compute
+    link *= WIRE_PAYLOAD
+    sizes = [_size(s) for s in shapes]
+    total = sum(sizes)
+    sent = [0.0] * hosts
+    before = 0
+    best = compute
+    for key, n in enumerate(sizes):
+        for piece in plan(key, n, hosts, bigarray_bound):
+            for h in range(hosts):
+                if piece.server == h:
+                    sent[h] += 4 * piece.size * (hosts - 1)     # its server answers the other workers
+                else:
+                    sent[h] += 4 * piece.size                   # its worker pushes to that server
+        best = max(best, compute * (1 - before / total) + max(sent) / link)
+        before += n
+    return best
+
+
+def impl_env(impl: str) -> tuple[str, dict[str, str]]:
+    """``native``, ``ps``, ``ps-restarts`` (PS_MAX_RESTARTS=1: replication on), ``ps-fifo``
+    (PS_SEND_WINDOW=0: call order), or ``ps:NAME=VALUE[:NAME=VALUE...]``: which system, and
+    the variables that make the variant."""
+    if impl == "native":
+        return "native", {}
+    if impl == "ps-restarts":
+        return "ps", {"PS_MAX_RESTARTS": "1"}
+    if impl == "ps-fifo":
+        return "ps", {"PS_SEND_WINDOW": "0"}
+    kind, *pairs = impl.split(":")
+    if kind != "ps" or any("=" not in p for p in pairs):
+        raise SystemExit(f"--impls: unknown implementation {impl!r}; use native, ps, ps-restarts, ps-fifo "
+                         "or ps:NAME=VALUE[:NAME=VALUE]")
+    return "ps", dict(p.split("=", 1) for p in pairs)
 
 
 def link_bytes_per_s(rate: str) -> float:
@@ -133,6 +179,7 @@ class Run:
     efficiency: float
     mb_per_host_step: float
     cpu_load: float
+    tight_s: float = 0.0        # tight_bound(); 0 in a CSV written before it existed
 
 
 def _env(hosts: Hosts, host: int, role: str, args: argparse.Namespace, rank: int | None = None,
@@ -155,9 +202,9 @@ def _env(hosts: Hosts, host: int, role: str, args: argparse.Namespace, rank: int
 def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes: list) -> Run:
     """One job of ``impl`` on ``hosts``; ``args.hosts`` is its K."""
     py = sys.executable
-    node = [py, "-c", "import mxnet"] if impl == "native" else [py, "-m", "ps"]
-    extra = {"PS_MAX_RESTARTS": "1"} if impl == "ps-restarts" else {}     # the cost of recovery being on
-    spec = {"impl": "native" if impl == "native" else "ps", "shapes": shapes, "compute": args.compute, "steps": args.steps, "warmup": args.warmup}
+    kind, extra = impl_env(impl)
+    node = [py, "-c", "import mxnet"] if kind == "native" else [py, "-m", "ps"]
+    spec = {"impl": kind, "shapes": shapes, "compute": args.compute, "steps": args.steps, "warmup": args.warmup}
     procs = [start_group(hosts.argv(0, node), _env(hosts, 0, "scheduler", args, None, extra), stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)]
     workers = []
@@ -213,9 +260,10 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
     load = busy / max(1e-9, sum(cpu1) - sum(cpu0))
     model = sum(_size(s) for s in shapes) * 4
     k = args.hosts
-    bound = max(args.compute, 2 * (k - 1) / k * model / link_bytes_per_s(args.link)) if args.link else args.compute
+    link = link_bytes_per_s(args.link) if args.link else None
+    bound = max(args.compute, 2 * (k - 1) / k * model / link) if link else args.compute
     return Run(impl, rep, k, step, args.compute, bound, args.compute / step,
-               statistics.median(moved) / total_steps / 1e6, load)
+               statistics.median(moved) / total_steps / 1e6, load, tight_bound(shapes, k, args.compute, link))
 
 
 def _size(shape: list[int]) -> int:
@@ -236,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--reps", type=int, default=3, help="alternating repetitions per implementation")
     p.add_argument("--impls", default="ps,native",
-                   help="comma list of ps, native, ps-restarts (ps with PS_MAX_RESTARTS=1: replication on)")
+                   help="comma list of ps, native, ps-restarts (ps with PS_MAX_RESTARTS=1: replication on), "
+                   "ps-fifo (PS_SEND_WINDOW=0: sent in call order), ps:NAME=VALUE[:NAME=VALUE] (any variant)")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra env for every process")
     p.add_argument("--quick", action="store_true", help="a smoke run: tiny model, 0.05 s compute, 3 steps")
     p.add_argument("--csv", help="write one row per run")
@@ -253,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = load_model(args.model)
     if args.from_csv:
         with open(args.from_csv, newline="") as fh:
-            runs = [Run(r["impl"], int(r["rep"]), int(r["hosts"]), *(float(r[f]) for f in FLOATS))
+            runs = [Run(r["impl"], int(r["rep"]), int(r["hosts"]), *(float(r.get(f) or 0) for f in FLOATS))
                     for r in csv.DictReader(fh)]
         return _finish(runs, args, shapes)
     try:
@@ -265,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         shapes, args.compute, args.steps, args.warmup, args.reps = shapes[:12], 0.05, 3, 1, 1
     impls = [i for i in args.impls.split(",") if i]
+    for impl in impls:
+        impl_env(impl)                       # a bad name fails now, not after the first runs
     if "native" in impls:
         try:
             import mxnet  # noqa: F401
@@ -294,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     return _finish(runs, args, shapes)
 
 
-FLOATS = ("step_s", "compute_s", "bound_s", "efficiency", "mb_per_host_step", "cpu_load")
+FLOATS = ("step_s", "compute_s", "bound_s", "efficiency", "mb_per_host_step", "cpu_load", "tight_s")
 
 
 def _finish(runs: list[Run], args: argparse.Namespace, shapes: list) -> int:
@@ -338,19 +389,22 @@ def report(runs: list[Run], args: argparse.Namespace, shapes: list) -> None:
     reps = len({r.rep for r in runs})
     print(f"\n# {args.hosts} hosts, link {args.link or 'unshaped'} both ways, {args.model} "
           f"({len(shapes)} keys, {model_mb:.1f} MB), compute {runs[0].compute_s:g}s, median of {reps} reps")
-    print(f"{'impl':11} {'step s':>8} {'bound s':>8} {'step/bound':>10} {'efficiency':>10} {'MB/host/step':>12} "
-          f"{'CPU load':>8}  per-rep step s")
+    width = max(11, *(len(r.impl) for r in runs))
+    print(f"{'impl':{width}} {'step s':>8} {'bound s':>8} {'step/bound':>10} {'tight s':>8} {'step/tight':>10} "
+          f"{'efficiency':>10} {'MB/host/step':>12} {'CPU load':>8}  per-rep step s")
     for impl in dict.fromkeys(r.impl for r in runs):
         mine = [r for r in runs if r.impl == impl]
         step = statistics.median(r.step_s for r in mine)
-        bound = mine[0].bound_s
-        print(f"{impl:11} {step:8.3f} {bound:8.3f} {step / bound:10.2f} {mine[0].compute_s / step:10.2f} "
+        bound, tight = mine[0].bound_s, mine[0].tight_s
+        print(f"{impl:{width}} {step:8.3f} {bound:8.3f} {step / bound:10.2f} {tight:8.3f} "
+              f"{step / tight if tight else float('nan'):10.2f} {mine[0].compute_s / step:10.2f} "
               f"{statistics.median(r.mb_per_host_step for r in mine):12.1f} "
               f"{max(r.cpu_load for r in mine):8.0%}  {' '.join(f'{r.step_s:.3f}' for r in mine)}")
     by_rep: dict[int, dict[str, float]] = {}
     for r in runs:
         by_rep.setdefault(r.rep, {})[r.impl] = r.step_s
-    for num, den in (("ps", "native"), ("ps-restarts", "ps")):
+    names = list(dict.fromkeys(r.impl for r in runs))
+    for num, den in [(n, d) for d in ("native", "ps", "ps-fifo") for n in names if n != d]:
         ratios = [v[num] / v[den] for v in by_rep.values() if num in v and den in v]
         if ratios:
             print(f"{num} / {den} step time: {statistics.median(ratios):.2f} "

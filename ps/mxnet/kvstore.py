@@ -58,7 +58,7 @@ class PSKVStore(mx.kvstore.KVStore):
         self._sent: dict[str, float] = {}
         self._defer = 0
         self._pending: list[tuple[Any, Any]] = []   # (handle, the arrays it reads/writes: kept alive)
-        self._queued: list[tuple[Any, Any, Any]] = []
+        self._queued: list[tuple[Any, Any, Any, int]] = []
         self._engine = _engine(self._kv)
         self._in_engine = 0                  # pushpulls handed to MXNet's engine, not finished
         self._engine_ops = 0                 # how many were (tests, stats)
@@ -127,7 +127,7 @@ class PSKVStore(mx.kvstore.KVStore):
         self._sync_optimizer_params()
         self._reap()
         with mxnet_errors():
-            self._pending.append((self._kv.push(key, push_values(value)), value))
+            self._pending.append((self._kv.push(key, push_values(value), priority), value))
 
     def _reap(self) -> None:
         """Surface errors of finished pushes without waiting for the others."""
@@ -145,7 +145,7 @@ class PSKVStore(mx.kvstore.KVStore):
             raise mx.base.MXNetError(f"pull of key {key!r} into a row_sparse array with ignore_sparse=False: "
                                      "use row_sparse_pull(key, out, row_ids)")
         with mxnet_errors():             # row_sparse outs are left alone (ignore_sparse, as MXNet)
-            self._kv.pull(key, out=to_numpy(out, write=True))
+            self._kv.pull(key, out=to_numpy(out, write=True), priority=priority)
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
         """Push gradients, write the new values into ``out`` (into ``value`` if None).
@@ -166,10 +166,11 @@ class PSKVStore(mx.kvstore.KVStore):
             return
         self._settle()
         if self._defer:        # started when the step's loop ends, last parameter first
-            self._queued.append((key, value, targets))
+            self._queued.append((key, value, targets, priority))
             return
         with mxnet_errors():
-            self._kv.pushpull(key, to_numpy(value), out=to_numpy(targets, write=True), block=False).wait()
+            self._kv.pushpull(key, to_numpy(value), out=to_numpy(targets, write=True), priority=priority,
+                              block=False).wait()
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> None:
         """Pull rows ``row_ids`` into row_sparse ``out``: only those rows travel, each once
@@ -223,7 +224,7 @@ class PSKVStore(mx.kvstore.KVStore):
         def start(done: Any) -> None:        # on MXNet's CPU worker thread, gradient written:
             def issue() -> None:             # only hand over; the I/O thread builds and sends,
                 try:                         # so MXNet's compute waits no longer than that
-                    kv.pushpull(key, grad, out=weight, block=False).add_done_callback(finished)
+                    kv.pushpull(key, grad, out=weight, priority=priority, block=False).add_done_callback(finished)
                 except BaseException as exc:
                     fail(exc)
 
@@ -315,8 +316,9 @@ class PSKVStore(mx.kvstore.KVStore):
                 # Gluon lists parameters input first, but backward finishes the last layers
                 # first: taking them in reverse, each waits only for its own gradient and its
                 # traffic overlaps the rest of the backward pass.
-                for key, value, targets in reversed(queued):
-                    handle = self._kv.pushpull(key, to_numpy(value), out=to_numpy(targets, write=True), block=False)
+                for key, value, targets, priority in reversed(queued):
+                    handle = self._kv.pushpull(key, to_numpy(value), out=to_numpy(targets, write=True),
+                                               priority=priority, block=False)
                     self._pending.append((handle, (value, targets)))
                 self._wait_pending()
 

@@ -47,6 +47,9 @@ class _Distributed:
                                  "of the model the optimizer trains")
         self._ps_names = {p: names[p] for p in params if p.requires_grad}
         self._ps_counts = {p: 0 for p in self._ps_names}
+        # MXNet's rule: the first layer's sum is needed first (next forward), so it overtakes
+        # the later layers' under PS_SEND_WINDOW although its gradient is ready last
+        self._ps_priority = {p: -i for i, p in enumerate(self._ps_names)}
         self._ps_inflight: dict[torch.Tensor, tuple[Any, np.ndarray]] = {}
         self._ps_synchronized = False
         self._ps_skip = False
@@ -85,7 +88,8 @@ class _Distributed:
         # server answers a slice only after it has every worker's push of that slice, so
         # nothing still reads those bytes (a resending van copies its payloads anyway)
         result = flat if np.shares_memory(flat, grad.numpy()) else np.empty_like(flat)
-        self._ps_inflight[p] = (self._ps_kv.pushpull(self._ps_key(p), flat, out=result, block=False), result)
+        self._ps_inflight[p] = (self._ps_kv.pushpull(self._ps_key(p), flat, out=result, block=False,
+                                                     priority=self._ps_priority[p]), result)
 
     def synchronize(self) -> None:
         """Wait for every gradient's sum; gradients that no backward pass produced on this

@@ -56,6 +56,7 @@ class ServerOptimizer:
             raise ValueError(f"named_parameters does not name {len(missing)} of the optimizer's parameters "
                              f"(indices {missing[:5]})")
         self._names = {p: names[p] for p in params if p.requires_grad}
+        self._priority = {p: -i for i, p in enumerate(self._names)}     # first layer first (PS_SEND_WINDOW)
         self._kv = runtime.store()
         self._inflight: dict[torch.Tensor, tuple[Any, np.ndarray]] = {}
         if self._kv is None:
@@ -96,7 +97,8 @@ class ServerOptimizer:
         grad = p.grad if p.grad is not None else torch.zeros_like(p)
         flat = as_array(grad, f"gradient of {self._names[p]!r}").reshape(p.shape)
         result = np.empty(tuple(p.shape), np.float32)
-        self._inflight[p] = (self._kv.pushpull(self._key(p), flat, out=result, block=False), result)
+        self._inflight[p] = (self._kv.pushpull(self._key(p), flat, out=result, block=False,
+                                               priority=self._priority[p]), result)
 
     def step(self, closure: Any = None) -> Any:
         """Wait for the servers' new weights and put them into the parameters."""

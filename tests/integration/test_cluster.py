@@ -233,3 +233,46 @@ def test_requests_issued_together_on_the_io_thread_share_a_message(van):
         for values, sent in c.run(job):
             assert values == [2.0, 4.0, 6.0, 8.0]
             assert sent == [2, 2], f"entries per message sent: {sent}"
+
+
+@pytest.mark.parametrize("window", [0, 1 << 20])
+def test_send_window_lets_the_most_urgent_key_overtake_and_sums_stay_exact(van, window):
+    """MXNet's backward order: the last layer's gradient (priority -4) is issued first, the
+    first layer's (priority 0) last. In call order (no window) key 0's round closes last;
+    with PS_SEND_WINDOW it overtakes the queued bytes of keys 1-3 and closes first."""
+    import threading
+    rng = np.random.default_rng(2)
+    size = 600_000                                   # 2.4 MB: three chunks
+    grads = [[rng.standard_normal(size).astype(np.float32) for _ in range(5)] for _ in range(2)]
+
+    def job(kv):
+        for k in range(5):
+            kv.init(k, np.zeros(size, np.float32))
+        outs = [np.empty(size, np.float32) for _ in range(5)]
+        order, lock, issued, handles = [], threading.Lock(), threading.Event(), []
+
+        def finished(k):
+            def callback(handle):
+                with lock:
+                    order.append(k)
+            return callback
+
+        def backward():                              # one burst, as MXNet's engine hands it over
+            for k in reversed(range(5)):
+                handles.append(kv.pushpull(k, grads[kv.rank][k], out=outs[k], priority=-k, block=False))
+                handles[-1].add_done_callback(finished(k))
+            issued.set()
+        kv.call_soon(backward)
+        assert issued.wait(10)
+        for h in handles:
+            h.wait(20)
+        return order, outs
+    with local_cluster(1, 2, van=van, send_window=window) as c:
+        results = c.run(job)
+    for order, outs in results:
+        for k in range(5):
+            np.testing.assert_array_equal(outs[k], grads[0][k] + grads[1][k])
+        if window:
+            assert order[0] == 0, f"rounds closed in the order {order}"
+        else:
+            assert order == [4, 3, 2, 1, 0], f"rounds closed in the order {order}"

@@ -24,7 +24,8 @@ ALLOWED = {
     "store": {"bufguard", "compression", "keys", "message"},
     "postoffice": {"_timing", "config", "errors", "message", "netutil", "van"},
     "scheduler": {"config", "message", "netutil", "van"},
-    "worker": {"_timing", "customer", "errors", "keys", "message", "postoffice"},
+    "sendqueue": {"keys", "message"},
+    "worker": {"_timing", "customer", "errors", "keys", "message", "postoffice", "sendqueue"},
     "replica": {"errors", "message", "optim", "store"},
     "replication": {"_timing", "errors", "message", "postoffice", "replica", "store"},
     "server": {"_security", "bufguard", "compression", "config", "errors", "keys", "message", "optim",
@@ -70,7 +71,7 @@ ALLOWED = {
     "bench.cli": {"bench.cluster", "bench.gluon", "bench.measure", "bench.report"},
     "bench.__main__": {"bench.cli", "bench.multihost"},
     "bench.netns": set(),
-    "bench.multihost": {"__init__", "bench.netns", "launcher.process"},
+    "bench.multihost": {"__init__", "bench.netns", "keys", "launcher.process"},
 }
 
 

@@ -1,0 +1,92 @@
+"""PS_SEND_WINDOW: a worker's requests leave most urgent first, with few bytes on the way.
+
+MXNet gives each layer's push ``priority=-index``: the first layer's weights are the first
+the next forward pass needs, but its gradient is the last one backward produces. Sent in
+call order, it queues behind every other layer's bytes, and once bytes sit in socket
+buffers and the link's queue nothing can overtake them. So requests wait here, cut in the
+~1 MiB chunks they travel in, ordered by priority; only ``window`` bytes may be between
+this worker and its servers. A server credits each message as it arrives
+(``Command.CREDIT``), and the chunk that goes next is picked then, from whatever is most
+urgent by that time.
+
+A request never overtakes an earlier one to the same key (a pull must see the push
+before it): it takes the lower of its priority and that of the key's queued entries.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Any, NamedTuple
+
+from .keys import CHUNK_BYTES
+from .message import Batch, Entry
+
+
+class Queued(NamedTuple):
+    rank: int           # -priority: heapq pops the smallest
+    order: int          # FIFO among equal priorities
+    server: int
+    entry: Entry
+    data: Any
+
+
+class SendQueue:
+    """Not thread-safe: the worker calls it under its lock."""
+
+    def __init__(self, window: int):
+        self.window = window
+        self.in_flight = 0                          # payload bytes sent and not yet credited
+        self._by_server: dict[int, int] = {}        # server id -> its share of in_flight
+        self._heap: list[Queued] = []
+        self._order = itertools.count()
+        self._key_rank: dict[int, list[int]] = {}   # key -> [lowest queued priority's rank, entries queued]
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def add(self, priority: int, server: int, entry: Entry, data: Any) -> None:
+        rank = -priority
+        held = self._key_rank.get(entry.key)
+        if held is None:
+            self._key_rank[entry.key] = [rank, 1]
+        else:
+            rank = held[0] = max(rank, held[0])
+            held[1] += 1
+        heapq.heappush(self._heap, Queued(rank, next(self._order), server, entry, data))
+
+    def take(self) -> list[tuple[int, Batch]]:
+        """The messages that may leave now: the most urgent entries while the window has
+        room, packed per server into messages of about CHUNK_BYTES."""
+        out: list[tuple[int, Batch]] = []
+        boxes: dict[int, Batch] = {}
+        heap = self._heap
+        while heap and self.in_flight < self.window:
+            item = heapq.heappop(heap)
+            held = self._key_rank[item.entry.key]
+            held[1] -= 1
+            if not held[1]:
+                del self._key_rank[item.entry.key]
+            box = boxes.get(item.server)
+            if box is None:
+                box = boxes[item.server] = Batch()
+            before = box.nbytes
+            if box.add(item.entry, item.data) >= CHUNK_BYTES:
+                out.append((item.server, boxes.pop(item.server)))
+            self._count(item.server, box.nbytes - before)
+        out.extend(boxes.items())
+        return out
+
+    def credit(self, server: int, nbytes: int) -> None:
+        """``server`` received a message of ``nbytes`` payload bytes."""
+        have = self._by_server.get(server, 0)
+        nbytes = min(nbytes, have)              # a late credit from a server's dead incarnation
+        self._by_server[server] = have - nbytes
+        self.in_flight -= nbytes
+
+    def forget(self, server: int) -> None:
+        """``server`` died: what was on the way to it will never be credited."""
+        self.in_flight -= self._by_server.pop(server, 0)
+
+    def _count(self, server: int, nbytes: int) -> None:
+        self._by_server[server] = self._by_server.get(server, 0) + nbytes
+        self.in_flight += nbytes

@@ -1,0 +1,86 @@
+"""SendQueue (PS_SEND_WINDOW): most urgent first, a bounded window, credits, key order."""
+import numpy as np
+
+from ps.keys import CHUNK_BYTES
+from ps.message import Entry, Op, dtype_code
+from ps.sendqueue import SendQueue
+
+F32 = dtype_code(np.float32)
+S0, S1 = 8, 10
+MB = np.zeros(CHUNK_BYTES // 4, np.float32)          # one chunk
+
+
+def push(key, ts=1):
+    return Entry(ts, Op.PUSH | Op.PULL, key, 0, MB.size, MB.size, F32)
+
+
+def keys_of(messages):
+    return [[e.key for e in box.entries] for _, box in messages]
+
+
+def test_the_window_bounds_bytes_in_flight_and_credits_reopen_it():
+    q = SendQueue(2 * CHUNK_BYTES)
+    for key in range(5):
+        q.add(0, S0, push(key), MB)
+    first = q.take()
+    assert keys_of(first) == [[0], [1]] and q.in_flight == 2 * CHUNK_BYTES
+    assert q.take() == [] and len(q) == 3                # full: nothing more leaves
+    q.credit(S0, CHUNK_BYTES)
+    assert keys_of(q.take()) == [[2]]
+    q.credit(S0, 2 * CHUNK_BYTES)
+    assert keys_of(q.take()) == [[3], [4]] and len(q) == 0
+
+
+def test_a_later_more_urgent_request_overtakes_the_backlog():
+    """MXNet's backward order: the last layer (priority -9) is ready first, the first
+    layer (priority 0) last; with the window full, layer 0 leaves before the backlog."""
+    q = SendQueue(CHUNK_BYTES)
+    for layer in reversed(range(10)):
+        q.add(-layer, S0, push(layer), MB)
+        if layer == 9:
+            assert keys_of(q.take()) == [[9]]
+    q.credit(S0, CHUNK_BYTES)
+    assert keys_of(q.take()) == [[0]]
+    q.credit(S0, CHUNK_BYTES)
+    assert keys_of(q.take()) == [[1]]
+
+
+def test_small_entries_share_a_message_per_server():
+    q = SendQueue(8 * CHUNK_BYTES)
+    small = np.zeros(10, np.float32)
+    for key in range(6):
+        q.add(-key, S0 if key % 2 else S1, Entry(1, Op.PUSH, key, 0, 10, 10, F32), small)
+    out = dict((sid, [e.key for e in box.entries]) for sid, box in q.take())
+    assert out == {S1: [0, 2, 4], S0: [1, 3, 5]}
+    assert q.in_flight == 6 * small.nbytes
+
+
+def test_a_request_never_overtakes_an_earlier_one_to_the_same_key():
+    q = SendQueue(CHUNK_BYTES)
+    q.add(0, S0, push(99), MB)                           # fills the window
+    assert keys_of(q.take()) == [[99]]
+    q.add(-5, S0, push(7, ts=1), MB)                     # a push of key 7, low priority
+    q.add(-1, S0, push(8), MB)
+    q.add(0, S0, Entry(2, Op.PULL, 7, 0, MB.size, MB.size, F32), None)   # then an urgent pull of it
+    q.credit(S0, CHUNK_BYTES)
+    order = []
+    while len(q):
+        for _, box in q.take():
+            order += [(e.key, e.ts) for e in box.entries]
+        q.credit(S0, CHUNK_BYTES)
+    assert order.index((7, 1)) < order.index((7, 2)), order
+    assert order[0] == (8, 1)                            # the others still go by priority
+
+
+def test_a_dead_servers_bytes_stop_counting_and_late_credits_cannot_go_below_zero():
+    q = SendQueue(2 * CHUNK_BYTES)
+    q.add(0, S0, push(1), MB)
+    q.add(0, S1, push(2), MB)
+    q.add(0, S1, push(3), MB)
+    q.take()
+    assert q.in_flight == 2 * CHUNK_BYTES
+    q.forget(S0)
+    assert q.in_flight == CHUNK_BYTES
+    q.credit(S0, CHUNK_BYTES)                            # from its dead incarnation
+    assert q.in_flight == CHUNK_BYTES
+    assert keys_of(q.take()) == [[3]]

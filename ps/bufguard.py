@@ -71,9 +71,14 @@ class BufferGuard:
             return None
         return lambda tracker: self._track(bases, tracker)
 
-    def handed_over(self) -> None:
-        """Every reply made so far is with the transport (whose trackers now guard it)."""
-        self._lent.clear()
+    def handed_over(self, pending: list[Any] = ()) -> None:
+        """Every reply made so far is with the transport (whose trackers now guard it),
+        but those whose ``pending`` frames still wait to be sent (PS_SEND_WINDOW)."""
+        if not pending or not self._lent:
+            self._lent.clear()
+            return
+        self._lent = {k: a for k, a in self._lent.items()
+                      if any(np.may_share_memory(a, f) for f in pending)}
 
     def _track(self, bases: list[np.ndarray], tracker: Any) -> None:
         if len(self._inflight) > PRUNE_AT:    # entries pin their arrays: drop finished ones early

@@ -189,8 +189,9 @@ class KVStore:
         self._po.call_soon(fn)
 
     def transport_stats(self) -> dict[str, int]:
-        """Counters of the transport: messages dropped on purpose (PS_DROP_MSG), resent, ..."""
-        return self._po.transport_stats()
+        """Counters of the transport: messages dropped on purpose (PS_DROP_MSG), resent,
+        credits received (PS_SEND_WINDOW), ..."""
+        return {**self._po.transport_stats(), "credits": self._worker.credits}
 
     def __enter__(self) -> "KVStore":
         return self

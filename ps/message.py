@@ -5,7 +5,7 @@ element ``flags`` (a bit set of ``Flag``) only when some are set. For
 ``Command.DATA`` the body is a list of :class:`Entry` records, one per key chunk, each
 an array on the wire::
 
-    [ts, op, key, offset, length, total, dtype_code, error, row_len, seq]
+    [ts, op, key, offset, length, total, dtype_code, error, row_len, seq, priority]
 
 ``op`` is a bit set of ``Op``; ``offset``/``length``/``total`` count elements of the
 server's slice; ``dtype_code`` indexes ``DTYPES``; ``error`` is None or ``[kind, text]``. Each entry that carries values
@@ -101,6 +101,7 @@ class Entry(NamedTuple):
     error: Any = None    # None, or [kind, text] in a reply
     row_len: int = 0     # Op.ROWS entries: elements per row
     seq: int = 0         # a push: this worker's 1-based count of pushes to the key (dedupes resends)
+    priority: int = 0    # a request: MXNet's priority (higher leaves first under PS_SEND_WINDOW)
 
     def failed(self, kind: str, text: str) -> "Entry":
         """The error reply to this entry: no data, the whole slice answered."""
@@ -331,12 +332,12 @@ def _data_arrays(entries: Any, frames: Sequence[Any], request: bool) -> list[np.
     arrays: list[np.ndarray] = []
     it = iter(frames)
     for i, raw in enumerate(entries):
-        if not (isinstance(raw, list) and 8 <= len(raw) <= 10):
+        if not (isinstance(raw, list) and 8 <= len(raw) <= 11):
             raise ProtocolError(f"malformed entry {raw!r:.100}")
-        while len(raw) < 10:
+        while len(raw) < 11:
             raw.append(0)
-        ts, op, key, off, n, total, code, error, row_len, seq = raw
-        if not all(isinstance(v, int) for v in (ts, op, key, off, n, total, code, row_len, seq)) or \
+        ts, op, key, off, n, total, code, error, row_len, seq, priority = raw
+        if not all(isinstance(v, int) for v in (ts, op, key, off, n, total, code, row_len, seq, priority)) or \
                 not (0 <= off and 0 <= n and off + n <= total) or not 0 <= code < len(DTYPES) or \
                 (op & Op.ROWS and row_len <= 0):
             raise ProtocolError(f"malformed entry {raw!r:.100}")

@@ -190,6 +190,10 @@ class Postoffice:
             self._peers[node_id] = address
             self.van.connect(node_id, address)
 
+    def over_network(self, node_id: int) -> bool:
+        """Whether the data connection to ``node_id`` crosses a network (not this machine's ipc://)."""
+        return not self._peers.get(node_id, "").startswith("ipc://")
+
     @staticmethod
     def _data_address(node: Node) -> str:
         """The server's ipc:// twin when it runs on this machine (same boot, path visible), else its address."""

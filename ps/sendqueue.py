@@ -1,4 +1,4 @@
-"""PS_SEND_WINDOW: a worker's requests leave most urgent first, with few bytes on the way.
+"""PS_SEND_WINDOW: requests (and replies) leave most urgent first, with few bytes on the way.
 
 MXNet gives each layer's push ``priority=-index``: the first layer's weights are the first
 the next forward pass needs, but its gradient is the last one backward produces. Sent in
@@ -11,6 +11,8 @@ urgent by that time.
 
 A request never overtakes an earlier one to the same key (a pull must see the push
 before it): it takes the lower of its priority and that of the key's queued entries.
+A server queues its replies the same way (``server`` is then the worker they go to): its
+link also carries its host's worker's pushes.
 """
 from __future__ import annotations
 
@@ -76,6 +78,10 @@ class SendQueue:
         out.extend(boxes.items())
         return out
 
+    def frames(self) -> list[Any]:
+        """The arrays queued entries will send (their memory must not change meanwhile)."""
+        return [q.data for q in self._heap if q.data is not None]
+
     def credit(self, server: int, nbytes: int) -> None:
         """``server`` received a message of ``nbytes`` payload bytes."""
         have = self._by_server.get(server, 0)
@@ -84,8 +90,18 @@ class SendQueue:
         self.in_flight -= nbytes
 
     def forget(self, server: int) -> None:
-        """``server`` died: what was on the way to it will never be credited."""
+        """``server`` died: what was on the way to it will never be credited, and what
+        waits for it is dropped (a worker resends its requests to the restart itself)."""
         self.in_flight -= self._by_server.pop(server, 0)
+        if any(q.server == server for q in self._heap):
+            for q in self._heap:
+                if q.server == server:
+                    held = self._key_rank[q.entry.key]
+                    held[1] -= 1
+                    if not held[1]:
+                        del self._key_rank[q.entry.key]
+            self._heap = [q for q in self._heap if q.server != server]
+            heapq.heapify(self._heap)
 
     def _count(self, server: int, nbytes: int) -> None:
         self._by_server[server] = self._by_server.get(server, 0) + nbytes

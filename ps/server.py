@@ -17,6 +17,7 @@ from .keys import CHUNK_BYTES
 from .message import Batch, Command, Flag, Message, entry_has_data, id_to_rank, node_name, payload_bytes
 from .postoffice import SCHEDULER, Postoffice
 from .replication import Replication
+from .sendqueue import SendQueue
 from .store import Event, Reply, Stall, Store, Updater
 from .van import Van
 
@@ -35,7 +36,15 @@ class KVServer:
         self._stopped = threading.Event()
         self._joined = threading.Event()
         self._stalls: dict[tuple[int, int], Stall] = {}   # (key, round) -> as last warned
+        # PS_SEND_WINDOW: replies too leave most urgent first, with a bounded window (the
+        # server's link also carries its host's worker's pushes); a key's priority is its
+        # latest request's
+        window = config.send_window
+        self._queue = SendQueue(window) if window else None
+        self._priority: dict[int, int] = {}
+        self._windowed: set[int] = set()     # workers whose requests ask for credits: reached over a network
         self.po.on(Command.DATA, self._on_data)
+        self.po.on(Command.CREDIT, self._on_credit)
         self.po.on(Command.SERVER_CMD, self._on_command)
         self.po.on(Command.WORKER_CLOSED, self._on_worker_closed)
         self.po.on(Command.TERMINATE, self._on_terminate)
@@ -87,11 +96,15 @@ class KVServer:
         if msg.flags & Flag.CREDIT:     # first: the worker picks what it sends next now (ps/sendqueue.py)
             self.po.send(Message(Command.CREDIT, recver=msg.sender, body=payload_bytes(msg.frames),
                                  request=False, route=msg.route))
+            if self._queue is not None:
+                self._windowed.add(msg.sender)
         self._routes[msg.sender] = msg.route
         store = self._store()
         replies: list[Reply] = []
         arrays = iter(msg.frames)
+        priority = self._priority
         for entry in msg.body:
+            priority[entry.key] = entry.priority
             data = next(arrays) if entry_has_data(True, entry.op, None) else None
             try:
                 replies += store.handle(msg.sender, entry, data)
@@ -104,6 +117,15 @@ class KVServer:
 
     def _send(self, replies: list[Reply]) -> None:
         """Group replies per worker into messages of about CHUNK_BYTES each."""
+        if self._windowed:
+            priority, direct = self._priority, []
+            for reply in replies:
+                if reply.dest in self._windowed:
+                    self._queue.add(priority.get(reply.entry.key, 0), *reply)
+                else:
+                    direct.append(reply)
+            self._send_queued()
+            replies = direct
         batches: dict[int, Batch] = {}
         for dest, entry, data in replies:
             batch = batches.get(dest)
@@ -115,11 +137,24 @@ class KVServer:
             self._emit(dest, batch)
         self.guard.handed_over()
 
-    def _emit(self, dest: int, batch: Batch) -> None:
+    def _emit(self, dest: int, batch: Batch, flags: int = 0) -> None:
         msg = Message(Command.DATA, recver=dest, body=batch.entries, frames=batch.frames, request=False,
                       route=self._routes.get(dest))
         msg.on_sent = self.guard.on_sent(batch.frames)
+        msg.flags = flags
         self.po.send(msg)
+
+    def _send_queued(self) -> None:
+        """What the window has room for; replies still queued keep lending their values."""
+        for dest, batch in self._queue.take():
+            self._emit(dest, batch, Flag.CREDIT if batch.nbytes else 0)
+        self.guard.handed_over(self._queue.frames())
+
+    def _on_credit(self, msg: Message) -> None:
+        if self._queue is not None and isinstance(msg.body, int):
+            self._queue.credit(msg.sender, msg.body)
+            if len(self._queue):
+                self._send_queued()
 
     # -- stall warnings -------------------------------------------------------------------
     def _check_stalls(self) -> None:
@@ -258,6 +293,9 @@ class KVServer:
         """A worker died and its restart is awaited (I/O thread, like the store)."""
         if up or node_id not in self.po.worker_ids:
             return
+        if self._queue is not None:
+            self._queue.forget(node_id)     # what was on the way to it will not be credited
+            self._windowed.discard(node_id)
         route = self._routes.pop(node_id, None)
         if route is not None:
             self.po.van.forget(route)

@@ -19,7 +19,8 @@ from ._timing import Deadline
 from .customer import Customer, Handle, Request
 from .errors import PSError, RemoteError
 from .keys import CHUNK_BYTES, Slice, chunks
-from .message import DTYPES, ROW_ID, Batch, Command, Entry, Flag, Message, Op, Rows, node_name, server_id
+from .message import (DTYPES, ROW_ID, Batch, Command, Entry, Flag, Message, Op, Rows, node_name, payload_bytes,
+                      server_id)
 from .postoffice import Postoffice
 from .sendqueue import SendQueue
 
@@ -37,12 +38,13 @@ class KVWorker:
         self._outbox: dict[int, Batch] = {}   # server id -> what waits to leave for it
         window = po.config.send_window
         self._queue = SendQueue(window) if window else None   # PS_SEND_WINDOW: by priority instead
+        self.credits = 0                       # CREDIT messages received (transport_stats)
         self._lock = threading.RLock()
         self._flush_scheduled = False
         self._cmd_ids = itertools.count(1)
         self._cmd_waiters: dict[int, tuple[threading.Event, dict[int, Any]]] = {}
         self._cmd_sent: dict[int, tuple[list[int], dict[str, Any]]] = {}
-        po.on(Command.DATA, self.customer.on_reply)
+        po.on(Command.DATA, self._on_reply)
         po.on(Command.SERVER_CMD, self._on_command_reply)
         po.on(Command.CREDIT, self._on_credit)
         po.add_failure_listener(self.customer.fail_all)
@@ -66,12 +68,13 @@ class KVWorker:
             for s in slices:
                 sid = server_id(s.server)
                 if value is None:
-                    self._emit(sid, Entry(ts, op, key, 0, s.size, s.size, code, None, 0, seq), None, req, priority)
+                    self._emit(sid, Entry(ts, op, key, 0, s.size, s.size, code, None, 0, seq, priority), None, req,
+                               priority)
                     continue
                 piece = value[s.start:s.start + s.size]
                 for off, n in chunks(s.size, itemsize):   # the key's dtype: same cut for every encoding
                     chunk = piece[off:off + n]
-                    self._emit(sid, Entry(ts, op, key, off, n, s.size, code, None, 0, seq),
+                    self._emit(sid, Entry(ts, op, key, off, n, s.size, code, None, 0, seq, priority),
                                chunk if encode is None else encode(chunk), req, priority)
         return req
 
@@ -117,11 +120,12 @@ class KVWorker:
                 ids = (rows[lo:hi] - first).astype(ROW_ID)
                 n = hi - lo
                 if not op & Op.PUSH:
-                    self._emit(sid, Entry(req.ts, op, key, 0, n, n, code, None, row_len), Rows(ids), req, priority)
+                    self._emit(sid, Entry(req.ts, op, key, 0, n, n, code, None, row_len, 0, priority), Rows(ids),
+                               req, priority)
                     continue
                 for off in range(0, max(n, 1), per_chunk):
                     m = min(per_chunk, n - off)
-                    self._emit(sid, Entry(req.ts, op, key, off, m, n, code, None, row_len, seq),
+                    self._emit(sid, Entry(req.ts, op, key, off, m, n, code, None, row_len, seq, priority),
                                Rows(ids[off:off + m], values[lo + off:lo + off + m].reshape(-1)), req, priority)
         return req
 
@@ -131,7 +135,7 @@ class KVWorker:
         if req is not None and req.sent is not None:
             # no copy: a pushed array must not change until its push is answered (KVStore.push)
             req.sent.append((sid, entry, data))
-        if self._queue is not None and priority is not None:
+        if self._queue is not None and priority is not None and self.po.over_network(sid):
             self._queue.add(priority, sid, entry, data)
             self._schedule_flush()
             return
@@ -171,9 +175,15 @@ class KVWorker:
         for sid, box in self._queue.take():
             self._send(sid, box, Flag.CREDIT if box.nbytes else 0)
 
+    def _on_reply(self, msg: Message) -> None:
+        if msg.flags & Flag.CREDIT:     # first: the server picks what it sends next now
+            self.po.send(Message(Command.CREDIT, recver=msg.sender, body=payload_bytes(msg.frames), request=False))
+        self.customer.on_reply(msg)
+
     def _on_credit(self, msg: Message) -> None:
         if self._queue is None or not isinstance(msg.body, int):
             return
+        self.credits += 1
         with self._lock:
             self._queue.credit(msg.sender, msg.body)
             if len(self._queue):

@@ -1,17 +1,18 @@
-"""Transports: ``zmq`` (ZeroMQ over tcp:// or ipc://) and ``inproc`` (queues, one process)."""
+"""Transports: ``zmq`` (ZeroMQ over tcp:// or ipc://) and ``inproc`` (queues, one process);
+``zmq-tcp`` is ``zmq`` without the ipc:// twin, so peers on one machine talk as over a network."""
 from __future__ import annotations
 
 from .base import Van
 
 
 def create_van(kind: str = "zmq", **kwargs) -> Van:
-    if kind == "zmq":
+    if kind in ("zmq", "zmq-tcp"):
         from .zmq_van import ZmqVan
-        return ZmqVan(**kwargs)
+        return ZmqVan(twin=kind == "zmq", **kwargs)
     if kind == "inproc":
         from .inproc_van import InprocVan
         return InprocVan(**kwargs)
-    raise ValueError(f"unknown van kind {kind!r}; use 'zmq' or 'inproc'")
+    raise ValueError(f"unknown van kind {kind!r}; use 'zmq', 'zmq-tcp' or 'inproc'")
 
 
 def for_config(config, drop=None) -> Van:
@@ -21,8 +22,8 @@ def for_config(config, drop=None) -> Van:
     if config.secret_file:
         from .._security import curve_keys, read_secret
         curve = curve_keys(read_secret(config.secret_file))
-    inner = create_van("zmq", ipc=config.local and not config.is_scheduler, verbose=config.verbose,
-                       drop=drop, curve=curve)
+    inner = create_van("zmq" if config.local_ipc else "zmq-tcp", ipc=config.local and not config.is_scheduler,
+                       verbose=config.verbose, drop=drop, curve=curve)
     return reliable(inner, config)
 
 

@@ -29,8 +29,10 @@ RECV_BATCH = 256           # messages taken from one socket before polling again
 
 class ZmqVan(Van):
     def __init__(self, ipc: bool = False, verbose: int = 0,
-                 drop: Callable[[Message], bool] | None = None, curve: tuple[bytes, bytes] | None = None):
+                 drop: Callable[[Message], bool] | None = None, curve: tuple[bytes, bytes] | None = None,
+                 twin: bool = True):
         self._ipc = ipc
+        self._twin = twin
         self._curve = curve
         self._verbose = verbose
         self._bytes_sent = 0         # meta and data frames, without zmq's routing frames
@@ -83,7 +85,7 @@ class ZmqVan(Van):
                                                   if port_range else f"{host} (any port)")
             raise TransportError(f"cannot bind {where}: {exc.strerror} (errno {exc.errno}); "
                                  "is the port taken or the address not on this host?") from None
-        if not self._ipc:
+        if not self._ipc and self._twin:
             self._bind_local_twin(router)
         self._router = router
         self._wake_r, self._wake_w = os.pipe()

@@ -220,7 +220,7 @@ def test_requests_issued_together_on_the_io_thread_share_a_message(van):
             kv.init(k, np.zeros(8, np.float32))
         sent = []
         real_send = kv._worker._send
-        kv._worker._send = lambda sid, box: (sent.append(len(box.entries)), real_send(sid, box))
+        kv._worker._send = lambda sid, box, *flags: (sent.append(len(box.entries)), real_send(sid, box, *flags))
         handles, issued = [], threading.Event()
 
         def burst():
@@ -236,10 +236,12 @@ def test_requests_issued_together_on_the_io_thread_share_a_message(van):
 
 
 @pytest.mark.parametrize("window", [0, 1 << 20])
-def test_send_window_lets_the_most_urgent_key_overtake_and_sums_stay_exact(van, window):
+@pytest.mark.parametrize("transport", ["inproc", "zmq-tcp"])
+def test_send_window_lets_the_most_urgent_key_overtake_and_sums_stay_exact(transport, window):
     """MXNet's backward order: the last layer's gradient (priority -4) is issued first, the
     first layer's (priority 0) last. In call order (no window) key 0's round closes last;
-    with PS_SEND_WINDOW it overtakes the queued bytes of keys 1-3 and closes first."""
+    with PS_SEND_WINDOW it overtakes the queued bytes of keys 1-3 and closes first (over
+    TCP: the window is for network links, ipc:// peers on one machine are not held back)."""
     import threading
     rng = np.random.default_rng(2)
     size = 600_000                                   # 2.4 MB: three chunks
@@ -267,7 +269,7 @@ def test_send_window_lets_the_most_urgent_key_overtake_and_sums_stay_exact(van, 
         for h in handles:
             h.wait(20)
         return order, outs
-    with local_cluster(1, 2, van=van, send_window=window) as c:
+    with local_cluster(1, 2, van=transport, send_window=window) as c:
         results = c.run(job)
     for order, outs in results:
         for k in range(5):
@@ -276,3 +278,16 @@ def test_send_window_lets_the_most_urgent_key_overtake_and_sums_stay_exact(van, 
             assert order[0] == 0, f"rounds closed in the order {order}"
         else:
             assert order == [4, 3, 2, 1, 0], f"rounds closed in the order {order}"
+
+
+def test_send_window_leaves_same_machine_ipc_peers_alone():
+    """Over the ipc:// twin (same machine) nothing waits for credits: call order, and no
+    CREDIT traffic (it would cost a loopback round trip per message)."""
+    def job(kv):
+        kv.init(0, np.zeros(300_000, np.float32))
+        out = kv.pushpull(0, np.ones(300_000, np.float32))
+        return float(out[0]), kv.transport_stats()
+    with local_cluster(1, 2, van="zmq", send_window=1 << 20) as c:
+        for value, stats in c.run(job):
+            assert value == 2.0
+            assert stats["credits"] == 0, stats

@@ -99,6 +99,22 @@ def test_lost_messages_and_a_killed_server_still_exact(procs, tmp_path, unfaulte
         assert np.abs(got[key] - ref).max() <= 1e-6, f"key {key}, kill {kill}"
 
 
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("role", ["server", "worker"])
+def test_a_kill_with_the_send_window_over_tcp_still_exact(procs, tmp_path, unfaulted, role):
+    """PS_SEND_WINDOW smaller than one message of key 5, over TCP (PS_LOCAL_IPC=0: the window
+    is for network links): the dead node's unanswered bytes stop counting, and nothing the
+    window held back is lost or sent twice."""
+    kill = (role, 1, random.randrange(5, ROUNDS - 5), random.choice(["push", "pull"]))
+    code, text = launch(procs, tmp_path, "sgd", kill, PS_LOCAL_IPC="0", PS_SEND_WINDOW="256K")
+    assert code == 0, f"kill {kill}\n{text}"
+    assert f"{role} 1 was killed by SIGKILL: starting it again (restart 1 of 2)" in text, text
+    assert_all_workers_equal(tmp_path)
+    got = weights(tmp_path)
+    for key, ref in unfaulted["sgd"].items():
+        assert np.abs(got[key] - ref).max() <= 1e-6, f"key {key}, kill {kill}"
+
+
 @pytest.mark.timeout(120)
 def test_kills_beyond_the_limit_end_the_job_naming_the_node_and_the_limit(procs, tmp_path):
     code, text = launch(procs, tmp_path, "sgd", (1, 5, "push"), (1, 15, "push"), restarts=1, rounds=30)

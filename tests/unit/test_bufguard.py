@@ -28,6 +28,20 @@ def test_a_lent_value_is_copied_until_its_replies_are_handed_over():
     assert g.writable(value) is value
 
 
+def test_a_value_whose_reply_still_waits_in_the_send_queue_stays_lent():
+    """PS_SEND_WINDOW: a server's reply may wait in its queue after the others left."""
+    g = BufferGuard()
+    waiting, sent = np.arange(8.0), np.arange(8.0)
+    g.lend(waiting)
+    g.lend(sent)
+    g.handed_over(pending=[waiting[4:]])
+    assert g.writable(sent) is sent
+    assert g.writable(waiting) is not waiting
+    g.lend(waiting)
+    g.handed_over(pending=[])
+    assert g.writable(waiting) is waiting
+
+
 def test_a_value_the_transport_still_reads_is_copied_and_freed_once_sent():
     g = BufferGuard()
     value = np.zeros(ZERO_COPY_MIN // 8 * 2)          # float64: two zero-copy chunks' worth

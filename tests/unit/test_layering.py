@@ -29,7 +29,7 @@ ALLOWED = {
     "replica": {"errors", "message", "optim", "store"},
     "replication": {"_timing", "errors", "message", "postoffice", "replica", "store"},
     "server": {"_security", "bufguard", "compression", "config", "errors", "keys", "message", "optim",
-               "optim.pickled", "postoffice", "replication", "store", "van"},
+               "optim.pickled", "postoffice", "replication", "sendqueue", "store", "van"},
     "kvstore": {"_logging", "_timing", "compression", "config", "customer", "errors", "keys", "message",
                 "postoffice", "van", "worker"},
     "testing": {"config", "errors", "kvstore", "scheduler", "server", "van"},

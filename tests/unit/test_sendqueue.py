@@ -84,3 +84,16 @@ def test_a_dead_servers_bytes_stop_counting_and_late_credits_cannot_go_below_zer
     q.credit(S0, CHUNK_BYTES)                            # from its dead incarnation
     assert q.in_flight == CHUNK_BYTES
     assert keys_of(q.take()) == [[3]]
+
+
+def test_forgetting_a_peer_drops_what_waits_for_it():
+    q = SendQueue(CHUNK_BYTES)
+    q.add(0, S0, push(1), MB)
+    q.take()
+    q.add(-1, S1, push(2), MB)
+    q.add(-2, S0, push(3), MB)
+    q.add(-3, S0, push(2, ts=2), MB)
+    q.forget(S1)                                         # its key-2 entry goes; key 2's order rule with it
+    assert len(q) == 2 and len(q.frames()) == 2
+    q.credit(S0, CHUNK_BYTES)
+    assert keys_of(q.take()) == [[3]]

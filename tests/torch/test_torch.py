@@ -18,9 +18,9 @@ def results(text):
     return [json.loads(line.split("RESULT ", 1)[1]) for line in text.splitlines() if "RESULT " in line]
 
 
-def launch(procs, *args, expect=0, script=SCRIPT, workers=2):
+def launch(procs, *args, expect=0, script=SCRIPT, workers=2, **extra):
     """Run ``script`` under the launcher (W``workers`` S2); its combined output."""
-    env = cluster_env(0, PS_MXNET_AUTOLOAD="0", PS_STALL_WARNING="0")
+    env = cluster_env(0, PS_MXNET_AUTOLOAD="0", PS_STALL_WARNING="0", **extra)
     launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", str(workers), "-s", "2", "--launcher", "local",
                             PYTHON, script, *args], env)
     code, out, err = procs.finish(launcher, timeout=150)
@@ -38,10 +38,13 @@ def alone(*args, script=SCRIPT):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("mode,flags,tol", [("sgd", [], 1e-5), ("adam", [], 1e-5), ("sgd", ["--fp16"], 2e-3)],
-                         ids=["sgd-momentum-wd", "adam", "sgd-fp16-compression"])
-def test_two_workers_equal_one_process_on_both_batches(procs, mode, flags, tol):
-    out = launch(procs, mode, *flags)
+@pytest.mark.parametrize("mode,flags,tol,env", [
+    ("sgd", [], 1e-5, {}), ("adam", [], 1e-5, {}), ("sgd", ["--fp16"], 2e-3, {}),
+    # over TCP with a send window smaller than the gradients: priority order, credits, same sums
+    ("sgd", [], 1e-5, {"PS_LOCAL_IPC": "0", "PS_SEND_WINDOW": "64K"})],
+    ids=["sgd-momentum-wd", "adam", "sgd-fp16-compression", "sgd-tcp-send-window"])
+def test_two_workers_equal_one_process_on_both_batches(procs, mode, flags, tol, env):
+    out = launch(procs, mode, *flags, **env)
     workers = results(out)
     assert sorted(r["rank"] for r in workers) == [0, 1], out
     assert workers[0]["mean_loss"] == workers[1]["mean_loss"], workers   # unnamed allreduce, 15 times

@@ -20,6 +20,37 @@ SETTLE_WAIT = 0.005     # seconds busy() waits for lagging trackers before sayin
 ZERO_COPY_MIN = 65536   # pyzmq copies smaller frames anyway: no need to track them
 
 
+class _Sent:
+    """Stands for the tracker of a message that was dropped, or copied on sending."""
+
+    done = True
+
+    def wait(self, timeout: float) -> None:
+        return None
+
+
+SENT = _Sent()
+
+
+class _Unsent:
+    """A reply handed to the van but not yet to ZeroMQ (it may wait in the van's queue
+    behind other messages): its arrays are busy until ZeroMQ has let go of them."""
+
+    __slots__ = ("tracker",)
+
+    def __init__(self) -> None:
+        self.tracker: Any = None
+
+    @property
+    def done(self) -> bool:
+        return self.tracker is not None and self.tracker.done
+
+    def wait(self, timeout: float) -> None:
+        if self.tracker is None:
+            raise TimeoutError("not sent yet")
+        self.tracker.wait(timeout)
+
+
 class BufferGuard:
     def __init__(self) -> None:
         self._lent: dict[int, np.ndarray] = {}       # id -> value in replies not yet sent
@@ -64,12 +95,19 @@ class BufferGuard:
 
     # -- the server's side ---------------------------------------------------------------
     def on_sent(self, frames: list[np.ndarray]) -> Callable[[Any], None] | None:
-        """The callback a message with ``frames`` gets: it records the transport's tracker
-        against the arrays those frames view. None when every frame is copied anyway."""
+        """The callback a message with ``frames`` gets: the arrays those frames view are
+        busy from now until the transport's tracker (its argument, or None if the van
+        dropped or copied the message) says ZeroMQ let go of them. None when every frame
+        is copied anyway."""
         bases = [f.base if f.base is not None else f for f in frames if f.nbytes >= ZERO_COPY_MIN]
         if not bases:
             return None
-        return lambda tracker: self._track(bases, tracker)
+        marker = _Unsent()
+        self._track(bases, marker)
+
+        def sent(tracker: Any) -> None:
+            marker.tracker = SENT if tracker is None else tracker
+        return sent
 
     def handed_over(self, pending: list[Any] = ()) -> None:
         """Every reply made so far is with the transport (whose trackers now guard it),

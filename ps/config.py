@@ -145,7 +145,8 @@ VARIABLES: tuple[Var, ...] = (
         "layers'); peers on the same machine (ipc://) are not held back; 0 = off, call order"),
     Var("PS_LOCAL_IPC", "local_ipc", _bool, True,
         "1: a server also listens on an ipc:// twin that workers on its machine use instead of TCP; "
-        "0: they use TCP too (to test or measure the network path on one machine)"),
+        "0: a server offers no twin and a worker uses none (TCP to its own machine too: to test or "
+        "measure the network path on one machine)"),
     Var("PS_SECRET_FILE", "secret_file", _str, None,
         "file holding a shared secret: authenticate and encrypt all traffic (CURVE)"),
     Var("PS_JOB_KEY_FILE", "job_key_file", _str, None,

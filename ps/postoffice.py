@@ -185,7 +185,8 @@ class Postoffice:
         """Open the data connection to a node of the table, or reopen it to a restarted
         node's new address (never twice to one address: the peer's ROUTER would refuse a
         second connection with our identity while it still holds the first)."""
-        address = self._data_address(self.nodes[node_id])
+        node = self.nodes[node_id]
+        address = self._data_address(node) if self.config.local_ipc else node.addr
         if self._peers.get(node_id) != address:
             self._peers[node_id] = address
             self.van.connect(node_id, address)

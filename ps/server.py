@@ -135,7 +135,9 @@ class KVServer:
                 self._emit(dest, batches.pop(dest))
         for dest, batch in batches.items():
             self._emit(dest, batch)
-        self.guard.handed_over()
+        # replies still waiting in the send queue keep their values lent (a worker on this
+        # machine answered directly must not release a remote one's queued reply)
+        self.guard.handed_over(self._queue.frames() if self._windowed else ())
 
     def _emit(self, dest: int, batch: Batch, flags: int = 0) -> None:
         msg = Message(Command.DATA, recver=dest, body=batch.entries, frames=batch.frames, request=False,

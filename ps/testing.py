@@ -55,10 +55,12 @@ def _parallel(calls: list[Callable[[], Any]], timeout: float, what: str) -> list
 
 @contextlib.contextmanager
 def local_cluster(num_servers: int = 1, num_workers: int = 2, van: str = "inproc", type: str = "dist_sync",
-                  timeout: float = 30.0, **settings: Any) -> Iterator[LocalCluster]:
+                  timeout: float = 30.0, worker_settings: list[dict[str, Any]] | None = None,
+                  **settings: Any) -> Iterator[LocalCluster]:
     """Start a scheduler, servers and workers in this process; stop them all on exit.
 
-    ``settings`` are Config fields (e.g. ``bigarray_bound=10``) applied to every node.
+    ``settings`` are Config fields (e.g. ``bigarray_bound=10``) applied to every node;
+    ``worker_settings[r]`` overrides some for worker r.
     """
     base = dict(root_uri="127.0.0.1", num_servers=num_servers, num_workers=num_workers,
                 connect_timeout=timeout, heartbeat_interval=0.5, heartbeat_timeout=max(timeout, 5.0))
@@ -74,7 +76,8 @@ def local_cluster(num_servers: int = 1, num_workers: int = 2, van: str = "inproc
         t.start()
     workers: list[KVStore] = []
     try:
-        cfgs = [Config(role="worker", root_port=port, rank_hint=r, **base) for r in range(num_workers)]
+        extra = worker_settings or [{}] * num_workers
+        cfgs = [Config(role="worker", root_port=port, rank_hint=r, **{**base, **extra[r]}) for r in range(num_workers)]
         workers = _parallel([lambda c=c: KVStore(type, config=c, van=create_van(van)) for c in cfgs],
                             timeout + 5, "workers joining")
         yield LocalCluster(scheduler, servers, workers, timeout)

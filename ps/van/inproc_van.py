@@ -80,6 +80,8 @@ class InprocVan(Van):
         if self._stopping:
             raise TransportError("the van is not running")
         frames = [f if isinstance(f, bytes) else np.array(f, copy=True).tobytes() for f in encode(msg)]
+        if msg.on_sent is not None:
+            msg.on_sent(None)               # copied: the sender may change its arrays now
         if msg.route is not None:
             target, route = _registry.get(msg.route.decode()), None
         else:

@@ -201,10 +201,16 @@ class ZmqVan(Van):
     def send(self, msg: Message) -> None:
         if self._gens:
             msg.gen = self._gens.get(msg.route if msg.route is not None else msg.recver, 0)
-        if self.in_io_thread:
-            self._send_now(msg)
-        else:
+        if not self.in_io_thread:
             self._enqueue(msg)
+        elif self._queue:
+            # behind what other threads queued before: a worker's flush on this thread must
+            # not send a push's last chunk (or the next push) ahead of its first chunks, which
+            # the caller's thread queued (the server would count them in the wrong round)
+            with self._queue_lock:
+                self._queue.append(msg)
+        else:
+            self._send_now(msg)
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         if self.in_io_thread:
@@ -237,6 +243,7 @@ class ZmqVan(Van):
         if self._gens and msg.gen != self._gens.get(msg.route if msg.route is not None else msg.recver, 0):
             self._stale += 1            # for a dead incarnation: its restart must not see it
             logger.debug("dropping %r: queued before its peer was forgotten", msg)
+            _dropped(msg)
             return
         frames = encode(msg)
         nbytes = sum(memoryview(f).nbytes for f in frames)
@@ -247,6 +254,7 @@ class ZmqVan(Van):
             if sock is None:
                 logger.log(logging.DEBUG if msg.recver in self._gens else logging.ERROR,
                            "dropping %r: no connection to %s", msg, node_name(msg.recver))
+                _dropped(msg)
                 return
         try:
             tracker = sock.send_multipart(frames, copy=False, track=msg.on_sent is not None)
@@ -254,6 +262,7 @@ class ZmqVan(Van):
             # EHOSTUNREACH: a peer that died (the scheduler names it); anything else is news
             logger.log(logging.INFO if exc.errno == zmq.EHOSTUNREACH else logging.WARNING,
                        "dropping %r: %s", msg, exc.strerror)
+            _dropped(msg)
             return
         self._bytes_sent += nbytes
         if msg.on_sent is not None:
@@ -383,3 +392,9 @@ class ZmqVan(Van):
                 os.unlink(self._ipc_path)
             except OSError:
                 pass
+
+
+def _dropped(msg: Message) -> None:
+    """Whoever waits for ZeroMQ to let go of the message's arrays need not wait."""
+    if msg.on_sent is not None:
+        msg.on_sent(None)

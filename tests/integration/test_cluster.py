@@ -291,3 +291,39 @@ def test_send_window_leaves_same_machine_ipc_peers_alone():
         for value, stats in c.run(job):
             assert value == 2.0
             assert stats["credits"] == 0, stats
+
+
+def test_a_reply_waiting_in_the_servers_send_window_keeps_its_rounds_value():
+    """Worker 0 on the server's machine (ipc://, answered at once), worker 1 across a
+    "network" (TCP, its replies wait for credits one message at a time). Both pipeline
+    push, pull, push, pull... without waiting: rounds close while worker 1's replies still
+    wait, and the store must not change in place a value those replies will send."""
+    with local_cluster(1, 2, van="zmq", send_window=1,
+                       worker_settings=[{}, {"local_ipc": False}]) as c:
+        (got0, s0), (got1, s1) = c.run(pipelined_rounds)
+    assert got0 == got1 == [(20.0 * r + 3,) * 2 for r in range(6)], got1
+    assert s0["credits"] == 0 and s1["credits"] > 0, (s0, s1)
+
+
+def pipelined_rounds(kv, size=1_000_000, rounds=6):
+    """Rounds of push then pull of a 4 MB key (four chunks), none waited for until the end:
+    the first and last element each pull got, and the transport's counters."""
+    kv.init(0, np.zeros(size, np.float32))
+    pulls = []
+    for r in range(rounds):
+        kv.push(0, np.full(size, 10 * r + kv.rank + 1, np.float32))
+        pulls.append(kv.pull(0, block=False))
+    return [(float(h.wait(20)[0]), float(h.wait(20)[-1])) for h in pulls], kv.transport_stats()
+
+
+@pytest.mark.parametrize("transport", ["inproc", "zmq", "zmq-tcp"])
+def test_pipelined_pushes_and_pulls_of_a_multi_chunk_key_each_see_their_round(transport):
+    """push, pull, push, pull... without waiting, a 4 MB key (four chunks). Found broken
+    (2026-11-23, every run over zmq): the flush on the I/O thread sent a push's last chunk,
+    and the next push, ahead of its first chunks still queued by the caller's thread, so the
+    server counted a worker's push in the wrong round (pulls saw 33, 53, 73: sums of two
+    rounds); and once sends kept their order, a reply that waited in the van's queue lost
+    its copy-on-write guard (pulls saw the next round's value)."""
+    with local_cluster(1, 2, van=transport, send_window=0) as c:
+        for got, _ in c.run(pipelined_rounds):
+            assert got == [(20.0 * r + 3,) * 2 for r in range(6)], got

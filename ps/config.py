@@ -138,12 +138,11 @@ VARIABLES: tuple[Var, ...] = (
         "sets it for every process); > 0: instead of ending the job, everyone waits up to "
         "PS_CONNECT_TIMEOUT for a dead node to come back, each server keeps a replica of another's "
         "state, and workers keep each push until it is answered (docs/reliability.md)"),
-    Var("PS_SEND_WINDOW", "send_window", _bytes, 0,
+    Var("PS_SEND_WINDOW", "send_window", _bytes, 8 << 20,
         "bytes a worker (a server) may have on the way to the servers (workers) across a network "
         "(16M, 512K...): requests and replies beyond it wait and leave highest priority first "
         "(MXNet's priority=-index: the first layer's gradient overtakes the backlog of later "
-        "layers'); peers on the same machine (ipc://) are not held back; 0 = off, call order "
-        "(docs/benchmarks.md: 16M helps ResNet-50, hurts VGG-16)"),
+        "layers'); peers on the same machine (ipc://) are not held back; 0 = off, call order"),
     Var("PS_LOCAL_IPC", "local_ipc", _bool, True,
         "1: a server also listens on an ipc:// twin that workers on its machine use instead of TCP; "
         "0: a server offers no twin and a worker uses none (TCP to its own machine too: to test or "
@@ -255,7 +254,7 @@ class Config:
     request_timeout: float = 0.0
     stall_warning: float = 60.0
     max_restarts: int = 0
-    send_window: int = 0
+    send_window: int = 8 << 20
     local_ipc: bool = True
     secret_file: str | None = None
     job_key_file: str | None = None

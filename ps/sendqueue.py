@@ -26,7 +26,9 @@ from .message import Batch, Entry
 
 class Queued(NamedTuple):
     rank: int           # -priority: heapq pops the smallest
-    order: int          # FIFO among equal priorities
+    group: int          # among equal priorities, earlier requests (replies) first
+    offset: int         # within one, chunk i of every server's (worker's) slice before chunk i + 1
+    order: int          # then FIFO
     server: int
     entry: Entry
     data: Any
@@ -46,7 +48,11 @@ class SendQueue:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def add(self, priority: int, server: int, entry: Entry, data: Any) -> None:
+    def add(self, priority: int, server: int, entry: Entry, data: Any, group: int = 0) -> None:
+        """``group``: the request's timestamp on a worker, the batch of replies on a server.
+        A key's slices go to all its servers at once, chunk by chunk: sent slice after slice,
+        every worker would push to one server at a time (the same one), and that server's
+        link would carry what all the others' links could share."""
         rank = -priority
         held = self._key_rank.get(entry.key)
         if held is None:
@@ -54,7 +60,7 @@ class SendQueue:
         else:
             rank = held[0] = max(rank, held[0])
             held[1] += 1
-        heapq.heappush(self._heap, Queued(rank, next(self._order), server, entry, data))
+        heapq.heappush(self._heap, Queued(rank, group, entry.offset, next(self._order), server, entry, data))
 
     def take(self) -> list[tuple[int, Batch]]:
         """The messages that may leave now: the most urgent entries while the window has

@@ -43,6 +43,7 @@ class KVServer:
         self._queue = SendQueue(window) if window else None
         self._priority: dict[int, int] = {}
         self._windowed: set[int] = set()     # workers whose requests ask for credits: reached over a network
+        self._batches = 0                    # replies made together queue as one group
         self.po.on(Command.DATA, self._on_data)
         self.po.on(Command.CREDIT, self._on_credit)
         self.po.on(Command.SERVER_CMD, self._on_command)
@@ -119,9 +120,10 @@ class KVServer:
         """Group replies per worker into messages of about CHUNK_BYTES each."""
         if self._windowed:
             priority, direct = self._priority, []
+            self._batches += 1
             for reply in replies:
                 if reply.dest in self._windowed:
-                    self._queue.add(priority.get(reply.entry.key, 0), *reply)
+                    self._queue.add(priority.get(reply.entry.key, 0), *reply, self._batches)
                 else:
                     direct.append(reply)
             self._send_queued()

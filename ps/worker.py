@@ -136,7 +136,7 @@ class KVWorker:
             # no copy: a pushed array must not change until its push is answered (KVStore.push)
             req.sent.append((sid, entry, data))
         if self._queue is not None and priority is not None and self.po.over_network(sid):
-            self._queue.add(priority, sid, entry, data)
+            self._queue.add(priority, sid, entry, data, entry.ts)
             self._schedule_flush()
             return
         box = self._outbox.get(sid)

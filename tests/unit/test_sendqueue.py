@@ -97,3 +97,21 @@ def test_forgetting_a_peer_drops_what_waits_for_it():
     assert len(q) == 2 and len(q.frames()) == 2
     q.credit(S0, CHUNK_BYTES)
     assert keys_of(q.take()) == [[3]]
+
+
+def test_one_requests_slices_leave_chunk_by_chunk_to_all_servers_at_once():
+    """Added slice by slice (all of S0's chunks, then S1's), they leave interleaved: every
+    server's link carries a share at once, not one server's after the other's."""
+    q = SendQueue(CHUNK_BYTES)
+    n = MB.size
+    for sid in (S0, S1):
+        for i in range(3):
+            q.add(0, sid, Entry(7, Op.PUSH, 5, i * n, n, 3 * n, F32), MB, group=7)
+    q.add(0, S0, Entry(8, Op.PULL, 5, 0, 3 * n, 3 * n, F32), None, group=8)   # the next request waits
+    order = []
+    while len(q):
+        for sid, box in q.take():
+            order += [(sid, e.offset // n, e.ts) for e in box.entries]
+        q.credit(S0, CHUNK_BYTES)
+        q.credit(S1, CHUNK_BYTES)
+    assert order == [(S0, 0, 7), (S1, 0, 7), (S0, 1, 7), (S1, 1, 7), (S0, 2, 7), (S1, 2, 7), (S0, 0, 8)], order

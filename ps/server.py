@@ -103,9 +103,10 @@ class KVServer:
         store = self._store()
         replies: list[Reply] = []
         arrays = iter(msg.frames)
-        priority = self._priority
+        priority = self._priority if self._queue is not None else None
         for entry in msg.body:
-            priority[entry.key] = entry.priority
+            if priority is not None:
+                priority[entry.key] = entry.priority
             data = next(arrays) if entry_has_data(True, entry.op, None) else None
             try:
                 replies += store.handle(msg.sender, entry, data)

@@ -18,7 +18,7 @@ from . import netutil
 from ._timing import Deadline
 from .config import Config
 from .errors import ClosedError, PeerLostError, PSError, PSTimeoutError
-from .message import Command, Message, Node, Role, id_to_rank, node_name
+from .message import Command, Flag, Message, Node, Role, id_to_rank, node_name, payload_bytes
 from .van import Van, for_config, reliable
 
 logger = logging.getLogger(__name__)
@@ -298,6 +298,14 @@ class Postoffice:
 
     def transport_stats(self) -> dict[str, int]:
         return {"dropped": self.dropped, **self.van.transport_stats()}
+
+    def credit(self, msg: Message) -> None:
+        """Acknowledge a DATA message's payload to its sender if it asked (Flag.CREDIT,
+        PS_SEND_WINDOW): on arrival, before it is handled, so the sender picks what goes
+        next now."""
+        if msg.flags & Flag.CREDIT:
+            self.send(Message(Command.CREDIT, recver=msg.sender, body=payload_bytes(msg.frames),
+                              request=False, route=msg.route))
 
     def send(self, msg: Message) -> None:
         if self.failure is not None:

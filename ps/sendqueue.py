@@ -43,7 +43,7 @@ class SendQueue:
         self._by_server: dict[int, int] = {}        # server id -> its share of in_flight
         self._heap: list[Queued] = []
         self._order = itertools.count()
-        self._key_rank: dict[int, list[int]] = {}   # key -> [lowest queued priority's rank, entries queued]
+        self._key_rank: dict[int, list[int]] = {}   # key -> [rank of its least urgent queued entry, entries queued]
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -70,10 +70,7 @@ class SendQueue:
         heap = self._heap
         while heap and self.in_flight < self.window:
             item = heapq.heappop(heap)
-            held = self._key_rank[item.entry.key]
-            held[1] -= 1
-            if not held[1]:
-                del self._key_rank[item.entry.key]
+            self._release(item.entry.key)
             box = boxes.get(item.server)
             if box is None:
                 box = boxes[item.server] = Batch()
@@ -102,12 +99,16 @@ class SendQueue:
         if any(q.server == server for q in self._heap):
             for q in self._heap:
                 if q.server == server:
-                    held = self._key_rank[q.entry.key]
-                    held[1] -= 1
-                    if not held[1]:
-                        del self._key_rank[q.entry.key]
+                    self._release(q.entry.key)
             self._heap = [q for q in self._heap if q.server != server]
             heapq.heapify(self._heap)
+
+    def _release(self, key: int) -> None:
+        """One of ``key``'s queued entries left the queue."""
+        held = self._key_rank[key]
+        held[1] -= 1
+        if not held[1]:
+            del self._key_rank[key]
 
     def _count(self, server: int, nbytes: int) -> None:
         self._by_server[server] = self._by_server.get(server, 0) + nbytes

@@ -14,7 +14,7 @@ from .bufguard import BufferGuard
 from .config import Config
 from .errors import PSError
 from .keys import CHUNK_BYTES
-from .message import Batch, Command, Flag, Message, entry_has_data, id_to_rank, node_name, payload_bytes
+from .message import Batch, Command, Flag, Message, entry_has_data, id_to_rank, node_name
 from .postoffice import SCHEDULER, Postoffice
 from .replication import Replication
 from .sendqueue import SendQueue
@@ -94,11 +94,9 @@ class KVServer:
     def _on_data(self, msg: Message) -> None:
         if not msg.request:
             return
-        if msg.flags & Flag.CREDIT:     # first: the worker picks what it sends next now (ps/sendqueue.py)
-            self.po.send(Message(Command.CREDIT, recver=msg.sender, body=payload_bytes(msg.frames),
-                                 request=False, route=msg.route))
-            if self._queue is not None:
-                self._windowed.add(msg.sender)
+        self.po.credit(msg)
+        if msg.flags & Flag.CREDIT and self._queue is not None:     # it is across a network: queue its replies
+            self._windowed.add(msg.sender)
         self._routes[msg.sender] = msg.route
         store = self._store()
         replies: list[Reply] = []

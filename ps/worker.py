@@ -19,8 +19,7 @@ from ._timing import Deadline
 from .customer import Customer, Handle, Request
 from .errors import PSError, RemoteError
 from .keys import CHUNK_BYTES, Slice, chunks
-from .message import (DTYPES, ROW_ID, Batch, Command, Entry, Flag, Message, Op, Rows, node_name, payload_bytes,
-                      server_id)
+from .message import DTYPES, ROW_ID, Batch, Command, Entry, Flag, Message, Op, Rows, node_name, server_id
 from .postoffice import Postoffice
 from .sendqueue import SendQueue
 
@@ -176,8 +175,7 @@ class KVWorker:
             self._send(sid, box, Flag.CREDIT if box.nbytes else 0)
 
     def _on_reply(self, msg: Message) -> None:
-        if msg.flags & Flag.CREDIT:     # first: the server picks what it sends next now
-            self.po.send(Message(Command.CREDIT, recver=msg.sender, body=payload_bytes(msg.frames), request=False))
+        self.po.credit(msg)
         self.customer.on_reply(msg)
 
     def _on_credit(self, msg: Message) -> None:

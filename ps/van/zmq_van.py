@@ -200,7 +200,7 @@ class ZmqVan(Van):
 
     def send(self, msg: Message) -> None:
         if self._gens:
-            msg.gen = self._gens.get(msg.route if msg.route is not None else msg.recver, 0)
+            msg.gen = self._gens.get(_peer(msg), 0)
         if not self.in_io_thread:
             self._enqueue(msg)
         elif self._queue:
@@ -240,7 +240,7 @@ class ZmqVan(Van):
                 pass
 
     def _send_now(self, msg: Message) -> None:
-        if self._gens and msg.gen != self._gens.get(msg.route if msg.route is not None else msg.recver, 0):
+        if self._gens and msg.gen != self._gens.get(_peer(msg), 0):
             self._stale += 1            # for a dead incarnation: its restart must not see it
             logger.debug("dropping %r: queued before its peer was forgotten", msg)
             _dropped(msg)
@@ -392,6 +392,11 @@ class ZmqVan(Van):
                 os.unlink(self._ipc_path)
             except OSError:
                 pass
+
+
+def _peer(msg: Message) -> Any:
+    """Where an outgoing message goes: a ROUTER identity, else a node id."""
+    return msg.route if msg.route is not None else msg.recver
 
 
 def _dropped(msg: Message) -> None:

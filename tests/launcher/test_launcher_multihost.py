@@ -7,11 +7,12 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import time
 
 import pytest
 
-from .launch_util import ROOT, marked_pids, poll_for, worker_cmd
+from .launch_util import PY, ROOT, marked_pids, need_root, poll_for, worker_cmd
 
 pytestmark = pytest.mark.launcher
 
@@ -39,3 +40,31 @@ def test_ssh_job_on_three_namespace_hosts(launch, sshd, ns_hosts):
     os.kill(job.proc.pid, signal.SIGINT)
     assert job.wait(10) == 130, job.output
     assert poll_for(lambda: not marked_pids(job.marker), 10 - (time.monotonic() - t0)), marked_pids(job.marker)
+
+
+@pytest.mark.timeout(150)
+def test_ps_torch_under_a_bare_mpirun_on_two_namespace_hosts(sshd, ns_hosts):
+    """Horovod's multi-host launch, `mpirun -np 4 -H a:2,b:2 -x DMLC_PS_ROOT_URI=a python
+    train.py`, with Open MPI starting the ranks on hosts 10.77.0.2 and 10.77.0.3 through ssh
+    (from the launcher's namespace): rank 0 starts the scheduler on host a, each rank a
+    server on its own host; nothing is left behind. Without DMLC_PS_ROOT_URI every rank refuses, naming the fix."""
+    pytest.importorskip("torch")
+    need_root("mpirun.openmpi")
+    from .test_launcher_mpi import HVD_SCRIPT, hvd_results, no_ps_processes_of
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "OMPI_"))}
+    env.update(PATH=sshd["PATH"], PYTHONPATH=ROOT, OMPI_MCA_plm_rsh_agent="ssh -p 22",
+               OMPI_MCA_oob_tcp_if_include="10.77.0.0/24", OMPI_MCA_btl_tcp_if_include="10.77.0.0/24")
+    base = ["ip", "netns", "exec", ns_hosts["launcher_ns"], "mpirun.openmpi", "--allow-run-as-root",
+            "--oversubscribe", "--mca", "btl", "self,tcp", "-np", "4", "-H", "10.77.0.2:2,10.77.0.3:2",
+            "-x", "PYTHONPATH", "-x", "PATH"]
+    port = str(29000 + os.getpid() % 1000)
+    proc = subprocess.run([*base, "-x", "DMLC_PS_ROOT_URI=10.77.0.2", "-x", f"DMLC_PS_ROOT_PORT={port}",
+                           PY, "-c", HVD_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert hvd_results(proc.stdout) == [[str(r), "4", str(r % 2), "2", "2.5", "10.77.0.2"] for r in range(4)], \
+        proc.stdout + proc.stderr
+    assert poll_for(lambda: no_ps_processes_of(port), 10)      # the scheduler and servers ended with their ranks
+
+    proc = subprocess.run([*base, PY, "-c", HVD_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "set DMLC_PS_ROOT_URI to rank 0's host" in proc.stdout + proc.stderr, proc.stdout + proc.stderr

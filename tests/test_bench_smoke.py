@@ -107,8 +107,9 @@ def test_torch_bench_runs_ps_ddp_and_one_process(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_multihost_bench_runs_on_two_namespace_hosts_and_cleans_up(tmp_path):
-    """`python -m ps.bench --hosts 2 --quick`: ps and native on two shaped namespace hosts (root
-    only; skipped where namespaces cannot be made). Checks the CSV, never a speed."""
+    """`python -m ps.bench --hosts 2 --servers 2,3 --quick`: ps and native on two shaped namespace
+    hosts, one server per host then three (root only; skipped where namespaces cannot be made).
+    Checks the CSV, never a speed."""
     if os.geteuid() != 0 or subprocess.run(["ip", "netns", "list"], capture_output=True).returncode:
         pytest.skip("network namespaces need root and iproute2")
     out = tmp_path / "mh.csv"
@@ -116,7 +117,7 @@ def test_multihost_bench_runs_on_two_namespace_hosts_and_cleans_up(tmp_path):
     env["PYTHONPATH"] = str(ROOT)
     impls = "ps,native" if importlib.util.find_spec("mxnet") else "ps"
     chart = tmp_path / "mh.png"
-    proc = start_group([sys.executable, "-m", "ps.bench", "--hosts", "2", "--link", "100mbit", "--quick",
+    proc = start_group([sys.executable, "-m", "ps.bench", "--hosts", "2", "--servers", "2,3", "--link", "100mbit", "--quick",
                         "--impls", impls, "--csv", str(out), "--plot", str(chart)], env, cwd=str(ROOT),
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -128,10 +129,12 @@ def test_multihost_bench_runs_on_two_namespace_hosts_and_cleans_up(tmp_path):
     assert proc.returncode == 0, f"{stdout}\n{stderr}"
     with open(out, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert sorted(r["impl"] for r in rows) == sorted(impls.split(","))
+    assert sorted((r["impl"], r["servers"]) for r in rows) == sorted((i, n) for i in impls.split(",") for n in "23")
     for row in rows:
         assert row["hosts"] == "2" and float(row["step_s"]) > 0 and float(row["mb_per_host_step"]) > 0, row
         assert 0 < float(row["efficiency"]) <= 1.0 + 1e-6, row
+        assert 0 <= float(row["key0_stall_s"]) <= float(row["stall_s"]) < float(row["step_s"]), row
+    assert "# 2 hosts, 3 servers" in stdout, stdout
     assert chart.stat().st_size > 10_000                             # the efficiency chart was drawn
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "psbench" not in left, left                               # torn down

@@ -46,7 +46,8 @@ def load_model(name: str) -> list[list[int]]:
     return json.loads(path.read_text())["shapes"]
 
 
-def tight_bound(shapes: list, hosts: int, compute: float, link: float | None, bigarray_bound: int = 1_000_000) -> float:
+def tight_bound(shapes: list, hosts: int, compute: float, link: float | None, bigarray_bound: int = 1_000_000,
+                servers: int = 0) -> float:
     """The issue's tight bound on a step: for every host h and key k, keys 0..k cannot leave
     before key k's gradient is ready and must all be back before key k's next forward:
     step >= C x (1 - a_k) + T_h(0..k) / link, a_k the fraction of the model's bytes before
@@ -63,9 +64,9 @@ def tight_bound(shapes: list, hosts: int, compute: float, link: float | None, bi
     before = 0
     best = compute
     for key, n in enumerate(sizes):
-        for piece in plan(key, n, hosts, bigarray_bound):
+        for piece in plan(key, n, servers or hosts, bigarray_bound):
             for h in range(hosts):
-                if piece.server == h:
+                if piece.server % hosts == h:
                     sent[h] += 4 * piece.size * (hosts - 1)     # its server answers the other workers
                 else:
                     sent[h] += 4 * piece.size                   # its worker pushes to that server
@@ -132,17 +133,22 @@ def worker(spec: dict) -> None:
         elif handles[i] is not None:
             handles[i].wait()
 
-    steps = []
+    steps, stalls, first_stalls = [], [], []
     clock = time.perf_counter
     start = clock()
     for step in range(spec["warmup"] + spec["steps"]):
         if step == spec["warmup"]:
             print(f"TIMED {kv.rank}", flush=True)
         target = clock()
+        stalled = []
         for i in range(len(shapes)):                       # forward: each key's weights, in order
+            before = clock()
             wait(i)
+            stalled.append(clock() - before)
             target = max(target, clock()) + fwd[i]
             _sleep_until(target, clock)
+        stalls.append(sum(stalled))
+        first_stalls.append(stalled[0])
         for i in reversed(range(len(shapes))):             # backward: last layer's gradient first
             target += bwd[i]
             _sleep_until(target, clock)
@@ -155,8 +161,10 @@ def worker(spec: dict) -> None:
         start = now
     for i in range(len(shapes)):
         wait(i)
-    timed = steps[spec["warmup"]:]
-    print("RESULT " + json.dumps({"rank": kv.rank, "median": statistics.median(timed), "steps": timed}), flush=True)
+    timed, w = steps[spec["warmup"]:], spec["warmup"] + 1     # a step's forward waits for the step before
+    print("RESULT " + json.dumps({"rank": kv.rank, "median": statistics.median(timed), "steps": timed,
+                                  "stall": statistics.median(stalls[w:] or stalls),
+                                  "first_stall": statistics.median(first_stalls[w:] or first_stalls)}), flush=True)
     if not native:
         kv.close()
 
@@ -180,6 +188,9 @@ class Run:
     mb_per_host_step: float
     cpu_load: float
     tight_s: float = 0.0        # tight_bound(); 0 in a CSV written before it existed
+    servers: int = 0            # servers in the job (0 in an older CSV: one per host)
+    stall_s: float = 0.0        # a worker's forward pass, waiting for weights (median step, median worker)
+    key0_stall_s: float = 0.0   # of which waiting for the first key's (the last gradient backward made)
 
 
 def _env(hosts: Hosts, host: int, role: str, args: argparse.Namespace, rank: int | None = None,
@@ -187,7 +198,8 @@ def _env(hosts: Hosts, host: int, role: str, args: argparse.Namespace, rank: int
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MXNET_KVSTORE"))}
     root = str(Path(__file__).resolve().parents[2])
     env.update(DMLC_ROLE=role, DMLC_PS_ROOT_URI=hosts.ip(0), DMLC_PS_ROOT_PORT=PORT,
-               DMLC_NUM_SERVER=str(args.hosts), DMLC_NUM_WORKER=str(args.hosts), DMLC_NODE_HOST=hosts.ip(host),
+               DMLC_NUM_SERVER=str(args.servers or args.hosts), DMLC_NUM_WORKER=str(args.hosts),
+               DMLC_NODE_HOST=hosts.ip(host),
                PYTHONPATH=root, PS_CONNECT_TIMEOUT="60", OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1",
                PS_MXNET_AUTOLOAD="0", PYTHONUNBUFFERED="1")
     if rank is not None:
@@ -209,8 +221,9 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
                          stderr=subprocess.DEVNULL)]
     workers = []
     try:
-        for h in range(1, args.hosts + 1):
-            procs.append(start_group(hosts.argv(h, node), _env(hosts, h, "server", args, h - 1, extra),
+        for i in range(args.servers or args.hosts):      # server i on host i mod K
+            h = 1 + i % args.hosts
+            procs.append(start_group(hosts.argv(h, node), _env(hosts, h, "server", args, i, extra),
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         for h in range(1, args.hosts + 1):
             p = start_group(hosts.argv(h, [py, "-m", "ps.bench.multihost", "--worker-mode", json.dumps(spec)]),
@@ -263,7 +276,9 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
     link = link_bytes_per_s(args.link) if args.link else None
     bound = max(args.compute, 2 * (k - 1) / k * model / link) if link else args.compute
     return Run(impl, rep, k, step, args.compute, bound, args.compute / step,
-               statistics.median(moved) / total_steps / 1e6, load, tight_bound(shapes, k, args.compute, link))
+               statistics.median(moved) / total_steps / 1e6, load,
+               tight_bound(shapes, k, args.compute, link, servers=args.servers or k), args.servers or k,
+               statistics.median(r["stall"] for r in results), statistics.median(r["first_stall"] for r in results))
 
 
 def _size(shape: list[int]) -> int:
@@ -277,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ps.bench --hosts", description=__doc__.splitlines()[0])
     p.add_argument("--hosts", default="", help="K namespace hosts, one worker and one server each; a comma list "
                    "(2,3,4) runs each K in turn")
+    p.add_argument("--servers", default="", help="servers in the job, placed round robin on the hosts (default: "
+                   "one per host); a comma list (2,4,8) runs each in turn: the server:worker ratio")
     p.add_argument("--link", default="1gbit", help="tc rate of every host's link, both ways (e.g. 1gbit); 'none'")
     p.add_argument("--model", default="resnet50_v1", help="parameter shapes: resnet50_v1 or vgg16")
     p.add_argument("--compute", type=float, default=1.0, help="simulated compute per step, seconds")
@@ -302,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     shapes = load_model(args.model)
     if args.from_csv:
         with open(args.from_csv, newline="") as fh:
-            runs = [Run(r["impl"], int(r["rep"]), int(r["hosts"]), *(float(r.get(f) or 0) for f in FLOATS))
+            runs = [Run(r["impl"], int(r["rep"]), int(r["hosts"]), *(float(r.get(f) or 0) for f in FLOATS[:7]),
+                        servers=int(r.get("servers") or r["hosts"]), **{f: float(r.get(f) or 0) for f in FLOATS[7:]})
                     for r in csv.DictReader(fh)]
         return _finish(runs, args, shapes)
     try:
@@ -311,6 +329,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--hosts takes a number or a comma list of numbers, got {args.hosts!r}")
     if not counts or min(counts) < 1:
         p.error(f"--hosts must be >= 1, got {args.hosts!r}")
+    try:
+        server_counts = [int(n) for n in str(args.servers).split(",") if n] or [0]
+    except ValueError:
+        p.error(f"--servers takes a number or a comma list of numbers, got {args.servers!r}")
+    if min(server_counts) < 0 or (args.servers and min(server_counts) < 1):
+        p.error(f"--servers must be >= 1, got {args.servers!r}")
     if args.quick:
         shapes, args.compute, args.steps, args.warmup, args.reps = shapes[:12], 0.05, 3, 1, 1
     impls = [i for i in args.impls.split(",") if i]
@@ -328,11 +352,15 @@ def main(argv: list[str] | None = None) -> int:
             args.hosts = k
             with Hosts(k, args.link) as hosts:
                 for rep in range(args.reps):
-                    for impl in impls if rep % 2 == 0 else impls[::-1]:
-                        run = run_once(hosts, args, impl, rep, shapes)
-                        runs.append(run)
-                        print(f"# K={k} {impl} rep {rep}: step {run.step_s:.3f}s  efficiency {run.efficiency:.2f}  "
-                              f"{run.mb_per_host_step:.1f} MB/host/step  CPU load {run.cpu_load:.0%}", flush=True)
+                    for n in server_counts:
+                        args.servers = n
+                        for impl in impls if rep % 2 == 0 else impls[::-1]:
+                            run = run_once(hosts, args, impl, rep, shapes)
+                            runs.append(run)
+                            print(f"# K={k} S={run.servers} {impl} rep {rep}: step {run.step_s:.3f}s  efficiency "
+                                  f"{run.efficiency:.2f}  {run.mb_per_host_step:.1f} MB/host/step  forward waits "
+                                  f"{run.stall_s:.3f}s (first key {run.key0_stall_s:.3f}s)  CPU load {run.cpu_load:.0%}",
+                                  flush=True)
     except NamespaceError as exc:
         print(f"ps.bench: {exc}", file=sys.stderr)
         return 2
@@ -345,13 +373,14 @@ def main(argv: list[str] | None = None) -> int:
     return _finish(runs, args, shapes)
 
 
-FLOATS = ("step_s", "compute_s", "bound_s", "efficiency", "mb_per_host_step", "cpu_load", "tight_s")
+FLOATS = ("step_s", "compute_s", "bound_s", "efficiency", "mb_per_host_step", "cpu_load", "tight_s", "stall_s",
+          "key0_stall_s")
 
 
 def _finish(runs: list[Run], args: argparse.Namespace, shapes: list) -> int:
-    for k in sorted({r.hosts for r in runs}):
+    for k, n in sorted({(r.hosts, r.servers) for r in runs}):
         args.hosts = k
-        report([r for r in runs if r.hosts == k], args, shapes)
+        report([r for r in runs if r.hosts == k and r.servers == n], args, shapes)
     if args.plot:
         plot(runs, args, args.plot)
     return 0
@@ -387,11 +416,11 @@ def plot(runs: list[Run], args: argparse.Namespace, path: str) -> None:
 def report(runs: list[Run], args: argparse.Namespace, shapes: list) -> None:
     model_mb = sum(_size(s) for s in shapes) * 4 / 1e6
     reps = len({r.rep for r in runs})
-    print(f"\n# {args.hosts} hosts, link {args.link or 'unshaped'} both ways, {args.model} "
+    print(f"\n# {args.hosts} hosts, {runs[0].servers} servers, link {args.link or 'unshaped'} both ways, {args.model} "
           f"({len(shapes)} keys, {model_mb:.1f} MB), compute {runs[0].compute_s:g}s, median of {reps} reps")
     width = max(11, *(len(r.impl) for r in runs))
     print(f"{'impl':{width}} {'step s':>8} {'bound s':>8} {'step/bound':>10} {'tight s':>8} {'step/tight':>10} "
-          f"{'efficiency':>10} {'MB/host/step':>12} {'CPU load':>8}  per-rep step s")
+          f"{'efficiency':>10} {'MB/host/step':>12} {'fwd wait s':>10} {'key 0 s':>8} {'CPU load':>8}  per-rep step s")
     for impl in dict.fromkeys(r.impl for r in runs):
         mine = [r for r in runs if r.impl == impl]
         step = statistics.median(r.step_s for r in mine)
@@ -399,6 +428,7 @@ def report(runs: list[Run], args: argparse.Namespace, shapes: list) -> None:
         print(f"{impl:{width}} {step:8.3f} {bound:8.3f} {step / bound:10.2f} {tight:8.3f} "
               f"{step / tight if tight else float('nan'):10.2f} {mine[0].compute_s / step:10.2f} "
               f"{statistics.median(r.mb_per_host_step for r in mine):12.1f} "
+              f"{statistics.median(r.stall_s for r in mine):10.3f} {statistics.median(r.key0_stall_s for r in mine):8.3f} "
               f"{max(r.cpu_load for r in mine):8.0%}  {' '.join(f'{r.step_s:.3f}' for r in mine)}")
     by_rep: dict[int, dict[str, float]] = {}
     for r in runs:

@@ -1,9 +1,10 @@
-"""Gradient compression for pushes (pure numpy); pulls always travel uncompressed.
+"""Gradient compression (pure numpy).
 
-``2bit`` is MXNet's scheme: the worker keeps a residual per key, sends +t, -t or 0 per
-element as 2 bits (element i in byte i//4 at shift 6 - 2*(i%4): 11 = +t, 10 = -t), and
-carries the rest to the next push. ``fp16`` (ours) sends float32 gradients as float16;
-the server sums them in float32.
+``2bit`` is MXNet's scheme, for pushes: the worker keeps a residual per key, sends +t, -t
+or 0 per element as 2 bits (element i in byte i//4 at shift 6 - 2*(i%4): 11 = +t, 10 = -t),
+and carries the rest to the next push. ``fp16`` (ours) sends float32 gradients as float16
+and, unless ``'pull': False``, the pulled values too (``Op.HALF_PULL``): half the bytes both
+ways, while the servers sum and update in float32, so rounding does not accumulate there.
 """
 from __future__ import annotations
 
@@ -24,7 +25,12 @@ def parse(params: dict[str, Any]) -> dict[str, Any]:
     threshold = float(params.get("threshold", 0.5))
     if kind == "2bit" and not threshold > 0:
         raise ValueError(f"2bit compression needs a threshold > 0, got {threshold}")
-    return {"type": kind, "threshold": threshold}
+    pull = params.get("pull", kind == "fp16")
+    if pull not in (True, False):
+        raise ValueError(f"compression 'pull' must be True or False, got {pull!r}")
+    if pull and kind != "fp16":
+        raise ValueError(f"only fp16 compression can halve pulls; {kind} compresses pushes only")
+    return {"type": kind, "threshold": threshold, "pull": pull}
 
 
 def packed_nbytes(n: int) -> int:

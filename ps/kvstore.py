@@ -419,6 +419,8 @@ class KVStore:
                 op, encode = op | Op.TWO_BIT, comp.pack_2bit
             else:
                 op, value = op | Op.FP16, value.astype(np.float16)
+        if op & Op.PULL and self._compression and self._compression.get("pull") and info.dtype == np.float32:
+            op |= Op.HALF_PULL
         return self._worker.request(op, info.key, info.slices, info.dtype_code, value, out, what, encode, priority)
 
     def _finish(self, requests: list[Request], finalize: Any, block: bool) -> Any:
@@ -459,8 +461,9 @@ class KVStore:
         self._po.barrier("workers", what="every worker to set the optimizer")
 
     def set_gradient_compression(self, params: dict[str, Any]) -> None:
-        """Collective: compress pushes of float32 keys (``{'type': '2bit', 'threshold': 0.5}``
-        as MXNet, or ``{'type': 'fp16'}``); pulls stay exact. Set it before training."""
+        """Collective: compress float32 keys' pushes (``{'type': '2bit', 'threshold': 0.5}`` as
+        MXNet: pulls stay exact) or pushes and pulls (``{'type': 'fp16'}``; add ``'pull': False``
+        to pull exact float32). The servers keep float32 either way. Set it before training."""
         self._check_open()
         parsed = comp.parse(params)
         if self.rank == 0:

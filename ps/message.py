@@ -80,6 +80,7 @@ class Op:
     TWO_BIT = 8     # push values travel 2-bit packed (ps/compression.py)
     FP16 = 16       # push values travel as float16, the key keeps its dtype
     ROWS = 32       # whole rows: row ids travel with the values (row_sparse push / pull)
+    HALF_PULL = 64  # the pulled values travel as float16 (fp16 compression), the key keeps its dtype
 
 
 DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (
@@ -303,6 +304,8 @@ def _frame_layout(request: bool, op: int, code: int, n: int) -> tuple[np.dtype, 
     if request and op & Op.TWO_BIT:
         return np.dtype(np.uint8), 4 * ((n + 15) // 16)
     if request and op & Op.FP16:
+        return np.dtype(np.float16), 2 * n
+    if not request and op & Op.HALF_PULL:
         return np.dtype(np.float16), 2 * n
     dtype = DTYPES[code]
     return dtype, n * dtype.itemsize

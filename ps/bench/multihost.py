@@ -27,6 +27,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 
@@ -75,21 +76,29 @@ def tight_bound(shapes: list, hosts: int, compute: float, link: float | None, bi
     return best
 
 
-def impl_env(impl: str) -> tuple[str, dict[str, str]]:
+class Impl(NamedTuple):
+    kind: str                   # "ps" or "native"
+    env: dict[str, str]         # the variables that make the variant
+    compression: str = ""       # ps: set_gradient_compression type ("fp16": both ways)
+
+
+def impl_env(impl: str) -> Impl:
     """``native``, ``ps``, ``ps-restarts`` (PS_MAX_RESTARTS=1: replication on), ``ps-fifo``
-    (PS_SEND_WINDOW=0: call order), or ``ps:NAME=VALUE[:NAME=VALUE...]``: which system, and
-    the variables that make the variant."""
+    (PS_SEND_WINDOW=0: call order), ``ps-fp16`` (fp16 compression: pushes and pulls halved),
+    or ``ps:NAME=VALUE[:NAME=VALUE...]``: which system, and what makes the variant."""
     if impl == "native":
-        return "native", {}
+        return Impl("native", {})
     if impl == "ps-restarts":
-        return "ps", {"PS_MAX_RESTARTS": "1"}
+        return Impl("ps", {"PS_MAX_RESTARTS": "1"})
     if impl == "ps-fifo":
-        return "ps", {"PS_SEND_WINDOW": "0"}
+        return Impl("ps", {"PS_SEND_WINDOW": "0"})
+    if impl == "ps-fp16":
+        return Impl("ps", {}, "fp16")
     kind, *pairs = impl.split(":")
     if kind != "ps" or any("=" not in p for p in pairs):
-        raise SystemExit(f"--impls: unknown implementation {impl!r}; use native, ps, ps-restarts, ps-fifo "
-                         "or ps:NAME=VALUE[:NAME=VALUE]")
-    return "ps", dict(p.split("=", 1) for p in pairs)
+        raise SystemExit(f"--impls: unknown implementation {impl!r}; use native, ps, ps-restarts, ps-fifo, "
+                         "ps-fp16 or ps:NAME=VALUE[:NAME=VALUE]")
+    return Impl("ps", dict(p.split("=", 1) for p in pairs))
 
 
 def link_bytes_per_s(rate: str) -> float:
@@ -122,6 +131,8 @@ def worker(spec: dict) -> None:
     else:
         import ps
         kv = ps.KVStore("dist_sync")
+        if spec.get("compression"):
+            kv.set_gradient_compression({"type": spec["compression"]})
         grads = [np.full(s, 0.001 * (kv.rank + 1), np.float32) for s in shapes]
         outs = [np.zeros(s, np.float32) for s in shapes]
         kv.init(list(range(len(shapes))), [np.zeros(s, np.float32) for s in shapes])
@@ -214,9 +225,10 @@ def _env(hosts: Hosts, host: int, role: str, args: argparse.Namespace, rank: int
 def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes: list) -> Run:
     """One job of ``impl`` on ``hosts``; ``args.hosts`` is its K."""
     py = sys.executable
-    kind, extra = impl_env(impl)
+    kind, extra, compression = impl_env(impl)
     node = [py, "-c", "import mxnet"] if kind == "native" else [py, "-m", "ps"]
-    spec = {"impl": kind, "shapes": shapes, "compute": args.compute, "steps": args.steps, "warmup": args.warmup}
+    spec = {"impl": kind, "shapes": shapes, "compute": args.compute, "steps": args.steps, "warmup": args.warmup,
+            "compression": compression}
     procs = [start_group(hosts.argv(0, node), _env(hosts, 0, "scheduler", args, None, extra), stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)]
     workers = []
@@ -302,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3, help="alternating repetitions per implementation")
     p.add_argument("--impls", default="ps,native",
                    help="comma list of ps, native, ps-restarts (ps with PS_MAX_RESTARTS=1: replication on), "
-                   "ps-fifo (PS_SEND_WINDOW=0: sent in call order), ps:NAME=VALUE[:NAME=VALUE] (any variant)")
+                   "ps-fifo (PS_SEND_WINDOW=0: sent in call order), ps-fp16 (fp16 compression, both ways), "
+                   "ps:NAME=VALUE[:NAME=VALUE] (any variant)")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra env for every process")
     p.add_argument("--quick", action="store_true", help="a smoke run: tiny model, 0.05 s compute, 3 steps")
     p.add_argument("--csv", help="write one row per run")

@@ -69,6 +69,7 @@ class Postoffice:
         self.restarted = 0                  # > 0: this process replaces a dead node (its restart count)
         self.down: dict[int, str] = {}      # node id -> why it is down, while its restart is awaited
         self._peers: dict[int, str] = {}    # node id -> address of the data connection to it
+        self._control: dict[int, bool] = {}  # node id -> whether credits to it have a connection of their own
         self._last_scheduler_contact = clock()
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
@@ -189,6 +190,7 @@ class Postoffice:
         address = self._data_address(node) if self.config.local_ipc else node.addr
         if self._peers.get(node_id) != address:
             self._peers[node_id] = address
+            self._control.pop(node_id, None)    # the van closes it: reopened on the next credit
             self.van.connect(node_id, address)
 
     def over_network(self, node_id: int) -> bool:
@@ -250,8 +252,9 @@ class Postoffice:
         self.down[node_id] = body["reason"]
         logger.warning("%s: %s; waiting for its restart", self, body["reason"])
         self.van.forget(node_id)
+        if self._control.pop(node_id, None) or node_id in self._peers:
+            self.van.disconnect(node_id)        # both its connections, data and credits
         if node_id in self._peers:
-            self.van.disconnect(node_id)
             self._peers[node_id] = ""           # reopened (to whatever address) when it is back
         self._tell(node_id, False)
 
@@ -260,11 +263,14 @@ class Postoffice:
         self.nodes[node.node_id] = node
         self.down.pop(node.node_id, None)
         self.van.forget(node.node_id)
+        credits = self._control.pop(node.node_id, None)     # reopened to the restart on the next credit
         if node.node_id in self._peers:
             # a fresh connection even to the old address: the old one may still hold what
             # was queued for the dead process. On this (the I/O) thread: before any resend.
             self._peers[node.node_id] = ""
-            self.connect(node.node_id)
+            self.connect(node.node_id)          # closes the credit connection too
+        elif credits:
+            self.van.disconnect(node.node_id)
         logger.warning("%s: %s %d (%s) is back (restart %d)", self, node.role.name.lower(), node.rank,
                        node_name(node.node_id), body.get("restart", 0))
         self._tell(node.node_id, True)
@@ -304,8 +310,16 @@ class Postoffice:
         PS_SEND_WINDOW): on arrival, before it is handled, so the sender picks what goes
         next now."""
         if msg.flags & Flag.CREDIT:
+            self._open_control(msg.sender)
             self.send(Message(Command.CREDIT, recver=msg.sender, body=payload_bytes(msg.frames),
                               request=False, route=msg.route))
+
+    def _open_control(self, node_id: int) -> None:
+        """The credit connection to ``node_id`` (Van.connect_control), opened on first use
+        and again after the node restarted."""
+        if node_id in self._control or node_id not in self.nodes:
+            return
+        self._control[node_id] = self.van.connect_control(node_id, self.nodes[node_id].addr)
 
     def send(self, msg: Message) -> None:
         if self.failure is not None:

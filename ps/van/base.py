@@ -79,3 +79,8 @@ class Van(Protocol):
     def disconnect(self, node_id: int) -> None:
         """Close the connection to a node that died: left open, it would reconnect by
         itself to a restart at the same address and hand it what was queued for the dead one."""
+
+    def connect_control(self, node_id: int, address: str) -> bool:
+        """Open a second connection to ``node_id`` for credits (Command.CREDIT), which must
+        not wait behind bulk data; False if this van has none (they travel with the data)."""
+        return False

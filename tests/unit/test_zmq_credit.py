@@ -1,0 +1,60 @@
+"""ZmqVan's credit connection (PS_SEND_WINDOW): a credit does not wait behind the bulk data
+this node already handed to the same peer. Real sockets on 127.0.0.1."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from ps.message import Batch, Command, Entry, Message, Op, dtype_code
+from ps.van import create_van
+
+A_ID, B_ID = 9, 8
+BIG = np.zeros(1 << 20, np.float32)          # 4 MB per message
+
+
+def _arrival_of_the_credit(control: bool, messages: int = 40) -> int:
+    """A sends ``messages`` data messages to B, then a credit; B reads slowly at first (a
+    backlog builds in the socket buffers). How many data messages B got before the credit."""
+    seen, done = [], threading.Event()
+    started, ready = threading.Event(), threading.Event()
+
+    def on_b(msg):
+        if msg.cmd == Command.SERVER_CMD:    # the connections are up
+            ready.set()
+            return
+        if not started.is_set():
+            started.set()
+            time.sleep(0.5)                  # B busy: A's bytes pile up in the buffers
+        if msg.cmd == Command.CREDIT and not msg.body:
+            return                           # the one that opened the connection
+        seen.append(msg.cmd)
+        if msg.cmd == Command.CREDIT:
+            done.set()
+
+    a, b = create_van("zmq"), create_van("zmq")
+    try:
+        b_addr = b.start(on_b, "127.0.0.1", name="B")
+        a.start(lambda msg: None, "127.0.0.1", name="A")
+        a.connect(B_ID, b_addr)
+        if control:
+            assert a.connect_control(B_ID, b_addr)
+            a.send(Message(Command.CREDIT, A_ID, B_ID, 0, request=False))
+        a.send(Message(Command.SERVER_CMD, A_ID, B_ID, {}))
+        assert ready.wait(10), "B did not hear from A"
+        for i in range(messages):
+            box = Batch()
+            box.add(Entry(i + 1, Op.PUSH, 0, 0, BIG.size, BIG.size, dtype_code(np.float32)), BIG)
+            a.send(Message(Command.DATA, A_ID, B_ID, box.entries, frames=box.frames))
+        a.send(Message(Command.CREDIT, A_ID, B_ID, 4 << 20, request=False))
+        assert done.wait(20), f"B never got the credit ({len(seen)} messages arrived)"
+        return seen.index(Command.CREDIT)
+    finally:
+        a.stop()
+        b.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_credit_overtakes_the_data_already_queued_to_the_same_peer():
+    assert _arrival_of_the_credit(control=False) == 40          # one connection: strictly behind
+    assert _arrival_of_the_credit(control=True) < 10            # its own: B reads it among the first

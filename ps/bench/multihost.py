@@ -47,30 +47,45 @@ def load_model(name: str) -> list[list[int]]:
     return json.loads(path.read_text())["shapes"]
 
 
-def tight_bound(shapes: list, hosts: int, compute: float, link: float | None, bigarray_bound: int = 1_000_000,
-                servers: int = 0) -> float:
-    """The issue's tight bound on a step: for every host h and key k, keys 0..k cannot leave
-    before key k's gradient is ready and must all be back before key k's next forward:
-    step >= C x (1 - a_k) + T_h(0..k) / link, a_k the fraction of the model's bytes before
-    key k, T_h the bytes host h sends for them (its worker's pushes to the other hosts'
-    servers, its server's replies to the other hosts' workers), keys placed by MXNet's rule.
-    The link carries TCP/IP frames: 1448 payload bytes per 1514 that tbf counts."""
+def _sent_by_key(sizes: list[int], hosts: int, servers: int, bigarray_bound: int):
+    """After each key (in order), the bytes every host has sent for keys 0..k: its worker's
+    pushes to servers on other hosts and its servers' replies to the other hosts' workers,
+    keys placed by MXNet's rule on ``servers`` servers (server i on host i mod K)."""
     from ..keys import plan
-    if not link:
-        return compute
-    link *= WIRE_PAYLOAD
-    sizes = [_size(s) for s in shapes]
-    total = sum(sizes)
     sent = [0.0] * hosts
-    before = 0
-    best = compute
     for key, n in enumerate(sizes):
-        for piece in plan(key, n, servers or hosts, bigarray_bound):
+        for piece in plan(key, n, servers, bigarray_bound):
             for h in range(hosts):
                 if piece.server % hosts == h:
                     sent[h] += 4 * piece.size * (hosts - 1)     # its server answers the other workers
                 else:
                     sent[h] += 4 * piece.size                   # its worker pushes to that server
+        yield sent
+
+
+def simple_bound(shapes: list, hosts: int, compute: float, link: float | None, servers: int = 0,
+                 bigarray_bound: int = 1_000_000) -> float:
+    """max(compute, the busiest host's bytes per step / link): 2(K-1)/K x model / link with
+    one server per host."""
+    if not link:
+        return compute
+    *_, sent = _sent_by_key([_size(s) for s in shapes], hosts, servers or hosts, bigarray_bound)
+    return max(compute, max(sent) / link)
+
+
+def tight_bound(shapes: list, hosts: int, compute: float, link: float | None, servers: int = 0,
+                bigarray_bound: int = 1_000_000) -> float:
+    """The issue's tight bound on a step: for every host h and key k, keys 0..k cannot leave
+    before key k's gradient is ready and must all be back before key k's next forward:
+    step >= C x (1 - a_k) + T_h(0..k) / link, a_k the fraction of the model's bytes before
+    key k, T_h the bytes host h sends for them (``_sent_by_key``). The link carries TCP/IP
+    frames: 1448 payload bytes per 1514 that tbf counts."""
+    if not link:
+        return compute
+    link *= WIRE_PAYLOAD
+    sizes = [_size(s) for s in shapes]
+    total, before, best = sum(sizes), 0, compute
+    for n, sent in zip(sizes, _sent_by_key(sizes, hosts, servers or hosts, bigarray_bound)):
         best = max(best, compute * (1 - before / total) + max(sent) / link)
         before += n
     return best
@@ -283,13 +298,12 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
     cpu0 = counters["cpu0"]
     busy = (sum(cpu1) - cpu1.idle - cpu1.iowait) - (sum(cpu0) - cpu0.idle - cpu0.iowait)
     load = busy / max(1e-9, sum(cpu1) - sum(cpu0))
-    model = sum(_size(s) for s in shapes) * 4
     k = args.hosts
     link = link_bytes_per_s(args.link) if args.link else None
-    bound = max(args.compute, 2 * (k - 1) / k * model / link) if link else args.compute
+    bound = simple_bound(shapes, k, args.compute, link, args.servers)
     return Run(impl, rep, k, step, args.compute, bound, args.compute / step,
                statistics.median(moved) / total_steps / 1e6, load,
-               tight_bound(shapes, k, args.compute, link, servers=args.servers or k), args.servers or k,
+               tight_bound(shapes, k, args.compute, link, args.servers), args.servers or k,
                statistics.median(r["stall"] for r in results), statistics.median(r["first_stall"] for r in results))
 
 

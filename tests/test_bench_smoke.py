@@ -140,3 +140,33 @@ def test_multihost_bench_runs_on_two_namespace_hosts_and_cleans_up(tmp_path):
     assert "psbench" not in left, left                               # torn down
     routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
     assert "10.79.0.0/16" not in routes, routes
+
+
+@pytest.mark.timeout(120)
+def test_multihost_bench_runs_the_torch_jobs_on_two_namespace_hosts(tmp_path):
+    """`--impls ps-torch,ddp`: ps.torch's DistributedOptimizer and DDP (gloo) on two shaped
+    namespace hosts, gradients made by autograd layer by layer. Checks the CSV, never a speed."""
+    pytest.importorskip("torch")
+    if os.geteuid() != 0 or subprocess.run(["ip", "netns", "list"], capture_output=True).returncode:
+        pytest.skip("network namespaces need root and iproute2")
+    out = tmp_path / "torch.csv"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MXNET_KVSTORE"))}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = start_group([sys.executable, "-m", "ps.bench", "--hosts", "2", "--link", "100mbit", "--quick",
+                        "--impls", "ps-torch,ddp", "--csv", str(out)], env, cwd=str(ROOT),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=100)
+    except subprocess.TimeoutExpired:
+        stop_group(proc, grace=10)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"the torch multi-host smoke did not finish\n{stdout}\n{stderr}")
+    assert proc.returncode == 0, f"{stdout}\n{stderr}"
+    with open(out, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert sorted(r["impl"] for r in rows) == ["ddp", "ps-torch"]
+    for row in rows:
+        # the quick model's compute is 0.05 s: a step takes at least that, and its bytes crossed the links
+        assert float(row["step_s"]) >= 0.05 and float(row["mb_per_host_step"]) > 0, row
+        assert 0 <= float(row["stall_s"]) < float(row["step_s"]), row
+    assert "ps-torch / ddp step time" in stdout, stdout

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import json
 import os
 import re
@@ -91,8 +92,11 @@ def tight_bound(shapes: list, hosts: int, compute: float, link: float | None, se
     return best
 
 
+TORCH = ("ps-torch", "ddp")      # the PyTorch jobs (ps/bench/torch_step.py)
+
+
 class Impl(NamedTuple):
-    kind: str                   # "ps" or "native"
+    kind: str                   # "ps", "native", or one of TORCH
     env: dict[str, str]         # the variables that make the variant
     compression: str = ""       # ps: set_gradient_compression type ("fp16": both ways)
 
@@ -100,9 +104,10 @@ class Impl(NamedTuple):
 def impl_env(impl: str) -> Impl:
     """``native``, ``ps``, ``ps-restarts`` (PS_MAX_RESTARTS=1: replication on), ``ps-fifo``
     (PS_SEND_WINDOW=0: call order), ``ps-fp16`` (fp16 compression: pushes and pulls halved),
-    or ``ps:NAME=VALUE[:NAME=VALUE...]``: which system, and what makes the variant."""
-    if impl == "native":
-        return Impl("native", {})
+    ``ps-torch`` (ps.torch's DistributedOptimizer), ``ddp`` (PyTorch DDP over gloo, no
+    servers), or ``ps:NAME=VALUE[:NAME=VALUE...]``: which system, and what makes the variant."""
+    if impl in ("native", *TORCH):
+        return Impl(impl, {})
     if impl == "ps-restarts":
         return Impl("ps", {"PS_MAX_RESTARTS": "1"})
     if impl == "ps-fifo":
@@ -112,7 +117,7 @@ def impl_env(impl: str) -> Impl:
     kind, *pairs = impl.split(":")
     if kind != "ps" or any("=" not in p for p in pairs):
         raise SystemExit(f"--impls: unknown implementation {impl!r}; use native, ps, ps-restarts, ps-fifo, "
-                         "ps-fp16 or ps:NAME=VALUE[:NAME=VALUE]")
+                         "ps-fp16, ps-torch, ddp or ps:NAME=VALUE[:NAME=VALUE]")
     return Impl("ps", dict(p.split("=", 1) for p in pairs))
 
 
@@ -127,6 +132,10 @@ def link_bytes_per_s(rate: str) -> float:
 
 # -- the worker ----------------------------------------------------------------------------------
 def worker(spec: dict) -> None:
+    if spec["impl"] in TORCH:
+        from .torch_step import run
+        run(spec)
+        return
     import numpy as np
     shapes = [tuple(s) for s in spec["shapes"]]
     sizes = [int(np.prod(s)) for s in shapes]
@@ -244,17 +253,21 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
     node = [py, "-c", "import mxnet"] if kind == "native" else [py, "-m", "ps"]
     spec = {"impl": kind, "shapes": shapes, "compute": args.compute, "steps": args.steps, "warmup": args.warmup,
             "compression": compression}
-    procs = [start_group(hosts.argv(0, node), _env(hosts, 0, "scheduler", args, None, extra), stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)]
+    if kind == "ddp":                                    # no scheduler, no servers: gloo's ring
+        extra = {**extra, "MASTER_ADDR": hosts.ip(1), "MASTER_PORT": PORT, "WORLD_SIZE": str(args.hosts),
+                 "GLOO_SOCKET_IFNAME": "eth0"}
+    procs = [] if kind == "ddp" else [start_group(hosts.argv(0, node), _env(hosts, 0, "scheduler", args, None, extra),
+                                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     workers = []
     try:
-        for i in range(args.servers or args.hosts):      # server i on host i mod K
+        for i in range(0 if kind == "ddp" else args.servers or args.hosts):   # server i on host i mod K
             h = 1 + i % args.hosts
             procs.append(start_group(hosts.argv(h, node), _env(hosts, h, "server", args, i, extra),
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         for h in range(1, args.hosts + 1):
             p = start_group(hosts.argv(h, [py, "-m", "ps.bench.multihost", "--worker-mode", json.dumps(spec)]),
-                            _env(hosts, h, "worker", args, h - 1, extra), stdout=subprocess.PIPE,
+                            _env(hosts, h, "worker", args, h - 1, {**extra, "RANK": str(h - 1)} if kind == "ddp"
+                                 else extra), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
             workers.append(p)
             procs.append(p)
@@ -367,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     impls = [i for i in args.impls.split(",") if i]
     for impl in impls:
         impl_env(impl)                       # a bad name fails now, not after the first runs
+    if any(i in TORCH for i in impls) and importlib.util.find_spec("torch") is None:
+        raise SystemExit("--impls ps-torch and ddp need PyTorch: pip install -e '.[torch]'")
     if "native" in impls:
         try:
             import mxnet  # noqa: F401
@@ -461,7 +476,7 @@ def report(runs: list[Run], args: argparse.Namespace, shapes: list) -> None:
     for r in runs:
         by_rep.setdefault(r.rep, {})[r.impl] = r.step_s
     names = list(dict.fromkeys(r.impl for r in runs))
-    for num, den in [(n, d) for d in ("native", "ps", "ps-fifo") for n in names if n != d]:
+    for num, den in [(n, d) for d in ("native", "ps", "ps-fifo", "ddp") for n in names if n != d]:
         ratios = [v[num] / v[den] for v in by_rep.values() if num in v and den in v]
         if ratios:
             print(f"{num} / {den} step time: {statistics.median(ratios):.2f} "

@@ -71,7 +71,8 @@ ALLOWED = {
     "bench.cli": {"bench.cluster", "bench.gluon", "bench.measure", "bench.report"},
     "bench.__main__": {"bench.cli", "bench.multihost"},
     "bench.netns": set(),
-    "bench.multihost": {"__init__", "bench.netns", "keys", "launcher.process"},
+    "bench.multihost": {"__init__", "bench.netns", "bench.torch_step", "keys", "launcher.process"},
+    "bench.torch_step": {"torch"},
 }
 
 

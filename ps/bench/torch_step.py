@@ -1,0 +1,90 @@
+"""The PyTorch worker of the multi-host benchmark (``--impls ps-torch,ddp``): Horovod-style
+training steps on a model with a real model's parameter shapes, compute simulated per layer.
+
+The model is a chain of one autograd node per parameter: its forward sleeps that layer's
+share of the forward time, its backward sleeps its share of the backward time and hands the
+parameter a gradient. So autograd produces the gradients layer by layer, last layer first,
+exactly when a real backward would, and each system sends them the way it does for a real
+model: ``ps.torch.DistributedOptimizer`` from a hook per parameter, DDP (gloo) per bucket.
+``optimizer.step()`` waits for what is still in flight, as Horovod's does. The sleeps keep
+the CPUs free for the communication, as with a GPU.
+
+Reports per step the time from the end of ``backward()`` to the end of ``step()`` (the
+communication that did not hide under the backward pass) as the run's ``stall``.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from typing import Any
+
+
+def run(spec: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+    torch.set_num_threads(1)
+    shapes = [tuple(s) for s in spec["shapes"]]
+    sizes = [int(np.prod(s)) for s in shapes]
+    total, compute = sum(sizes), spec["compute"]
+    fwd = [compute / 3 * n / total for n in sizes]
+    bwd = [compute * 2 / 3 * n / total for n in sizes]
+
+    class Layer(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, i: int) -> torch.Tensor:
+            ctx.i = i
+            time.sleep(fwd[i])
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+            time.sleep(bwd[ctx.i])
+            return grad, torch.full(shapes[ctx.i], 0.001, dtype=torch.float32), None
+
+    class Chain(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(s)) for s in shapes)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for i, w in enumerate(self.weights):
+                x = Layer.apply(x, w, i)
+            return x
+
+    model = Chain()
+    if spec["impl"] == "ddp":
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        model = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    else:
+        import ps.torch as hvd
+        hvd.init()
+        rank = hvd.rank()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                       named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    x = torch.zeros(1, requires_grad=True)
+    steps, stalls = [], []
+    clock = time.perf_counter
+    start = clock()
+    for step in range(spec["warmup"] + spec["steps"]):
+        if step == spec["warmup"]:
+            print(f"TIMED {rank}", flush=True)
+        opt.zero_grad()
+        model(x).sum().backward()
+        backward_done = clock()
+        opt.step()
+        now = clock()
+        steps.append(now - start)
+        stalls.append(now - backward_done)
+        start = now
+    timed = slice(spec["warmup"], None)
+    print("RESULT " + json.dumps({"rank": rank, "median": statistics.median(steps[timed]), "steps": steps[timed],
+                                  "stall": statistics.median(stalls[timed]), "first_stall": 0.0}), flush=True)
+    if spec["impl"] == "ddp":
+        torch.distributed.destroy_process_group()
+    else:
+        hvd.shutdown()

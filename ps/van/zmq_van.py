@@ -408,9 +408,11 @@ class ZmqVan(Van):
             probe.disable_monitor()
             monitor.close(linger=0)
             probe.close(linger=0)
-        for sock in [self._router, *self._dealers.values(), *self._control.values()]:
+        for sock in [self._router, *self._dealers.values()]:
             if sock is not None:
                 sock.close(linger=linger_ms)
+        for sock in self._control.values():     # a credit is worth nothing once this node stops
+            sock.close(linger=0)
         self._dealers.clear()
         self._control.clear()
         if self._ctx is not None:

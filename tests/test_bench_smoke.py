@@ -105,30 +105,35 @@ def test_torch_bench_runs_ps_ddp_and_one_process(tmp_path):
     assert all(ms > 0 for ms in rows.values()), stdout
 
 
-@pytest.mark.timeout(120)
-def test_multihost_bench_runs_on_two_namespace_hosts_and_cleans_up(tmp_path):
-    """`python -m ps.bench --hosts 2 --servers 2,3 --quick`: ps and native on two shaped namespace
-    hosts, one server per host then three (root only; skipped where namespaces cannot be made).
-    Checks the CSV, never a speed."""
+def _multihost_smoke(tmp_path, *args: str) -> tuple[str, list[dict]]:
+    """`python -m ps.bench --hosts 2 --link 100mbit --quick ARGS --csv ...`: its output and CSV
+    rows (skipped where namespaces cannot be made: root and iproute2 needed)."""
     if os.geteuid() != 0 or subprocess.run(["ip", "netns", "list"], capture_output=True).returncode:
         pytest.skip("network namespaces need root and iproute2")
     out = tmp_path / "mh.csv"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MXNET_KVSTORE"))}
     env["PYTHONPATH"] = str(ROOT)
-    impls = "ps,native" if importlib.util.find_spec("mxnet") else "ps"
-    chart = tmp_path / "mh.png"
-    proc = start_group([sys.executable, "-m", "ps.bench", "--hosts", "2", "--servers", "2,3", "--link", "100mbit", "--quick",
-                        "--impls", impls, "--csv", str(out), "--plot", str(chart)], env, cwd=str(ROOT),
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_group([sys.executable, "-m", "ps.bench", "--hosts", "2", "--link", "100mbit", "--quick", *args,
+                        "--csv", str(out)], env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True)
     try:
         stdout, stderr = proc.communicate(timeout=100)
     except subprocess.TimeoutExpired:
         stop_group(proc, grace=10)
         stdout, stderr = proc.communicate()
-        pytest.fail(f"the multi-host smoke did not finish\n{stdout}\n{stderr}")
+        pytest.fail(f"the multi-host smoke ({' '.join(args)}) did not finish\n{stdout}\n{stderr}")
     assert proc.returncode == 0, f"{stdout}\n{stderr}"
     with open(out, newline="") as fh:
-        rows = list(csv.DictReader(fh))
+        return stdout, list(csv.DictReader(fh))
+
+
+@pytest.mark.timeout(120)
+def test_multihost_bench_runs_on_two_namespace_hosts_and_cleans_up(tmp_path):
+    """`python -m ps.bench --hosts 2 --servers 2,3 --quick`: ps and native on two shaped namespace
+    hosts, one server per host then three. Checks the CSV, never a speed."""
+    impls = "ps,native" if importlib.util.find_spec("mxnet") else "ps"
+    chart = tmp_path / "mh.png"
+    stdout, rows = _multihost_smoke(tmp_path, "--servers", "2,3", "--impls", impls, "--plot", str(chart))
     assert sorted((r["impl"], r["servers"]) for r in rows) == sorted((i, n) for i in impls.split(",") for n in "23")
     for row in rows:
         assert row["hosts"] == "2" and float(row["step_s"]) > 0 and float(row["mb_per_host_step"]) > 0, row
@@ -147,23 +152,7 @@ def test_multihost_bench_runs_the_torch_jobs_on_two_namespace_hosts(tmp_path):
     """`--impls ps-torch,ddp`: ps.torch's DistributedOptimizer and DDP (gloo) on two shaped
     namespace hosts, gradients made by autograd layer by layer. Checks the CSV, never a speed."""
     pytest.importorskip("torch")
-    if os.geteuid() != 0 or subprocess.run(["ip", "netns", "list"], capture_output=True).returncode:
-        pytest.skip("network namespaces need root and iproute2")
-    out = tmp_path / "torch.csv"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MXNET_KVSTORE"))}
-    env["PYTHONPATH"] = str(ROOT)
-    proc = start_group([sys.executable, "-m", "ps.bench", "--hosts", "2", "--link", "100mbit", "--quick",
-                        "--impls", "ps-torch,ddp", "--csv", str(out)], env, cwd=str(ROOT),
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=100)
-    except subprocess.TimeoutExpired:
-        stop_group(proc, grace=10)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"the torch multi-host smoke did not finish\n{stdout}\n{stderr}")
-    assert proc.returncode == 0, f"{stdout}\n{stderr}"
-    with open(out, newline="") as fh:
-        rows = list(csv.DictReader(fh))
+    stdout, rows = _multihost_smoke(tmp_path, "--impls", "ps-torch,ddp")
     assert sorted(r["impl"] for r in rows) == ["ddp", "ps-torch"]
     for row in rows:
         # the quick model's compute is 0.05 s: a step takes at least that, and its bytes crossed the links

@@ -543,13 +543,13 @@ class Store:
         ts, op, key, code, row_len = req.ts, req.op, req.key, req.dtype_code, req.row_len
         if not op & Op.PULL:
             return [Reply(dest, Entry(ts, op, key, 0, 0, req.total, code, None, row_len), None)]
-        if op & Op.HALF_PULL and ids is None:
-            if ks.value.dtype == np.float32:   # fp16 compression: halve the bytes back too (copies, nothing lent)
+        if op & Op.HALF_PULL:
+            if ids is None and ks.value.dtype == np.float32:   # fp16 compression both ways: copies, nothing lent
                 value = ks.value
                 return [Reply(dest, Entry(ts, op, key, off, n, value.size, code, None, row_len),
                               value[off:off + n].astype(np.float16))
                         for off, n in chunks(value.size, 2, self.chunk_bytes)]
-            op &= ~Op.HALF_PULL            # only float32 keys are halved; the reply says so
+            op &= ~Op.HALF_PULL            # only whole float32 slices are halved; the reply says so
         if ids is None:                    # the whole slice, lent (ps/bufguard.py)
             value = ks.value
             self.guard.lend(value)

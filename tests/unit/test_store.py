@@ -160,3 +160,20 @@ def test_a_round_sums_in_rank_order_whatever_the_arrival_order():
         results.add(float(s.keys[3].value[0]))
     assert len(results) == 1, results
     assert workers == sorted(pushes)
+
+
+def test_a_half_pull_halves_only_float32_values_and_the_reply_says_which():
+    """fp16 compression both ways (Op.HALF_PULL): a float32 key answers in float16 and keeps
+    its float32 value; another dtype answers in its own, with the bit cleared so the worker
+    reads the frame right."""
+    s = Store(1, sync=True)
+    init(s, value=np.full(6, 1 / 3, np.float32))
+    (half,) = s.handle(W0, entry(5, Op.PULL | Op.HALF_PULL), None)
+    assert half.entry.op & Op.HALF_PULL and half.data.dtype == np.float16
+    np.testing.assert_array_equal(half.data, np.full(6, 1 / 3, np.float32).astype(np.float16))
+    (full,) = pull(s, W0, 6)
+    np.testing.assert_array_equal(full.data, np.full(6, 1 / 3, np.float32))   # the store keeps float32
+    f64 = dtype_code(np.float64)
+    s.handle(W0, entry(7, Op.INIT, 4, code=f64), np.full(6, 1 / 3))
+    (other,) = s.handle(W0, entry(8, Op.PULL | Op.HALF_PULL, 4, code=f64), None)
+    assert not other.entry.op & Op.HALF_PULL and other.data.dtype == np.float64

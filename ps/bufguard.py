@@ -51,6 +51,13 @@ class _Unsent:
         self.tracker.wait(timeout)
 
 
+def _owner(array: np.ndarray) -> np.ndarray:
+    """The last ndarray in ``array``'s chain of bases: the same for a value and its slices."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
 class BufferGuard:
     def __init__(self) -> None:
         self._lent: dict[int, np.ndarray] = {}       # id -> value in replies not yet sent
@@ -111,12 +118,16 @@ class BufferGuard:
 
     def handed_over(self, pending: list[Any] = ()) -> None:
         """Every reply made so far is with the transport (whose trackers now guard it),
-        but those whose ``pending`` frames still wait to be sent (PS_SEND_WINDOW)."""
+        but those whose ``pending`` frames still wait to be sent (PS_SEND_WINDOW). A
+        pending frame is a slice of the value it reads, so it is matched to that value by
+        the array that owns their memory: one set lookup per lent value (comparing every
+        pair with ``np.may_share_memory`` cost milliseconds per reply batch on a server
+        with many replies queued)."""
         if not pending or not self._lent:
             self._lent.clear()
             return
-        self._lent = {k: a for k, a in self._lent.items()
-                      if any(np.may_share_memory(a, f) for f in pending)}
+        owners = {id(_owner(f)) for f in pending}
+        self._lent = {k: a for k, a in self._lent.items() if id(_owner(a)) in owners}
 
     def _track(self, bases: list[np.ndarray], tracker: Any) -> None:
         if len(self._inflight) > PRUNE_AT:    # entries pin their arrays: drop finished ones early

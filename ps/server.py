@@ -148,16 +148,16 @@ class KVServer:
         self.po.send(msg)
 
     def _send_queued(self) -> None:
-        """What the window has room for; replies still queued keep lending their values."""
+        """What the window has room for (the caller then hands the values over)."""
         for dest, batch in self._queue.take():
             self._emit(dest, batch, Flag.CREDIT if batch.nbytes else 0)
-        self.guard.handed_over(self._queue.frames())
 
     def _on_credit(self, msg: Message) -> None:
         if self._queue is not None and isinstance(msg.body, int):
             self._queue.credit(msg.sender, msg.body)
             if len(self._queue):
                 self._send_queued()
+                self.guard.handed_over(self._queue.frames())    # replies still queued keep lending theirs
 
     # -- stall warnings -------------------------------------------------------------------
     def _check_stalls(self) -> None:

@@ -24,6 +24,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -34,6 +35,7 @@ import psutil
 
 from launcher.process import start_group, stop_group
 
+from . import linkload
 from .netns import Hosts, NamespaceError
 
 MODELS = Path(__file__).with_name("models")
@@ -169,11 +171,12 @@ def worker(spec: dict) -> None:
             handles[i].wait()
 
     steps, stalls, first_stalls = [], [], []
-    clock = time.perf_counter
-    start = clock()
+    clock = time.monotonic          # the driver's clock too: it reads the links' load over the timed steps
+    start = window_start = clock()
     for step in range(spec["warmup"] + spec["steps"]):
         if step == spec["warmup"]:
             print(f"TIMED {kv.rank}", flush=True)
+            window_start = start
         target = clock()
         stalled = []
         for i in range(len(shapes)):                       # forward: each key's weights, in order
@@ -197,7 +200,8 @@ def worker(spec: dict) -> None:
     for i in range(len(shapes)):
         wait(i)
     timed, w = steps[spec["warmup"]:], spec["warmup"] + 1     # a step's forward waits for the step before
-    print("RESULT " + json.dumps({"rank": kv.rank, "median": statistics.median(timed), "steps": timed,
+    print("RESULT " + json.dumps({"rank": kv.rank, "window": [window_start, start],
+                                  "median": statistics.median(timed), "steps": timed,
                                   "stall": statistics.median(stalls[w:] or stalls),
                                   "first_stall": statistics.median(first_stalls[w:] or first_stalls)}), flush=True)
     if not native:
@@ -226,6 +230,8 @@ class Run:
     servers: int = 0            # servers in the job (0 in an older CSV: one per host)
     stall_s: float = 0.0        # a worker's forward pass, waiting for weights (median step, median worker)
     key0_stall_s: float = 0.0   # of which waiting for the first key's (the last gradient backward made)
+    busy_util: float = 0.0      # hosts' outgoing links, mean use while any carried traffic (linkload.py)
+    idle_s: float = 0.0         # per step, seconds in which no host's link carried anything
 
 
 def _env(hosts: Hosts, host: int, role: str, args: argparse.Namespace, rank: int | None = None,
@@ -259,6 +265,13 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
     procs = [] if kind == "ddp" else [start_group(hosts.argv(0, node), _env(hosts, 0, "scheduler", args, None, extra),
                                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     workers = []
+    counters: dict[str, list] = {}
+    results: list[dict] = []
+    trace = tempfile.NamedTemporaryFile(prefix="ps-linkload-", suffix=".json", delete=False).name
+    sampler = start_group(hosts.switch_argv([py, "-m", "ps.bench.linkload", trace,
+                                             *(f"p{h}" for h in range(1, args.hosts + 1))]),
+                          {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for i in range(0 if kind == "ddp" else args.servers or args.hosts):   # server i on host i mod K
             h = 1 + i % args.hosts
@@ -271,7 +284,6 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
                             stderr=subprocess.PIPE, text=True)
             workers.append(p)
             procs.append(p)
-        counters: dict[str, list] = {}
         timed = threading.Event()
 
         def watch(p: subprocess.Popen, out: list) -> None:
@@ -292,7 +304,6 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
         cpu1 = psutil.cpu_times()
         for t in readers:
             t.join(5)
-        results = []
         for p, out in zip(workers, outputs):
             res = [json.loads(ln[len("RESULT "):]) for ln in out if ln.startswith("RESULT ")]
             if p.returncode or not res:
@@ -300,11 +311,15 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
                                    f"{p.stderr.read()[-3000:]}")
             results.append(res[0])
     finally:
-        for p in procs:
+        for p in [*procs, sampler]:
             try:
                 stop_group(p, grace=2.0)
             except RuntimeError:
                 pass
+        link = link_bytes_per_s(args.link) if args.link else None
+        windows = [r["window"] for r in results] if len(results) == len(workers) else []
+        load_of_links = _link_load(trace, link, min((w[0] for w in windows), default=None),
+                                   max((w[1] for w in windows), default=None), args.steps)
     step = statistics.median(r["median"] for r in results)
     total_steps = args.steps
     moved = [(e[0] - s[0]) + (e[1] - s[1]) for s, e in zip(counters["start"], counters["end"])]
@@ -312,12 +327,29 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
     busy = (sum(cpu1) - cpu1.idle - cpu1.iowait) - (sum(cpu0) - cpu0.idle - cpu0.iowait)
     load = busy / max(1e-9, sum(cpu1) - sum(cpu0))
     k = args.hosts
-    link = link_bytes_per_s(args.link) if args.link else None
     bound = simple_bound(shapes, k, args.compute, link, args.servers)
     return Run(impl, rep, k, step, args.compute, bound, args.compute / step,
                statistics.median(moved) / total_steps / 1e6, load,
                tight_bound(shapes, k, args.compute, link, args.servers), args.servers or k,
-               statistics.median(r["stall"] for r in results), statistics.median(r["first_stall"] for r in results))
+               statistics.median(r["stall"] for r in results), statistics.median(r["first_stall"] for r in results),
+               *load_of_links)
+
+
+def _link_load(trace: str, link: float | None, start: float | None, end: float | None,
+               steps: int) -> linkload.LinkLoad:
+    """The sampler's summary of the timed steps, then its file removed; zeros without a
+    shaped link or if the sampler died (the run still counts)."""
+    try:
+        if link and start is not None and end is not None:
+            return linkload.summarize(trace, link, start, end, steps)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"# no link load: {exc}", file=sys.stderr)
+    finally:
+        try:
+            os.unlink(trace)
+        except OSError:
+            pass
+    return linkload.LinkLoad(0.0, 0.0)
 
 
 def _size(shape: list[int]) -> int:
@@ -401,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
                             runs.append(run)
                             print(f"# K={k} S={run.servers} {impl} rep {rep}: step {run.step_s:.3f}s  efficiency "
                                   f"{run.efficiency:.2f}  {run.mb_per_host_step:.1f} MB/host/step  forward waits "
-                                  f"{run.stall_s:.3f}s (first key {run.key0_stall_s:.3f}s)  CPU load {run.cpu_load:.0%}",
+                                  f"{run.stall_s:.3f}s (first key {run.key0_stall_s:.3f}s)  links busy "
+                                  f"{run.busy_util:.0%}, idle {run.idle_s:.3f}s/step  CPU load {run.cpu_load:.0%}",
                                   flush=True)
     except NamespaceError as exc:
         print(f"ps.bench: {exc}", file=sys.stderr)
@@ -416,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 FLOATS = ("step_s", "compute_s", "bound_s", "efficiency", "mb_per_host_step", "cpu_load", "tight_s", "stall_s",
-          "key0_stall_s")
+          "key0_stall_s", "busy_util", "idle_s")
 
 
 def _finish(runs: list[Run], args: argparse.Namespace, shapes: list) -> int:
@@ -462,7 +495,8 @@ def report(runs: list[Run], args: argparse.Namespace, shapes: list) -> None:
           f"({len(shapes)} keys, {model_mb:.1f} MB), compute {runs[0].compute_s:g}s, median of {reps} reps")
     width = max(11, *(len(r.impl) for r in runs))
     print(f"{'impl':{width}} {'step s':>8} {'bound s':>8} {'step/bound':>10} {'tight s':>8} {'step/tight':>10} "
-          f"{'efficiency':>10} {'MB/host/step':>12} {'fwd wait s':>10} {'key 0 s':>8} {'CPU load':>8}  per-rep step s")
+          f"{'efficiency':>10} {'MB/host/step':>12} {'fwd wait s':>10} {'key 0 s':>8} {'links busy':>10} "
+          f"{'idle s':>6} {'CPU load':>8}  per-rep step s")
     for impl in dict.fromkeys(r.impl for r in runs):
         mine = [r for r in runs if r.impl == impl]
         step = statistics.median(r.step_s for r in mine)
@@ -471,6 +505,7 @@ def report(runs: list[Run], args: argparse.Namespace, shapes: list) -> None:
               f"{step / tight if tight else float('nan'):10.2f} {mine[0].compute_s / step:10.2f} "
               f"{statistics.median(r.mb_per_host_step for r in mine):12.1f} "
               f"{statistics.median(r.stall_s for r in mine):10.3f} {statistics.median(r.key0_stall_s for r in mine):8.3f} "
+              f"{statistics.median(r.busy_util for r in mine):10.0%} {statistics.median(r.idle_s for r in mine):6.3f} "
               f"{max(r.cpu_load for r in mine):8.0%}  {' '.join(f'{r.step_s:.3f}' for r in mine)}")
     by_rep: dict[int, dict[str, float]] = {}
     for r in runs:

@@ -54,6 +54,10 @@ class Hosts:
     def argv(self, host: int, argv: Sequence[str]) -> list[str]:
         return ["ip", "netns", "exec", self.name(host), *argv]
 
+    def switch_argv(self, argv: Sequence[str]) -> list[str]:
+        """Run in the switch's namespace, where port ``p<h>`` is host h's link."""
+        return ["ip", "netns", "exec", f"{self.prefix}sw", *argv]
+
     def __enter__(self) -> "Hosts":
         check_root()
         try:

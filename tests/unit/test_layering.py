@@ -71,8 +71,9 @@ ALLOWED = {
     "bench.cli": {"bench.cluster", "bench.gluon", "bench.measure", "bench.report"},
     "bench.__main__": {"bench.cli", "bench.multihost"},
     "bench.netns": set(),
-    "bench.multihost": {"__init__", "bench.netns", "bench.torch_step", "keys", "launcher.process"},
+    "bench.multihost": {"__init__", "bench.linkload", "bench.netns", "bench.torch_step", "keys", "launcher.process"},
     "bench.torch_step": {"torch"},
+    "bench.linkload": set(),
 }
 
 

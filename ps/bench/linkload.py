@@ -18,6 +18,8 @@ import sys
 import time
 from typing import NamedTuple
 
+from .netns import net_dev
+
 TICK = 0.005        # seconds between samples
 BIN = 0.01          # seconds per utilisation bin
 BUSY = 0.05         # a bin in which some host's link carried at least this share of its rate is busy
@@ -30,13 +32,9 @@ class LinkLoad(NamedTuple):
 
 def _read(ports: tuple[str, ...]) -> list[int]:
     """[received, sent] bytes of each port (received at the switch = sent by its host)."""
-    counts: dict[str, list[int]] = {}
     with open("/proc/net/dev") as fh:
-        for line in fh.read().splitlines()[2:]:
-            name, _, rest = line.partition(":")
-            fields = rest.split()
-            counts[name.strip()] = [int(fields[0]), int(fields[8])]
-    return [n for port in ports for n in counts.get(port, [0, 0])]
+        counts = net_dev(fh.read())
+    return [n for port in ports for n in counts.get(port, (0, 0))]
 
 
 def sample(out: str, ports: tuple[str, ...]) -> None:

@@ -271,7 +271,7 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
     sampler = start_group(hosts.switch_argv([py, "-m", "ps.bench.linkload", trace,
                                              *(f"p{h}" for h in range(1, args.hosts + 1))]),
                           {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if args.link else None
     try:
         for i in range(0 if kind == "ddp" else args.servers or args.hosts):   # server i on host i mod K
             h = 1 + i % args.hosts
@@ -311,7 +311,7 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
                                    f"{p.stderr.read()[-3000:]}")
             results.append(res[0])
     finally:
-        for p in [*procs, sampler]:
+        for p in [*procs, *([sampler] if sampler else [])]:
             try:
                 stop_group(p, grace=2.0)
             except RuntimeError:

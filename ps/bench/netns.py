@@ -122,9 +122,15 @@ class Hosts:
         """(received, sent) bytes on the host's eth0 so far."""
         out = subprocess.run(self.argv(host, ["cat", "/proc/net/dev"]), capture_output=True, text=True,
                              timeout=30).stdout
-        for line in out.splitlines():
-            name, _, rest = line.partition(":")
-            if name.strip() == "eth0":
-                fields = rest.split()
-                return int(fields[0]), int(fields[8])
-        return 0, 0
+        return net_dev(out).get("eth0", (0, 0))
+
+
+def net_dev(text: str) -> dict[str, tuple[int, int]]:
+    """/proc/net/dev's text: interface -> (received, sent) bytes."""
+    counts = {}
+    for line in text.splitlines()[2:]:
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        if len(fields) > 8:
+            counts[name.strip()] = (int(fields[0]), int(fields[8]))
+    return counts

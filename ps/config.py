@@ -143,6 +143,11 @@ VARIABLES: tuple[Var, ...] = (
         "(16M, 512K...): requests and replies beyond it wait and leave highest priority first "
         "(MXNet's priority=-index: the first layer's gradient overtakes the backlog of later "
         "layers'); peers on the same machine (ipc://) are not held back; 0 = off, call order"),
+    Var("PS_SEND_LOWAT", "send_lowat", _bytes, 128 << 10,
+        "with PS_SEND_WINDOW: bytes a connection's kernel send buffer may hold unsent before "
+        "ps stops handing it more (as TCP_NOTSENT_LOWAT; Linux): the backlog then waits in ps's "
+        "priority queue, where an urgent message can overtake it, and not in a FIFO socket "
+        "buffer; 0 = off (only the window bounds it)"),
     Var("PS_LOCAL_IPC", "local_ipc", _bool, True,
         "1: a server also listens on an ipc:// twin that workers on its machine use instead of TCP; "
         "0: a server offers no twin and a worker uses none (TCP to its own machine too: to test or "
@@ -255,6 +260,7 @@ class Config:
     stall_warning: float = 60.0
     max_restarts: int = 0
     send_window: int = 8 << 20
+    send_lowat: int = 128 << 10
     local_ipc: bool = True
     secret_file: str | None = None
     job_key_file: str | None = None

@@ -44,6 +44,8 @@ class KVServer:
         self._priority: dict[int, int] = {}
         self._windowed: set[int] = set()     # workers whose requests ask for credits: reached over a network
         self._batches = 0                    # replies made together queue as one group
+        if self._queue is not None and config.send_lowat:
+            self.po.van.add_tick(self._tick)
         self.po.on(Command.DATA, self._on_data)
         self.po.on(Command.CREDIT, self._on_credit)
         self.po.on(Command.SERVER_CMD, self._on_command)
@@ -149,8 +151,22 @@ class KVServer:
 
     def _send_queued(self) -> None:
         """What the window has room for (the caller then hands the values over)."""
-        for dest, batch in self._queue.take():
+        for dest, batch in self._queue.take(self._room if self.po.config.send_lowat else None):
             self._emit(dest, batch, Flag.CREDIT if batch.nbytes else 0)
+
+    def _room(self, dest: int) -> int | None:
+        """PS_SEND_LOWAT: what the kernel holds unsent for a worker cannot be overtaken."""
+        unsent = self.po.van.unsent(dest, self._routes.get(dest))
+        return None if unsent is None else self.po.config.send_lowat - unsent
+
+    def _tick(self) -> bool:
+        """On the I/O thread after each pass: replies held back for a full socket leave once
+        it drained."""
+        if not self._queue.blocked:
+            return False
+        self._send_queued()
+        self.guard.handed_over(self._queue.frames())
+        return self._queue.blocked
 
     def _on_credit(self, msg: Message) -> None:
         if self._queue is not None and isinstance(msg.body, int):

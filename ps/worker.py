@@ -43,6 +43,8 @@ class KVWorker:
         self._cmd_ids = itertools.count(1)
         self._cmd_waiters: dict[int, tuple[threading.Event, dict[int, Any]]] = {}
         self._cmd_sent: dict[int, tuple[list[int], dict[str, Any]]] = {}
+        if self._queue is not None and po.config.send_lowat:
+            po.van.add_tick(self._tick)
         po.on(Command.DATA, self._on_reply)
         po.on(Command.SERVER_CMD, self._on_command_reply)
         po.on(Command.CREDIT, self._on_credit)
@@ -171,8 +173,22 @@ class KVWorker:
 
     def _send_queued(self) -> None:
         """What the send window has room for, most urgent first (under the lock)."""
-        for sid, box in self._queue.take():
+        for sid, box in self._queue.take(self._room if self.po.config.send_lowat else None):
             self._send(sid, box, Flag.CREDIT if box.nbytes else 0)
+
+    def _room(self, sid: int) -> int | None:
+        """PS_SEND_LOWAT: what the kernel holds unsent for a server cannot be overtaken."""
+        unsent = self.po.van.unsent(sid)
+        return None if unsent is None else self.po.config.send_lowat - unsent
+
+    def _tick(self) -> bool:
+        """On the I/O thread after each pass: requests held back for a full socket leave
+        once it drained."""
+        if not self._queue.blocked:
+            return False
+        with self._lock:
+            self._send_queued()
+            return self._queue.blocked
 
     def _on_reply(self, msg: Message) -> None:
         self.po.credit(msg)

@@ -80,6 +80,16 @@ class Van(Protocol):
         """Close the connection to a node that died: left open, it would reconnect by
         itself to a restart at the same address and hand it what was queued for the dead one."""
 
+    def unsent(self, node_id: int, route: bytes | None = None) -> int | None:
+        """Bytes the kernel holds, not yet sent, on the connection to ``node_id`` (or the one
+        ``route`` came in on); None if this van cannot tell (PS_SEND_LOWAT is then off)."""
+        return None
+
+    def add_tick(self, fn: Callable[[], bool]) -> None:
+        """Run ``fn`` on the I/O thread after every pass of its loop; while it returns True
+        (it holds messages back until a socket drains: PS_SEND_LOWAT) passes come at least
+        every millisecond. Vans that cannot tell ``unsent`` never call it."""
+
     def connect_control(self, node_id: int, address: str) -> bool:
         """Open a second connection to ``node_id`` for credits (Command.CREDIT), which must
         not wait behind bulk data; False if this van has none (they travel with the data)."""

@@ -96,6 +96,12 @@ class ReliableVan(Van):
     def watch(self, node_id: int, address: str, on_event: Callable[[int, bool], None]) -> None:
         self.inner.watch(node_id, address, on_event)
 
+    def unsent(self, node_id: int, route: bytes | None = None) -> int | None:
+        return self.inner.unsent(node_id, route)
+
+    def add_tick(self, fn: Callable[[], bool]) -> None:
+        self.inner.add_tick(fn)
+
     # -- sending -------------------------------------------------------------------------
     def send(self, msg: Message) -> None:
         if msg.cmd == Command.ACK:

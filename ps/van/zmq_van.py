@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import struct
 import tempfile
 import threading
 import uuid
@@ -25,6 +26,13 @@ logger = logging.getLogger(__name__)
 
 MAX_MSG_SIZE = 1 << 30     # ZMQ_MAXMSGSIZE: largest single frame a node accepts
 RECV_BATCH = 256           # messages taken from one socket before polling again
+TICK_MS = 1                # loop period while a tick waits for a socket to drain (PS_SEND_LOWAT)
+SIOCOUTQNSD = 0x894B       # Linux ioctl: bytes in a TCP socket's send queue not yet sent
+
+try:
+    import fcntl
+except ImportError:        # pragma: no cover - not on Windows: unsent() cannot tell
+    fcntl = None
 
 
 class ZmqVan(Van):
@@ -60,6 +68,10 @@ class ZmqVan(Van):
         self._on_message: OnMessage | None = None
         self._poller = zmq.Poller()
         self._ipc_path: str | None = None
+        # peer (node id, or ROUTER identity) -> the file descriptor of the TCP connection its
+        # last message came on (ZMQ_SRCFD): where unsent() looks
+        self._fds: dict[Any, int] = {}
+        self._ticks: list[Callable[[], bool]] = []
         self.local_address: str | None = None   # ipc:// twin of a tcp:// address, for same-host peers
 
     # -- setup ---------------------------------------------------------------------------
@@ -188,11 +200,13 @@ class ZmqVan(Van):
         died, and a restart at the same node id must not get them (nor their PS_RESEND
         numbers). A ReliableVan calls this under the lock it numbers messages under."""
         self._gens[peer] = self._gens.get(peer, 0) + 1
+        self._fds.pop(peer, None)
 
     def disconnect(self, node_id: int) -> None:
         self.call_soon(lambda: self._disconnect_now(node_id))
 
     def _disconnect_now(self, node_id: int) -> None:
+        self._fds.pop(node_id, None)
         old = self._dealers.pop(node_id, None)
         if old is not None:
             self._poller.unregister(old)
@@ -297,11 +311,27 @@ class ZmqVan(Van):
         if self._verbose >= 2:
             logger.debug("sent %r", msg)
 
+    def unsent(self, node_id: int, route: bytes | None = None) -> int | None:
+        """SIOCOUTQNSD on the connection's socket (read-only; libzmq's I/O thread owns it).
+        None until a message came from the peer (that is how its socket is known), for ipc://
+        peers, and where the ioctl does not exist (not Linux): the caller then does not wait."""
+        fd = self._fds.get(node_id if route is None else route)
+        if fd is None or fcntl is None:
+            return None
+        try:
+            return struct.unpack("i", fcntl.ioctl(fd, SIOCOUTQNSD, b"\0\0\0\0"))[0]
+        except OSError:         # not a TCP socket (ipc://), or closed by a reconnect
+            return None
+
+    def add_tick(self, fn: Callable[[], bool]) -> None:
+        self._ticks.append(fn)
+
     # -- the I/O loop --------------------------------------------------------------------
     def _loop(self) -> None:
         try:
+            waiting = False
             while not self._stopping:
-                for sock, _ in self._poller.poll(100):
+                for sock, _ in self._poller.poll(TICK_MS if waiting else 100):
                     if sock == self._wake_r:
                         self._drain_wake()
                     elif sock in self._monitors:
@@ -309,6 +339,12 @@ class ZmqVan(Van):
                     else:
                         self._receive(sock)
                 self._drain_queue()
+                waiting = False
+                for tick in self._ticks:
+                    try:
+                        waiting = tick() or waiting
+                    except Exception:  # noqa: BLE001
+                        logger.exception("error in a tick of the I/O thread")
             if self._linger > 0:
                 self._drain_queue()
         except Exception:  # noqa: BLE001 - the loop must report, never die silently
@@ -361,6 +397,7 @@ class ZmqVan(Van):
             except zmq.Again:
                 return
             route = frames[0].bytes if is_router else None
+            self._fds[route if is_router else self._dealer_ids.get(sock, 0)] = frames[-1].get(zmq.SRCFD)
             self._bytes_received += sum(len(f) for f in frames) - (len(frames[0]) if is_router else 0)
             try:
                 msg = decode(frames[1:] if is_router else frames, route)

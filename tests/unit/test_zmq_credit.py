@@ -8,6 +8,7 @@ import pytest
 
 from ps.message import Batch, Command, Entry, Message, Op, dtype_code
 from ps.van import create_van
+from tests.helpers import wait_for
 
 A_ID, B_ID = 9, 8
 BIG = np.zeros(1 << 20, np.float32)          # 4 MB per message
@@ -58,3 +59,43 @@ def _arrival_of_the_credit(control: bool, messages: int = 40) -> int:
 def test_a_credit_overtakes_the_data_already_queued_to_the_same_peer():
     assert _arrival_of_the_credit(control=False) == 40          # one connection: strictly behind
     assert _arrival_of_the_credit(control=True) < 10            # its own: B reads it among the first
+
+
+
+@pytest.mark.timeout(60)
+def test_unsent_reads_what_the_kernel_holds_for_a_peer_that_does_not_read():
+    """PS_SEND_LOWAT's measure (Van.unsent): a peer that stops reading leaves bytes unsent in
+    the kernel's send buffer of our connection to it; once it reads, they leave."""
+    import zmq
+    ctx = zmq.Context()
+    peer = ctx.socket(zmq.ROUTER)
+    peer.setsockopt(zmq.RCVHWM, 1)          # libzmq stops reading the socket: TCP fills up
+    peer.setsockopt(zmq.RCVBUF, 1 << 16)
+    port = peer.bind_to_random_port("tcp://127.0.0.1")
+    a = create_van("zmq")
+    try:
+        a.start(lambda msg: None, "127.0.0.1", name="A")
+        a.connect(B_ID, f"tcp://127.0.0.1:{port}")
+        assert a.unsent(B_ID) is None                        # no message from it yet: unknown
+        a.send(Message(Command.SERVER_CMD, A_ID, B_ID, {}))
+        assert peer.poll(10_000), "the peer got nothing from A"
+        identity = peer.recv_multipart()[0]
+        peer.send_multipart([identity, b"not a ps message"])   # A learns its socket from it
+        wait_for(lambda: a.unsent(B_ID) is not None, what="A to know the connection's socket")
+        assert a.unsent(B_ID) == 0
+        for i in range(30):
+            box = Batch()
+            box.add(Entry(i + 1, Op.PUSH, 0, 0, BIG.size, BIG.size, dtype_code(np.float32)), BIG)
+            a.send(Message(Command.DATA, A_ID, B_ID, box.entries, frames=box.frames))
+        wait_for(lambda: a.unsent(B_ID) > 64 << 10, what="unsent bytes to pile up")
+        assert a.unsent(A_ID + 100) is None                  # a peer it never heard from
+
+        def drain():
+            while peer.poll(0):
+                peer.recv_multipart(copy=False)
+            return a.unsent(B_ID) == 0
+        wait_for(drain, 20, 0.01, what="the unsent bytes to leave once the peer reads")
+    finally:
+        a.stop()
+        peer.close(linger=0)
+        ctx.term()

@@ -326,6 +326,14 @@ class ZmqVan(Van):
     def add_tick(self, fn: Callable[[], bool]) -> None:
         self._ticks.append(fn)
 
+    def _note_fd(self, peer: Any, frame: zmq.Frame) -> None:
+        """Only for messages that decoded (garbage from strangers adds no entries); libzmq
+        refuses ZMQ_SRCFD for some frames (EINVAL): the entry then stays as it was."""
+        try:
+            self._fds[peer] = frame.get(zmq.SRCFD)
+        except zmq.ZMQError:
+            pass
+
     # -- the I/O loop --------------------------------------------------------------------
     def _loop(self) -> None:
         try:
@@ -397,7 +405,6 @@ class ZmqVan(Van):
             except zmq.Again:
                 return
             route = frames[0].bytes if is_router else None
-            self._fds[route if is_router else self._dealer_ids.get(sock, 0)] = frames[-1].get(zmq.SRCFD)
             self._bytes_received += sum(len(f) for f in frames) - (len(frames[0]) if is_router else 0)
             try:
                 msg = decode(frames[1:] if is_router else frames, route)
@@ -412,6 +419,7 @@ class ZmqVan(Van):
                 continue
             if not is_router:
                 msg.source = self._dealer_ids.get(sock, 0)
+            self._note_fd(route if is_router else msg.source, frames[-1])
             if self._drop is not None and self._drop(msg):
                 continue
             if self._verbose >= 2:

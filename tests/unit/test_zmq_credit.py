@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from ps.message import Batch, Command, Entry, Message, Op, dtype_code
+from ps.message import Batch, Command, Entry, Message, Op, dtype_code, encode
 from ps.van import create_van
 from tests.helpers import wait_for
 
@@ -80,7 +80,8 @@ def test_unsent_reads_what_the_kernel_holds_for_a_peer_that_does_not_read():
         a.send(Message(Command.SERVER_CMD, A_ID, B_ID, {}))
         assert peer.poll(10_000), "the peer got nothing from A"
         identity = peer.recv_multipart()[0]
-        peer.send_multipart([identity, b"not a ps message"])   # A learns its socket from it
+        reply = encode(Message(Command.SERVER_CMD, B_ID, A_ID, {}, request=False))
+        peer.send_multipart([identity, *reply])              # A learns its socket from it
         wait_for(lambda: a.unsent(B_ID) is not None, what="A to know the connection's socket")
         assert a.unsent(B_ID) == 0
         for i in range(30):

@@ -46,8 +46,9 @@ class SendQueue:
     One heap per server: the next entry is the most urgent head among the servers whose
     connection has room (PS_SEND_LOWAT), so a backed-up connection holds back only its own."""
 
-    def __init__(self, window: int):
+    def __init__(self, window: int, lowat: int = 0):
         self.window = window
+        self.lowat = lowat                          # PS_SEND_LOWAT; 0: only the window bounds a take
         self.in_flight = 0                          # payload bytes sent and not yet credited
         self.blocked = False                        # the last take() held entries back for want of room
         self._by_server: dict[int, int] = {}        # server id -> its share of in_flight
@@ -75,14 +76,15 @@ class SendQueue:
             heap = self._heaps[server] = []
         heapq.heappush(heap, Queued(rank, group, entry.offset, next(self._order), server, entry, data))
 
-    def take(self, room: Callable[[int], int | None] | None = None) -> list[tuple[int, Batch]]:
+    def take(self, unsent: Callable[[int], int | None] | None = None) -> list[tuple[int, Batch]]:
         """The messages that may leave now: the most urgent entries while the window has
         room, packed per server into messages of about CHUNK_BYTES.
 
-        ``room(server)``: payload bytes the connection to ``server`` may take now
-        (PS_SEND_LOWAT), None for no limit. A server without room keeps its entries for a
-        later take (``blocked`` says so); the other servers' go past them. One message may
-        overshoot the room, as a write may overshoot TCP_NOTSENT_LOWAT."""
+        ``unsent(server)``: bytes the kernel holds unsent on the connection to ``server``
+        (``Van.unsent``), None if unknown. With ``lowat`` set, a server whose connection
+        holds ``lowat`` or more keeps its entries for a later take (``blocked`` says so);
+        the other servers' go past them. One message may overshoot, as a write may
+        overshoot TCP_NOTSENT_LOWAT."""
         out: list[tuple[int, Batch]] = []
         if self.in_flight >= self.window or not self._heaps:
             self.blocked = False
@@ -91,7 +93,7 @@ class SendQueue:
         heads: list[Queued] = []
         self.blocked = False
         for server, heap in self._heaps.items():
-            rooms[server] = left = room(server) if room is not None else None
+            rooms[server] = left = self._room(server, unsent)
             if left is None or left > 0:
                 heads.append(heap[0])
             else:
@@ -124,6 +126,13 @@ class SendQueue:
                 heapq.heapreplace(heads, heap[0])
         out.extend(boxes.items())
         return out
+
+    def _room(self, server: int, unsent: Callable[[int], int | None] | None) -> int | None:
+        """Payload bytes the connection to ``server`` may take now; None: no limit."""
+        if not self.lowat or unsent is None:
+            return None
+        held = unsent(server)
+        return None if held is None else self.lowat - held
 
     def frames(self) -> list[Any]:
         """The arrays queued entries will send (their memory must not change meanwhile)."""

@@ -40,7 +40,7 @@ class KVServer:
         # server's link also carries its host's worker's pushes); a key's priority is its
         # latest request's
         window = config.send_window
-        self._queue = SendQueue(window) if window else None
+        self._queue = SendQueue(window, config.send_lowat) if window else None
         self._priority: dict[int, int] = {}
         self._windowed: set[int] = set()     # workers whose requests ask for credits: reached over a network
         self._batches = 0                    # replies made together queue as one group
@@ -151,13 +151,12 @@ class KVServer:
 
     def _send_queued(self) -> None:
         """What the window has room for (the caller then hands the values over)."""
-        for dest, batch in self._queue.take(self._room if self.po.config.send_lowat else None):
+        for dest, batch in self._queue.take(self._unsent):
             self._emit(dest, batch, Flag.CREDIT if batch.nbytes else 0)
 
-    def _room(self, dest: int) -> int | None:
-        """PS_SEND_LOWAT: what the kernel holds unsent for a worker cannot be overtaken."""
-        unsent = self.po.van.unsent(dest, self._routes.get(dest))
-        return None if unsent is None else self.po.config.send_lowat - unsent
+    def _unsent(self, dest: int) -> int | None:
+        """Replies leave on the connection the worker's requests came in on."""
+        return self.po.van.unsent(dest, self._routes.get(dest))
 
     def _tick(self) -> bool:
         """On the I/O thread after each pass: replies held back for a full socket leave once

@@ -36,7 +36,7 @@ class KVWorker:
         self._seq_start = 0                    # a restarted worker that resumed: its round
         self._outbox: dict[int, Batch] = {}   # server id -> what waits to leave for it
         window = po.config.send_window
-        self._queue = SendQueue(window) if window else None   # PS_SEND_WINDOW: by priority instead
+        self._queue = SendQueue(window, po.config.send_lowat) if window else None   # PS_SEND_WINDOW: by priority instead
         self.credits = 0                       # CREDIT messages received (transport_stats)
         self._lock = threading.RLock()
         self._flush_scheduled = False
@@ -173,13 +173,8 @@ class KVWorker:
 
     def _send_queued(self) -> None:
         """What the send window has room for, most urgent first (under the lock)."""
-        for sid, box in self._queue.take(self._room if self.po.config.send_lowat else None):
+        for sid, box in self._queue.take(self.po.van.unsent):
             self._send(sid, box, Flag.CREDIT if box.nbytes else 0)
-
-    def _room(self, sid: int) -> int | None:
-        """PS_SEND_LOWAT: what the kernel holds unsent for a server cannot be overtaken."""
-        unsent = self.po.van.unsent(sid)
-        return None if unsent is None else self.po.config.send_lowat - unsent
 
     def _tick(self) -> bool:
         """On the I/O thread after each pass: requests held back for a full socket leave

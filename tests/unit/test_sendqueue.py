@@ -120,19 +120,18 @@ def test_one_requests_slices_leave_chunk_by_chunk_to_all_servers_at_once():
 def test_a_connection_without_room_holds_back_only_its_own_entries():
     """PS_SEND_LOWAT: S0's socket still holds unsent bytes, so S0's (more urgent) entries
     wait, in order, and S1's leave past them; once S0 drained, its entries leave first."""
-    q = SendQueue(16 * CHUNK_BYTES)
+    q = SendQueue(16 * CHUNK_BYTES, lowat=1 << 17)       # 128 KiB low-water mark
     for key in range(3):
         q.add(0, S0, push(key), MB)
     for key in range(10, 12):
         q.add(-1, S1, push(key), MB)
     unsent = {S0: 1 << 20, S1: 0}
-    room = lambda server: (1 << 17) - unsent[server]      # noqa: E731 - 128 KiB low-water mark
-    sent = q.take(room)
+    sent = q.take(unsent.get)
     assert [sid for sid, _ in sent] == [S1] and keys_of(sent) == [[10]]   # one message overshoots
     assert q.blocked and len(q) == 4
     unsent[S1] = 1 << 20                                  # now S1 is backed up and S0 drained
     unsent[S0] = 0
-    sent = q.take(room)
+    sent = q.take(unsent.get)
     assert keys_of(sent) == [[0]] and q.blocked
     sent = q.take(lambda server: None)                    # a van that cannot tell: no limit
     assert keys_of(sent) == [[1], [2], [11]] and not q.blocked and len(q) == 0

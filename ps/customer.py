@@ -20,7 +20,8 @@ logger = logging.getLogger(__name__)
 
 
 class Request:
-    __slots__ = ("ts", "remaining", "out", "starts", "error", "event", "what", "pending", "callbacks", "sent", "got")
+    __slots__ = ("ts", "remaining", "out", "starts", "error", "event", "what", "pending", "callbacks", "sent", "got",
+                 "left")
 
     def __init__(self, ts: int, remaining: int, out: np.ndarray | None, starts: dict[int, int], what: str,
                  keep: bool = False):
@@ -32,6 +33,7 @@ class Request:
         self.event = threading.Event()
         self.what = what
         self.pending = set(starts)          # servers that have not finished answering
+        self.left: dict[int, int] = {}      # server -> elements of its slice still to come (pulls)
         self.callbacks: list[Callable[[Request], None]] | None = None
         # PS_MAX_RESTARTS: what went to each server (resent to its restart) and what came back
         self.sent: list[tuple[int, Any, Any]] | None = [] if keep else None
@@ -40,6 +42,7 @@ class Request:
     def restart(self, server: int) -> list[tuple[Any, Any]]:
         """``server`` restarted before answering: forget its partial answer; what to resend."""
         self.remaining += sum(self.got.pop(server, {}).values())
+        self.left.pop(server, None)
         return [(entry, data) for sid, entry, data in self.sent or () if sid == server]
 
     def wait(self, deadline: Deadline, failure: Callable[[], PSError | None]) -> None:
@@ -113,7 +116,10 @@ class Customer:
                 start = req.starts[msg.sender] + entry.offset
                 req.out[start:start + n] = data
                 req.remaining -= n
-                if entry.offset + n == entry.total:
+                # counted, not read off the last offset: whatever order a server sends a
+                # slice's chunks in (it answers a pushpull's chunks as each is summed)
+                left = req.left[msg.sender] = req.left.get(msg.sender, entry.total) - n
+                if left <= 0:
                     req.pending.discard(msg.sender)
             else:
                 req.remaining -= 1

@@ -81,6 +81,7 @@ class Op:
     FP16 = 16       # push values travel as float16, the key keeps its dtype
     ROWS = 32       # whole rows: row ids travel with the values (row_sparse push / pull)
     HALF_PULL = 64  # the pulled values travel as float16 (fp16 compression), the key keeps its dtype
+    STREAM = 128    # a pushpull across a network: answer each chunk as soon as it is summed (Store._stream)
 
 
 DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (

@@ -10,7 +10,10 @@ server only has to send what the store returns. Rules (design §5, MXNet's where
   every push and pushpull of the round is answered. A pull waits only if its worker has a
   push in an open round; otherwise it is answered at once. Without an optimizer or with
   an elementwise one, each chunk is used as soon as every worker has pushed it, so no
-  full-size sum is kept (see ``_reduce``); other optimizers get the round's full sum.
+  full-size sum is kept (see ``_reduce``), and the round's pushpulls that ask for it
+  (``Op.STREAM``: workers across a network) get that chunk's new value right then
+  (``_stream``), not at the close; other optimizers get the round's full sum, and all
+  pushpulls the value at the close.
 * ``dist_async``: each push goes through the optimizer at once.
 * Row-sparse pushes (``Op.ROWS``) join the same rounds; at the close the rows are summed
   per row id and only those rows go through the optimizer (``Updater.update_rows``: MXNet's
@@ -91,7 +94,7 @@ DEAD = -1       # Round.members: a push a dead worker began; its restart finishe
 
 class Round:
     __slots__ = ("merged", "members", "received", "complete", "waiters", "pulls", "frames", "started",
-                 "rows", "row_len", "opened", "skip")
+                 "rows", "row_len", "opened", "skip", "pulling", "streamed")
 
     def __init__(self, opened: float = 0.0) -> None:
         self.opened = opened                    # when its first push arrived (Store's clock)
@@ -106,6 +109,8 @@ class Round:
         self.rows: list[Rows] | None = None     # row-sparse pushes, in arrival order
         self.row_len = 0
         self.skip: dict[int, int] = {}          # restarted worker -> leading elements its dead self sent
+        self.pulling: dict[int, int] = {}       # worker -> op of its pushpull in this round (chunks answered as summed)
+        self.streamed: dict[int, int] = {}      # offset -> length of the chunks those pushpulls got already
 
 
 class Waiter(NamedTuple):
@@ -249,8 +254,10 @@ class Store:
         rnd = self._round_for(ks, sender, entry.ts)
         if _sent_before(rnd, sender, entry):
             return []                        # its dead self sent this chunk: counted already
-        self._gather(ks, rnd, sender, entry.offset, entry.length, data)
-        return self._count(ks, rnd, sender, entry, ks.total)
+        if entry.op & Op.STREAM and self.journal is None:
+            rnd.pulling[sender] = entry.op
+        streamed = self._gather(ks, rnd, sender, entry.offset, entry.length, data)
+        return streamed + self._count(ks, rnd, sender, entry, ks.total)
 
     def _applied_before(self, ks: KeyState, sender: int, entry: Entry) -> bool:
         """A push this store already holds: resent after a server restart, or replayed by a
@@ -411,7 +418,7 @@ class Store:
         ks.rounds.append(rnd)
         return rnd
 
-    def _gather(self, ks: KeyState, rnd: Round, sender: int, off: int, n: int, data: np.ndarray) -> None:
+    def _gather(self, ks: KeyState, rnd: Round, sender: int, off: int, n: int, data: np.ndarray) -> list[Reply]:
         """Hold each worker's chunk (the received frame, no copy) until every worker sent it,
         then sum them in one pass (:meth:`_reduce`). A later round's complete chunks wait
         until it is the first open round: rounds change the value in order."""
@@ -422,13 +429,14 @@ class Store:
             raise StoreError("ProtocolError", f"key {ks.key}: workers cut the value into different chunks")
         pend.append((sender, data))
         if len(pend) >= self.num_workers and (rnd is ks.rounds[0] or self._whole_key()):
-            self._reduce(ks, rnd, off, rnd.frames.pop(off))
+            return self._reduce(ks, rnd, off, rnd.frames.pop(off))
+        return []
 
     def _whole_key(self) -> bool:
         """The optimizer needs the whole gradient at once (LAMB's norms, MXNet's own updater)."""
         return self.updater is not None and not self.updater.elementwise
 
-    def _reduce(self, ks: KeyState, rnd: Round, off: int, frames: list) -> None:
+    def _reduce(self, ks: KeyState, rnd: Round, off: int, frames: list) -> list[Reply]:
         """Sum one chunk's frames and use the sum right away: assign it to the value (no
         optimizer, as MXNet) or run the elementwise optimizer on this chunk only, so no
         full-size sum is kept. Safe because every worker pushed this chunk, so every worker
@@ -436,12 +444,15 @@ class Store:
         is the first open one, so the value holds the previous round's result. Other
         optimizers get the chunk summed into the round's full-size buffer. The frames are summed
         in rank order, not arrival order: the same inputs give the same bits, so a restarted
-        server that redoes a round gets what the dead one would have (and runs repeat)."""
+        server that redoes a round gets what the dead one would have (and runs repeat).
+
+        A chunk used this way holds its value after the round already, so the round's
+        pushpulls get it now (:meth:`_stream`) instead of at the close."""
         frames = _by_worker(frames)
         n = frames[0].size
         if self._whole_key():
             _sum(frames, self._merge_buffer(ks, rnd)[off:off + n])
-            return
+            return []
         if not rnd.started:                    # once per round: copy-on-write, count the update
             self._writable(ks)
             if self.updater is not None:
@@ -459,6 +470,31 @@ class Store:
                 self.updater.update_chunk(ks.key, off, total, ks.value)
         if self.journal is not None:
             self.journal.append(Event("chunk", ks.key, off, None, (total if total.base is None else total.copy(),)))
+        return self._stream(ks, rnd, off, n) if rnd.pulling else []
+
+    def _stream(self, ks: KeyState, rnd: Round, off: int, n: int) -> list[Reply]:
+        """Answer the round's streamed pushpulls (Op.STREAM) with one chunk that will not
+        change again this round. At the close a server would otherwise answer a slice only
+        once every worker's last chunk arrived, its link idle meanwhile while others wait
+        for one straggler (VGG-16's 103 MB slices: seconds); this way the replies follow
+        the pushes chunk by chunk. Workers ask for it only across a network: on one machine
+        the interleaving cost the Gluon MLP benchmark 9 %. Not with replication
+        (PS_MAX_RESTARTS): a restarted worker must get the whole slice at the close."""
+        rnd.streamed[off] = n
+        value, code = ks.value, ks.dtype_code
+        lent = False
+        replies = []
+        for worker, op in rnd.pulling.items():
+            chunk = value[off:off + n]
+            if op & Op.HALF_PULL and value.dtype == np.float32:
+                chunk = chunk.astype(np.float16)           # a copy: nothing lent
+            else:
+                op &= ~Op.HALF_PULL
+                lent = True
+            replies.append(Reply(worker, Entry(rnd.members[worker], op, ks.key, off, n, value.size, code), chunk))
+        if lent:
+            self.guard.lend(value)
+        return replies
 
     def _scratch_for(self, n: int, dtype: np.dtype) -> np.ndarray:
         """Room for one chunk's sum; only used inside :meth:`_reduce`, so one buffer serves all keys."""
@@ -486,12 +522,14 @@ class Store:
             self._apply_round(ks, rnd)
             if self.journal is not None:
                 self.journal.append(Event("close", ks.key, 0, ks.closed))
-            for waiter in rnd.waiters + rnd.pulls:
+            for waiter in rnd.waiters:         # pushes; a pushpull got its chunks as they were summed
+                replies += self._answer(ks, waiter, rnd.streamed if waiter.worker in rnd.pulling else ())
+            for waiter in rnd.pulls:
                 replies += self._answer(ks, waiter)
             if ks.rounds:                      # chunks the next round completed while it waited
                 nxt = ks.rounds[0]
                 for off in [o for o, pend in nxt.frames.items() if len(pend) >= self.num_workers]:
-                    self._reduce(ks, nxt, off, nxt.frames.pop(off))
+                    replies += self._reduce(ks, nxt, off, nxt.frames.pop(off))
         return replies + self._fail_doomed(ks)
 
     def _apply_round(self, ks: KeyState, rnd: Round) -> None:
@@ -538,17 +576,24 @@ class Store:
                 return []
         return self._answer(ks, Waiter(sender, entry))
 
-    def _answer(self, ks: KeyState, waiter: Waiter) -> list[Reply]:
+    def _answer(self, ks: KeyState, waiter: Waiter, skip: dict[int, int] | tuple = ()) -> list[Reply]:
+        """``skip``: the chunks (offset -> length) a pushpull got already (:meth:`_stream`);
+        the rest of the slice is answered."""
         dest, req, ids = waiter
         ts, op, key, code, row_len = req.ts, req.op, req.key, req.dtype_code, req.row_len
         if not op & Op.PULL:
             return [Reply(dest, Entry(ts, op, key, 0, 0, req.total, code, None, row_len), None)]
+        ranges = None
+        if skip:
+            ranges = _uncovered(skip, ks.total)
+            if not ranges:
+                return []                  # the usual case: every chunk went out as it was summed
         if op & Op.HALF_PULL:
             if ids is None and ks.value.dtype == np.float32:   # fp16 compression both ways: copies, nothing lent
                 value = ks.value
                 return [Reply(dest, Entry(ts, op, key, off, n, value.size, code, None, row_len),
                               value[off:off + n].astype(np.float16))
-                        for off, n in chunks(value.size, 2, self.chunk_bytes)]
+                        for off, n in self._cuts(value.size, 2, ranges)]
             op &= ~Op.HALF_PULL            # only whole float32 slices are halved; the reply says so
         if ids is None:                    # the whole slice, lent (ps/bufguard.py)
             value = ks.value
@@ -556,7 +601,13 @@ class Store:
         else:                              # the rows asked for, copied: nothing lent
             value = ks.value.reshape(-1, row_len)[ids].reshape(-1)
         return [Reply(dest, Entry(ts, op, key, off, n, value.size, code, None, row_len), value[off:off + n])
-                for off, n in chunks(value.size, value.itemsize, self.chunk_bytes)]
+                for off, n in self._cuts(value.size, value.itemsize, ranges)]
+
+    def _cuts(self, size: int, itemsize: int, ranges: list[tuple[int, int]] | None) -> list[tuple[int, int]]:
+        """Reply chunks of a whole slice, or of the ``ranges`` of it still to send."""
+        if ranges is None:
+            return chunks(size, itemsize, self.chunk_bytes)
+        return [(start + off, n) for start, length in ranges for off, n in chunks(length, itemsize, self.chunk_bytes)]
 
     # -- stalls --------------------------------------------------------------------------
     def stalls(self, after: float, workers: list[int]) -> list[Stall]:
@@ -680,6 +731,18 @@ def _by_worker(pairs: list) -> list:
 
 def _first(pair: tuple) -> Any:
     return pair[0]
+
+
+def _uncovered(sent: dict[int, int], total: int) -> list[tuple[int, int]]:
+    """The (offset, length) ranges of [0, total) outside the chunks ``sent``."""
+    gaps, pos = [], 0
+    for start, length in sorted(sent.items()):
+        if start > pos:
+            gaps.append((pos, start - pos))
+        pos = max(pos, start + length)
+    if pos < total:
+        gaps.append((pos, total - pos))
+    return gaps
 
 
 def _sent_before(rnd: Round, sender: int, entry: Entry) -> bool:

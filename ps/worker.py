@@ -25,6 +25,8 @@ from .sendqueue import SendQueue
 
 logger = logging.getLogger(__name__)
 
+PUSHPULL = Op.PUSH | Op.PULL
+
 
 class KVWorker:
     """Owns its Customer (as in ps-lite): requests go out here, replies come back to it."""
@@ -64,6 +66,7 @@ class KVWorker:
         req = self.customer.new_request(remaining, out, {server_id(s.server): s.start for s in slices}, what)
         ts = req.ts
         itemsize = DTYPES[code].itemsize
+        pushpull = op & PUSHPULL == PUSHPULL
         with self._lock:
             seq = self._next_seq(op, key)
             for s in slices:
@@ -72,10 +75,13 @@ class KVWorker:
                     self._emit(sid, Entry(ts, op, key, 0, s.size, s.size, code, None, 0, seq, priority), None, req,
                                priority)
                     continue
+                # across a network the reply to a pushpull follows its pushes chunk by chunk;
+                # on this machine, where there is no link to fill, interleaving them only costs
+                sop = op | Op.STREAM if pushpull and self.po.over_network(sid) else op
                 piece = value[s.start:s.start + s.size]
                 for off, n in chunks(s.size, itemsize):   # the key's dtype: same cut for every encoding
                     chunk = piece[off:off + n]
-                    self._emit(sid, Entry(ts, op, key, off, n, s.size, code, None, 0, seq, priority),
+                    self._emit(sid, Entry(ts, sop, key, off, n, s.size, code, None, 0, seq, priority),
                                chunk if encode is None else encode(chunk), req, priority)
         return req
 

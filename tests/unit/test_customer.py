@@ -127,3 +127,17 @@ def test_handle_callback_runs_once_after_every_request():
     assert calls == [] and not handle.done
     c.on_reply(reply(S0, Entry(reqs[2].ts, Op.PUSH, 3, 0, 0, 6, F32)))
     assert calls == ["result"] and handle.done
+
+
+def test_a_servers_chunks_in_any_order_fill_the_output_and_finish_the_request():
+    """A server answers a pushpull chunk by chunk as each is summed; the request finishes
+    once every element came, whichever chunk came last."""
+    c = Customer()
+    out = np.zeros(6, np.float32)
+    req = c.new_request(6, out, {S0: 0}, "pushpull of key 3")
+    c.on_reply(reply(S0, Entry(req.ts, Op.PUSH | Op.PULL, 3, 3, 3, 6, F32), frames=[np.full(3, 2, np.float32)]))
+    assert not req.event.is_set() and req.pending == {S0}       # the last offset came first: not done
+    c.on_reply(reply(S0, Entry(req.ts, Op.PUSH | Op.PULL, 3, 0, 3, 6, F32), frames=[np.full(3, 1, np.float32)]))
+    req.wait(Deadline(1), no_failure)
+    np.testing.assert_array_equal(out, [1, 1, 1, 2, 2, 2])
+    assert req.pending == set()

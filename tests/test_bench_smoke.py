@@ -67,6 +67,17 @@ def test_quick_vs_native(tmp_path):
 
 
 @pytest.mark.mxnet
+@pytest.mark.skipif(importlib.util.find_spec("mxnet") is None, reason="mxnet is not installed")
+def test_gluon_bench_times_a_trainer_on_ps(tmp_path):
+    """The Gluon case trains through ps's MXNet adapter (it was silently skipped once, after
+    a refactor moved the adapter and the bench looked for it at its old path)."""
+    rows = run_bench(tmp_path, "--gluon-only", "--gluon-models", "conv")
+    reps = [r for r in rows if r["row"] == "rep"]
+    assert reps and {r["impl"] for r in reps} == {"ps"} and {r["case"] for r in reps} == {"gluon-conv"}
+    assert all(float(r["round_ms"]) > 0 and int(r["rounds"]) > 0 for r in reps), reps
+
+
+@pytest.mark.mxnet
 def test_sparse_bench_moves_only_the_rows(tmp_path):
     """A tiny `python -m ps.bench.sparse`: both jobs run, and ps's bytes per step stay within
     a few percent of the rows up and down (a dense pull would be 40x more here)."""

@@ -275,17 +275,15 @@ def start_clusters(impls: list[str], w: int, s: int, spec: dict[str, Any], args:
 
 
 def run_gluon(w: int, s: int, args: argparse.Namespace, progress: Progress, rows: list[Row]) -> list[str]:
-    from .gluon import MODELS, adapter_missing
-    notes = []
-    impls = []
-    missing = adapter_missing()
+    from .gluon import MODELS, mxnet_missing
+    missing = mxnet_missing()
     if missing:
-        notes.append(f"Gluon on ps: SKIPPED - {missing}; only MXNet native is timed")
-    else:
-        impls.append("ps")
-    if args.vs_native or missing:
+        return [f"Gluon: SKIPPED - {missing}"]
+    notes: list[str] = []
+    impls = ["ps"]
+    if args.vs_native:
         impls.append("native")
-    if args.ab and not missing:
+    if args.ab:
         impls.append("ps-b")
     for model in [m.strip() for m in args.gluon_models.split(",") if m.strip()]:
         if model not in MODELS:

@@ -476,6 +476,11 @@ def plot(runs: list[Run], args: argparse.Namespace, path: str) -> None:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, label=impl)
     bound = [(k, min(r.compute_s / r.bound_s for r in runs if r.hosts == k)) for k in counts]
     ax.plot([p[0] for p in bound], [p[1] for p in bound], "k:", label="bound: compute / max(compute, comm)")
+    tight = [(k, min(r.compute_s / r.tight_s for r in runs if r.hosts == k)) for k in counts
+             if all(r.tight_s for r in runs if r.hosts == k)]
+    if tight:                   # a CSV written before the tight bound existed has none
+        ax.plot([p[0] for p in tight], [p[1] for p in tight], "k--",
+                label="tight bound: gradients ready layer by layer, needed in order")
     ax.set_xticks(counts)
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("hosts (one worker and one server each)")

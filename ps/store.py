@@ -110,7 +110,7 @@ class Round:
         self.row_len = 0
         self.skip: dict[int, int] = {}          # restarted worker -> leading elements its dead self sent
         self.pulling: dict[int, int] = {}       # worker -> op of its pushpull in this round (chunks answered as summed)
-        self.streamed: dict[int, int] = {}      # offset -> length of the chunks those pushpulls got already
+        self.streamed: dict[int, dict[int, int]] = {}   # such a worker -> {offset: length} of the chunks it got
 
 
 class Waiter(NamedTuple):
@@ -478,13 +478,14 @@ class Store:
         once every worker's last chunk arrived, its link idle meanwhile while others wait
         for one straggler (VGG-16's 103 MB slices: seconds); this way the replies follow
         the pushes chunk by chunk. Workers ask for it only across a network: on one machine
-        the interleaving cost the Gluon MLP benchmark 9 %. Not with replication
-        (PS_MAX_RESTARTS): a restarted worker must get the whole slice at the close."""
-        rnd.streamed[off] = n
+        the interleaving cost the Gluon MLP benchmark 9 %. Not while a backup keeps this
+        server's replica (``journal``): the close is what it replays. A worker that dies
+        mid-round loses its chunks here (``worker_died``): its restart gets them at the close."""
         value, code = ks.value, ks.dtype_code
         lent = False
         replies = []
         for worker, op in rnd.pulling.items():
+            rnd.streamed.setdefault(worker, {})[off] = n
             chunk = value[off:off + n]
             if op & Op.HALF_PULL and value.dtype == np.float32:
                 chunk = chunk.astype(np.float16)           # a copy: nothing lent
@@ -523,7 +524,7 @@ class Store:
             if self.journal is not None:
                 self.journal.append(Event("close", ks.key, 0, ks.closed))
             for waiter in rnd.waiters:         # pushes; a pushpull got its chunks as they were summed
-                replies += self._answer(ks, waiter, rnd.streamed if waiter.worker in rnd.pulling else ())
+                replies += self._answer(ks, waiter, rnd.streamed.get(waiter.worker, ()))
             for waiter in rnd.pulls:
                 replies += self._answer(ks, waiter)
             if ks.rounds:                      # chunks the next round completed while it waited
@@ -635,6 +636,8 @@ class Store:
             for key in [k for k in ks.partial if k[0] == worker]:   # async: half-received pushes
                 del ks.partial[key]
             for rnd in ks.rounds:
+                rnd.pulling.pop(worker, None)       # its restart gets at the close what its dead self was sent
+                rnd.streamed.pop(worker, None)
                 if worker in rnd.members and worker not in rnd.complete:
                     rnd.members[worker] = DEAD
                     rnd.skip[worker] = rnd.received.get(worker, 0)

@@ -138,3 +138,19 @@ def test_only_the_workers_that_asked_get_chunks_early():
     replies = early + send(s, W1, 20, a, PIECES[-1:])
     for dest in (W0, W1):
         np.testing.assert_array_equal(assembled(replies, dest), 2 * a)
+
+
+def test_a_worker_restarted_mid_round_gets_at_the_close_what_its_dead_self_was_sent():
+    """Streaming before any replica subscribed (the journal is off then): the dead worker got
+    the first chunks; its restart sends only the rest, and the close answers it the chunks it
+    never saw, so each element reaches it exactly once."""
+    s = new_store()
+    a, b = np.ones(TOTAL, np.float32), np.full(TOTAL, 2, np.float32)
+    send(s, W0, 10, a, PIECES)
+    first = send(s, W1, 20, b, PIECES[:3])
+    assert {r.dest for r in first} == {W0, W1}
+    s.worker_died(W1)
+    rest = send(s, W1, 30, b, PIECES[3:])                       # the restart: new timestamp, the rest only
+    assert s.keys[3].closed == 1
+    np.testing.assert_array_equal(assembled(first + rest, W0), a + b)
+    np.testing.assert_array_equal(assembled([r for r in rest if r.entry.ts == 30], W1), a + b)

@@ -254,7 +254,7 @@ class Store:
         rnd = self._round_for(ks, sender, entry.ts)
         if _sent_before(rnd, sender, entry):
             return []                        # its dead self sent this chunk: counted already
-        if entry.op & Op.STREAM and self.journal is None:
+        if entry.op & Op.STREAM and entry.op & Op.PULL and self.journal is None:
             rnd.pulling[sender] = entry.op
         streamed = self._gather(ks, rnd, sender, entry.offset, entry.length, data)
         return streamed + self._count(ks, rnd, sender, entry, ks.total)
@@ -290,7 +290,12 @@ class Store:
         if self.sync and 0 <= index < len(ks.rounds):
             ks.rounds[index].pulls.append(Waiter(sender, entry))
             return []
-        return self._answer(ks, Waiter(sender, entry))
+        replies = self._answer(ks, Waiter(sender, entry))
+        if self.sync and ks.rounds and ks.rounds[0].started:
+            # the open round writes its next chunks into the value in place (copy-on-write
+            # runs only at its first): this reply must not change under the transport
+            replies = [r._replace(data=r.data.copy()) if r.data is not None else r for r in replies]
+        return replies
 
     def _count(self, ks: KeyState, rnd: Round, sender: int, entry: Entry, whole: int) -> list[Reply]:
         """Count one chunk of a worker's push; once ``whole`` arrived, the push is complete."""
@@ -470,7 +475,8 @@ class Store:
                 self.updater.update_chunk(ks.key, off, total, ks.value)
         if self.journal is not None:
             self.journal.append(Event("chunk", ks.key, off, None, (total if total.base is None else total.copy(),)))
-        return self._stream(ks, rnd, off, n) if rnd.pulling else []
+        # a backup that subscribed since the round's pushpulls asked replays closes, not chunks
+        return self._stream(ks, rnd, off, n) if rnd.pulling and self.journal is None else []
 
     def _stream(self, ks: KeyState, rnd: Round, off: int, n: int) -> list[Reply]:
         """Answer the round's streamed pushpulls (Op.STREAM) with one chunk that will not

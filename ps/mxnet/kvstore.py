@@ -151,7 +151,8 @@ class PSKVStore(mx.kvstore.KVStore):
         """Push gradients, write the new values into ``out`` (into ``value`` if None).
 
         Gradients go out of the NDArrays' own memory and pulled values come back into it
-        (in sync mode a reply only comes after the server has all of this push); for one
+        (in sync mode a chunk's reply comes only after the server has every worker's push of
+        that chunk, so the chunk has left this array by then); for one
         dense CPU array it runs as an operation of MXNet's engine, which may stage the
         values of convolution weights first (see ``_engine_pushpull``).
         """

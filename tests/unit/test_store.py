@@ -177,3 +177,25 @@ def test_a_half_pull_halves_only_float32_values_and_the_reply_says_which():
     s.handle(W0, entry(7, Op.INIT, 4, code=f64), np.full(6, 1 / 3))
     (other,) = s.handle(W0, entry(8, Op.PULL | Op.HALF_PULL, 4, code=f64), None)
     assert not other.entry.op & Op.HALF_PULL and other.data.dtype == np.float64
+
+
+def test_a_replayed_push_answered_while_a_round_is_half_applied_keeps_its_reply():
+    """A restarted worker replays a push of a closed round while the next round has begun
+    (chunk by chunk, in place): the reply made now must not change as that round goes on."""
+    s = Store(2, sync=True, chunk_bytes=8 * 4)
+    s.handle(W0, entry(1, Op.INIT, 3, 0, 16, 16), np.zeros(16, np.float32))
+
+    def push_chunk(w, ts, seq, off, g):
+        e = Entry(ts, int(Op.PUSH | Op.PULL), 3, off, 8, 16, F32, None, 0, seq)
+        return s.handle(w, e, np.full(8, g, np.float32))
+    for w, ts in ((W0, 10), (W1, 20)):                     # round 1: 1 + 1 = 2 everywhere
+        push_chunk(w, ts, 1, 0, 1)
+        push_chunk(w, ts, 1, 8, 1)
+    push_chunk(W0, 11, 2, 0, 5)
+    push_chunk(W1, 21, 2, 0, 5)                             # round 2 has summed its first chunk
+    s.worker_died(W1)
+    replayed = push_chunk(W1, 30, 1, 0, 1) + push_chunk(W1, 30, 1, 8, 1)   # answered now
+    made = np.concatenate([r.data for r in replayed]).copy()
+    push_chunk(W0, 11, 2, 8, 5)
+    push_chunk(W1, 31, 2, 8, 5)                             # round 2's second chunk, in place
+    np.testing.assert_array_equal(np.concatenate([r.data for r in replayed]), made)

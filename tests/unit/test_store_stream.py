@@ -154,3 +154,17 @@ def test_a_worker_restarted_mid_round_gets_at_the_close_what_its_dead_self_was_s
     assert s.keys[3].closed == 1
     np.testing.assert_array_equal(assembled(first + rest, W0), a + b)
     np.testing.assert_array_equal(assembled([r for r in rest if r.entry.ts == 30], W1), a + b)
+
+
+def test_a_backup_subscribing_mid_round_stops_the_streaming():
+    """The round's pushpulls asked before a replica subscribed (journal off); their chunks are
+    summed after it did: the backup replays closes, so they are answered at the close."""
+    s = new_store()
+    a = np.ones(TOTAL, np.float32)
+    assert send(s, W0, 10, a, PIECES) == []
+    s.journal = []
+    early = send(s, W1, 20, a, PIECES[:-1])
+    assert early == []
+    replies = send(s, W1, 20, a, PIECES[-1:])
+    for dest in (W0, W1):
+        np.testing.assert_array_equal(assembled(replies, dest), 2 * a)

@@ -4,17 +4,35 @@ namespace: the launcher, the scheduler in it, ssh clients and all job processes 
 namespaces the fixture created (testinfra §3 safety rule)."""
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import signal
 import subprocess
 import time
 
+import numpy as np
 import pytest
 
-from .launch_util import PY, ROOT, marked_pids, need_root, poll_for, worker_cmd
+from .launch_util import PY, ROOT, bash, marked_pids, need_root, poll_for, worker_cmd
 
 pytestmark = pytest.mark.launcher
+
+
+@contextlib.contextmanager
+def shaped_links(ns_hosts, rate):
+    """Every host's link shaped to ``rate`` both ways (its egress; the others' egress is its
+    ingress), removed afterwards: the fixture's hosts are shared by the module's tests."""
+    hosts = [f'{ns_hosts["prefix"]}{i}' for i in (1, 2, 3)]
+    try:
+        for ns in hosts:
+            out = bash(f"ip netns exec {ns} tc qdisc replace dev eth0 root tbf rate {rate} burst 64kb latency 20ms")
+            assert out.returncode == 0, out.stderr
+        yield
+    finally:
+        for ns in hosts:
+            bash(f"ip netns exec {ns} tc qdisc del dev eth0 root")
 
 
 def test_ssh_job_on_three_namespace_hosts(launch, sshd, ns_hosts):
@@ -40,6 +58,59 @@ def test_ssh_job_on_three_namespace_hosts(launch, sshd, ns_hosts):
     os.kill(job.proc.pid, signal.SIGINT)
     assert job.wait(10) == 130, job.output
     assert poll_for(lambda: not marked_pids(job.marker), 10 - (time.monotonic() - t0)), marked_pids(job.marker)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("flags", [["--wide"], ["--wide", "--update-on-worker"]], ids=["server-optimizer", "worker-optimizer"])
+def test_an_unmodified_gluon_script_across_shaped_namespace_hosts(launch, sshd, ns_hosts, flags):
+    """MXNet's dist_sync over a real network: 3 hosts, every link shaped to 100 Mbit/s both
+    ways, a 2 MiB weight in several chunks, the optimizer on the servers or (--update-on-worker)
+    on the workers; either way the Trainer's pushpulls are answered chunk by chunk across the
+    network (Op.STREAM). Every worker ends with single-process weights."""
+    pytest.importorskip("mxnet")
+    script = os.path.join(ROOT, "tests", "mxnet", "plain_gluon.py")
+    with shaped_links(ns_hosts, "100mbit"):
+        job = launch(["-n", "2", "-s", "2", "-H", ns_hosts["hostfile"], PY, script, *flags],
+                     env={"PATH": sshd["PATH"], "PYTHONPATH": ROOT}, prefix=["ip", "netns", "exec", ns_hosts["launcher_ns"]])
+        assert job.wait(150) == 0, job.output
+    workers = [json.loads(line.split("RESULT ", 1)[1]) for line in job.output.splitlines() if "RESULT " in line]
+    assert sorted(w["rank"] for w in workers) == [0, 1], job.output
+    assert {w["kvstore"] for w in workers} == {"ps.mxnet.Dist_Sync"}, job.output
+    ref = subprocess.run([PY, script, "--local", *flags], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    (local,) = [json.loads(line.split("RESULT ", 1)[1]) for line in ref.stdout.splitlines() if "RESULT " in line]
+    for worker in workers:
+        for name, values in local["weights"].items():
+            np.testing.assert_allclose(worker["weights"][name], values, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("role", ["server", "worker"])
+def test_a_node_killed_on_a_shaped_namespace_host_comes_back_over_ssh(launch, sshd, ns_hosts, tmp_path, role):
+    """--max-restarts across hosts: a server or worker SIGKILLed mid-job on its host (links
+    shaped to 100 Mbit/s) is started again there over ssh, and the job ends with the weights
+    of an unfaulted run on loopback (same deterministic gradients)."""
+    script = os.path.join(ROOT, "tests", "integration", "recovery_worker.py")
+    rounds, bound = "40", "MXNET_KVSTORE_BIGARRAY_BOUND:100000"     # key 5 cut across both servers
+    (tmp_path / "hurt").mkdir()
+    (tmp_path / "ref").mkdir()
+    with shaped_links(ns_hosts, "100mbit"):
+        job = launch(["-n", "2", "-s", "2", "-H", ns_hosts["hostfile"], "--max-restarts", "2", "--env", bound,
+                      "--env", "PS_HEARTBEAT_INTERVAL:0.5", "--env", "PS_HEARTBEAT_TIMEOUT:10",
+                      PY, script, str(tmp_path / "hurt"), rounds, "sgd", "--kill", role, "1", "15", "push"],
+                     env={"PATH": sshd["PATH"], "PYTHONPATH": ROOT}, prefix=["ip", "netns", "exec", ns_hosts["launcher_ns"]])
+        assert job.wait(200) == 0, job.output
+    # ssh reports a remote command killed by a signal as its own exit status 255
+    assert f"{role} 1 exited with status 255: starting it again (restart 1 of 2)" in job.output, job.output
+    if role == "server":
+        assert re.search(r"server 1 \(S\[\d+\]\) recovered \d+ keys", job.output), job.output
+    ref = launch(["-n", "2", "-s", "2", "--launcher", "local", "--env", bound,
+                  PY, script, str(tmp_path / "ref"), rounds, "sgd"], env={"PYTHONPATH": ROOT})
+    assert ref.wait(120) == 0, ref.output
+    with np.load(tmp_path / "hurt" / "weights.npz") as got, np.load(tmp_path / "ref" / "weights.npz") as want:
+        assert sorted(got) == sorted(want)
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-6, err_msg=key)
 
 
 @pytest.mark.timeout(150)

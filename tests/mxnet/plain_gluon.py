@@ -5,6 +5,8 @@ on MXNet's own parameter server for the side-by-side.
     python plain_gluon.py            # one worker of a dist_sync job
     python plain_gluon.py --local    # the reference: one process, both workers' batches
     ... --own-optimizer              # with an optimizer class defined here (runs pickled on servers)
+    ... --wide                       # a 2 MiB weight: several 1 MiB chunks per pushpull
+    ... --update-on-worker           # Trainer(update_on_kvstore=False): the optimizer runs on the workers
 """
 import json
 import sys
@@ -16,9 +18,12 @@ from mxnet import autograd, gluon
 STEPS, BATCH, WORKERS = 10, 8, 2
 
 
+IN, HIDDEN = (1024, 512) if "--wide" in sys.argv else (10, 16)
+
+
 def batch(rank, step):
     rng = np.random.RandomState(100 * step + rank)
-    return rng.uniform(-1, 1, (BATCH, 10)).astype(np.float32), rng.uniform(-1, 1, (BATCH, 3)).astype(np.float32)
+    return rng.uniform(-1, 1, (BATCH, IN)).astype(np.float32), rng.uniform(-1, 1, (BATCH, 3)).astype(np.float32)
 
 
 class ScaledSGD(mx.optimizer.Optimizer):
@@ -36,15 +41,16 @@ def main():
     local = "--local" in sys.argv
     kv = mx.kv.create("local" if local else "dist_sync")
     net = gluon.nn.HybridSequential()
-    net.add(gluon.nn.Dense(16, activation="relu", in_units=10), gluon.nn.Dense(3, in_units=16))
+    net.add(gluon.nn.Dense(HIDDEN, activation="relu", in_units=IN), gluon.nn.Dense(3, in_units=HIDDEN))
     net.initialize(mx.init.Xavier(rnd_type="uniform", magnitude=1.0))
     for i, p in enumerate(net.collect_params().values()):      # the same start on every worker
-        p.set_data(mx.nd.array(np.random.RandomState(i).uniform(-0.3, 0.3, p.shape)))
+        p.set_data(mx.nd.array(np.random.RandomState(i).uniform(-0.3, 0.3, p.shape) / np.sqrt(IN / 10)))
     if "--own-optimizer" in sys.argv:
         optimizer = ScaledSGD(learning_rate=0.05)
     else:
         optimizer = mx.optimizer.SGD(learning_rate=0.05, momentum=0.9)
-    trainer = gluon.Trainer(net.collect_params(), optimizer, kvstore=kv)
+    trainer = gluon.Trainer(net.collect_params(), optimizer, kvstore=kv,
+                            update_on_kvstore=False if "--update-on-worker" in sys.argv else None)
     loss_fn = gluon.loss.L2Loss()
     ranks = range(WORKERS) if local else [kv.rank]
     for step in range(STEPS):

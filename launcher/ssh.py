@@ -4,8 +4,12 @@ Remote processes are stopped through their ssh connection: the remote shell star
 watchdog that waits for EOF on the connection's stdin, which comes when the launcher closes
 the pipe (a job stop or the job's end) or when the ssh client dies (launcher killed, network
 lost). It then sends SIGTERM, and after up to 3 s SIGKILL, to the remote process group
-(sshd makes the remote shell a session leader; the command is exec'ed in it). Nothing is
+(sshd makes the remote shell a session leader; the command runs in its group). Nothing is
 killed by name, and no tty is needed, so stdout and stderr stay apart.
+
+The command is not exec'ed: the shell waits for it and exits with its status, so a remote
+process killed by a signal reaches the launcher as 128 + N ("was killed by SIGKILL"). Exec'ed,
+sshd would report the signal itself and the ssh client would exit 255, as for a lost connection.
 """
 from __future__ import annotations
 
@@ -47,9 +51,9 @@ def ssh_argv(host: Host, *remote: str) -> list[str]:
 def remote_script(env: Mapping[str, str], cwd: str, command: tuple[str, ...], key_from_stdin: bool = False) -> str:
     """The remote shell command: quoted exports, the job key, cd, watchdog, then the command."""
     exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items() if not (key_from_stdin and k == "PS_JOB_KEY_FILE"))
-    run = command[0] if is_shell_string(command) else "exec " + shell_join(command)
+    run = command[0] if is_shell_string(command) else shell_join(command)
     key = KEY_FROM_STDIN if key_from_stdin else ""
-    return f"{exports}{key}cd {shlex.quote(cwd)} || exit 1; {WATCHDOG}{run}"
+    return f"{exports}{key}cd {shlex.quote(cwd)} || exit 1; {WATCHDOG}{run}; exit $?"
 
 
 def workdir(spec: LaunchSpec) -> str:

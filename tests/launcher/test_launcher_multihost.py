@@ -100,8 +100,7 @@ def test_a_node_killed_on_a_shaped_namespace_host_comes_back_over_ssh(launch, ss
                       PY, script, str(tmp_path / "hurt"), rounds, "sgd", "--kill", role, "1", "15", "push"],
                      env={"PATH": sshd["PATH"], "PYTHONPATH": ROOT}, prefix=["ip", "netns", "exec", ns_hosts["launcher_ns"]])
         assert job.wait(200) == 0, job.output
-    # ssh reports a remote command killed by a signal as its own exit status 255
-    assert f"{role} 1 exited with status 255: starting it again (restart 1 of 2)" in job.output, job.output
+    assert f"{role} 1 was killed by SIGKILL: starting it again (restart 1 of 2)" in job.output, job.output
     if role == "server":
         assert re.search(r"server 1 \(S\[\d+\]\) recovered \d+ keys", job.output), job.output
     ref = launch(["-n", "2", "-s", "2", "--launcher", "local", "--env", bound,

@@ -195,7 +195,7 @@ def test_ssh_commands(tmp_path):
     exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in {
         "PYTHONPATH": "/src", **JOB, "DMLC_ROLE": "worker", "DMLC_TASK_ID": "2", "DMLC_RANK": "1",
         "DMLC_NODE_HOST": "10.0.0.1", "Q": "it's \"q\" $X"}.items())
-    assert script == f"{exports}cd /work/job || exit 1; {ssh.WATCHDOG}exec python3 t.py 'a b'"
+    assert script == f"{exports}cd /work/job || exit 1; {ssh.WATCHDOG}python3 t.py 'a b'; exit $?"
     assert "s3cr3t" not in " ".join(" ".join(c.argv) for c in ssh.commands(spec, JOB, ENV))
     # the remote shell sees exactly the values given (run the exports in sh)
     res = subprocess.run(["sh", "-c", exports + 'printf "%s|" "$Q" "$DMLC_NODE_HOST"'], capture_output=True,

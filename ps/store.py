@@ -292,8 +292,10 @@ class Store:
             return []
         replies = self._answer(ks, Waiter(sender, entry))
         if self.sync and ks.rounds and ks.rounds[0].started:
-            # the open round writes its next chunks into the value in place (copy-on-write
-            # runs only at its first): this reply must not change under the transport
+            # the open round writes its next chunks into the value in place: copy-on-write
+            # runs only at a round's first chunk (streamed chunks are final for their round,
+            # so a check per chunk would copy the value at every chunk); a whole slice lent
+            # now would change under the transport, so this rare reply is a copy
             replies = [r._replace(data=r.data.copy()) if r.data is not None else r for r in replies]
         return replies
 
@@ -530,7 +532,7 @@ class Store:
             if self.journal is not None:
                 self.journal.append(Event("close", ks.key, 0, ks.closed))
             for waiter in rnd.waiters:         # pushes; a pushpull got its chunks as they were summed
-                replies += self._answer(ks, waiter, rnd.streamed.get(waiter.worker, ()))
+                replies += self._answer(ks, waiter, rnd.streamed.get(waiter.worker))
             for waiter in rnd.pulls:
                 replies += self._answer(ks, waiter)
             if ks.rounds:                      # chunks the next round completed while it waited
@@ -583,7 +585,7 @@ class Store:
                 return []
         return self._answer(ks, Waiter(sender, entry))
 
-    def _answer(self, ks: KeyState, waiter: Waiter, skip: dict[int, int] | tuple = ()) -> list[Reply]:
+    def _answer(self, ks: KeyState, waiter: Waiter, skip: dict[int, int] | None = None) -> list[Reply]:
         """``skip``: the chunks (offset -> length) a pushpull got already (:meth:`_stream`);
         the rest of the slice is answered."""
         dest, req, ids = waiter

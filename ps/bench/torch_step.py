@@ -87,6 +87,10 @@ def run(spec: dict[str, Any]) -> None:
                                   "median": statistics.median(steps[timed]), "steps": steps[timed],
                                   "stall": statistics.median(stalls[timed]), "first_stall": 0.0}), flush=True)
     if spec["impl"] == "ddp":
+        # every rank done with gloo before any tears it down: a rank whose peer closed the
+        # connection mid-teardown aborted once in CI ("terminate called without an active
+        # exception", SIGABRT) after it had printed its result
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     else:
         hvd.shutdown()

@@ -7,7 +7,11 @@ rendezvous itself before its store joins: rank 0 starts the scheduler, rank r st
 child that dies with its rank; then the rank is worker r. The scheduler's address is
 127.0.0.1 when every rank is on one host, the first host of a Slurm step, or
 ``DMLC_PS_ROOT_URI``; its port is derived from the job's id (the same in every rank) unless
-``DMLC_PS_ROOT_PORT`` is set.
+``DMLC_PS_ROOT_PORT`` is set. Derived ports lie below Linux's default ephemeral range
+(32768-60999): there, any process's outgoing connection may hold the port, and the ranks cannot
+agree on another one. Rank 0 waits until its scheduler listens, so a port that is taken anyway
+fails that rank at once, naming the port, instead of leaving every rank waiting for a scheduler
+that is gone.
 """
 from __future__ import annotations
 
@@ -21,14 +25,17 @@ import sys
 import time
 from collections.abc import Mapping
 
+import psutil
+
 from . import netutil
 from .config import ManagerRank, manager_rank
 from .errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-PORT_BASE, PORT_SPAN = 20000, 20000
+PORT_BASE, PORT_SPAN = 20000, 12000     # 20000-31999: under the kernel's ephemeral ports (32768-)
 CHILD_EXIT_WAIT = 15.0     # seconds the scheduler and servers get to end on their own after the worker
+LISTEN_WAIT = 60.0         # seconds rank 0 gives its scheduler to bind (python -m ps imports numpy, zmq)
 
 
 def needed(environ: Mapping[str, str] | None = None) -> ManagerRank | None:
@@ -81,15 +88,48 @@ def start(environ: Mapping[str, str] | None = None) -> ManagerRank | None:
         return None
     base = rendezvous(rank, os.environ)
     children = []
+    atexit.register(_reap, children)
     if rank.rank == 0:
         children.append(_spawn("scheduler", base, None))
     for server in range(rank.rank, int(base["DMLC_NUM_SERVER"]), rank.size):
         children.append(_spawn("server", base, server))
+    if rank.rank == 0:
+        try:
+            _await_listening(children[0], int(base["DMLC_PS_ROOT_PORT"]), rank, "DMLC_PS_ROOT_PORT" in os.environ)
+        except ConfigError:
+            _reap(children, wait=0.0)
+            raise
     os.environ.update(base, DMLC_ROLE="worker", DMLC_RANK=str(rank.rank))
-    atexit.register(_reap, children)
     logger.info("%s rank %d of %d: scheduler %s:%s, %d server(s) started here", rank.manager, rank.rank,
                 rank.size, base["DMLC_PS_ROOT_URI"], base["DMLC_PS_ROOT_PORT"], len(children) - (rank.rank == 0))
     return rank
+
+
+def _await_listening(scheduler: subprocess.Popen, port: int, rank: ManagerRank, port_given: bool) -> None:
+    """Until the scheduler this rank started listens on ``port``; a ConfigError naming the port
+    when it exits first (it said why on stderr: most often the port is taken)."""
+    deadline = time.monotonic() + LISTEN_WAIT
+    while time.monotonic() < deadline:
+        code = scheduler.poll()
+        if code is not None:
+            origin = ("DMLC_PS_ROOT_PORT" if port_given
+                      else f"derived from {rank.manager}'s job id {rank.job_id!r}")
+            raise ConfigError(f"the scheduler rank 0 started on port {port} ({origin}) exited with code {code} "
+                              "before it listened (its error is above; most often the port is taken): set "
+                              "DMLC_PS_ROOT_PORT to a free port in every rank")
+        if _listens(scheduler.pid, port):
+            return
+        time.sleep(0.05)
+    raise ConfigError(f"the scheduler rank 0 started (pid {scheduler.pid}) did not listen on port {port} "
+                      f"within {LISTEN_WAIT:g}s")
+
+
+def _listens(pid: int, port: int) -> bool:
+    try:
+        conns = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
 
 
 def _spawn(role: str, base: dict[str, str], rank: int | None) -> subprocess.Popen:
@@ -109,10 +149,10 @@ def _die_with_parent() -> None:
         pass
 
 
-def _reap(children: list[subprocess.Popen]) -> None:
+def _reap(children: list[subprocess.Popen], wait: float = CHILD_EXIT_WAIT) -> None:
     """At the worker's exit (after its store closed): the servers and the scheduler end once
     every worker closed; wait for that, then stop what is left."""
-    deadline = time.monotonic() + CHILD_EXIT_WAIT
+    deadline = time.monotonic() + wait
     for child in children:
         try:
             child.wait(max(0.1, deadline - time.monotonic()))

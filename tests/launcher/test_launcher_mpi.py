@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 
@@ -131,6 +132,34 @@ def test_ps_torch_under_a_bare_mpirun(mpi_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert hvd_results(proc.stdout) == [[str(r), "3", str(r), "3", "2.0", "127.0.0.1"] for r in range(3)], \
         proc.stdout + proc.stderr
+    assert poll_for(lambda: no_ps_processes_of(env["DMLC_PS_ROOT_PORT"]), 10)
+
+
+@pytest.mark.timeout(120)
+def test_bare_mpirun_with_the_schedulers_port_taken_fails_at_once(mpi_path):
+    """Rank 0's scheduler cannot bind: rank 0 ends at once, saying which port and what to set.
+    Open MPI then stops the other ranks; MPICH's hydra does not (a rank that never called
+    MPI_Init may exit as it likes), so there they end at PS_CONNECT_TIMEOUT, naming the
+    scheduler they waited for."""
+    pytest.importorskip("torch")
+    kind, path = mpi_path
+    argv = ["mpirun", "-np", "2"] + (["--allow-run-as-root", "--oversubscribe"] if kind == "openmpi" else [])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_"))}
+        env.update(PATH=path, PYTHONPATH=ROOT, DMLC_PS_ROOT_PORT=str(port), PS_CONNECT_TIMEOUT="10")
+        t0 = time.monotonic()
+        proc = subprocess.run([*argv, PY, "-c", HVD_SCRIPT], env=env, capture_output=True, text=True, timeout=100)
+    took = time.monotonic() - t0
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert (f"the scheduler rank 0 started on port {port} (DMLC_PS_ROOT_PORT) exited with code 1 before it "
+            "listened") in proc.stderr, proc.stderr
+    assert took < (60 if kind == "mpich" else 30), f"the job took {took:.0f}s to end: {proc.stderr}"
+    if kind == "mpich":
+        assert f"no answer from the scheduler at tcp://127.0.0.1:{port} within 10s" in proc.stderr, proc.stderr
+    assert not hvd_results(proc.stdout), proc.stdout
     assert poll_for(lambda: no_ps_processes_of(env["DMLC_PS_ROOT_PORT"]), 10)
 
 

@@ -127,8 +127,10 @@ def _await_listening(scheduler: subprocess.Popen, port: int, rank: ManagerRank, 
 def _listens(pid: int, port: int) -> bool:
     try:
         conns = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.NoSuchProcess:
+        return False            # it exited: the caller's poll() says with what
     except psutil.Error:
-        return False
+        return True             # /proc hidden from us: go on, as before this check existed
     return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
 
 

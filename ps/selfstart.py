@@ -28,6 +28,7 @@ from collections.abc import Mapping
 import psutil
 
 from . import netutil
+from ._timing import Deadline
 from .config import ManagerRank, manager_rank
 from .errors import ConfigError
 
@@ -108,8 +109,8 @@ def start(environ: Mapping[str, str] | None = None) -> ManagerRank | None:
 def _await_listening(scheduler: subprocess.Popen, port: int, rank: ManagerRank, port_given: bool) -> None:
     """Until the scheduler this rank started listens on ``port``; a ConfigError naming the port
     when it exits first (it said why on stderr: most often the port is taken)."""
-    deadline = time.monotonic() + LISTEN_WAIT
-    while time.monotonic() < deadline:
+    deadline = Deadline(LISTEN_WAIT)
+    while not deadline.expired:
         code = scheduler.poll()
         if code is not None:
             origin = ("DMLC_PS_ROOT_PORT" if port_given

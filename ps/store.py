@@ -254,7 +254,7 @@ class Store:
         rnd = self._round_for(ks, sender, entry.ts)
         if _sent_before(rnd, sender, entry):
             return []                        # its dead self sent this chunk: counted already
-        if entry.op & Op.STREAM and entry.op & Op.PULL and self.journal is None:
+        if entry.op & Op.STREAM and entry.op & Op.PULL:
             rnd.pulling[sender] = entry.op
         streamed = self._gather(ks, rnd, sender, entry.offset, entry.length, data)
         return streamed + self._count(ks, rnd, sender, entry, ks.total)
@@ -477,7 +477,8 @@ class Store:
                 self.updater.update_chunk(ks.key, off, total, ks.value)
         if self.journal is not None:
             self.journal.append(Event("chunk", ks.key, off, None, (total if total.base is None else total.copy(),)))
-        # a backup that subscribed since the round's pushpulls asked replays closes, not chunks
+        # with a backup subscribed (journal), even since the round's pushpulls asked, nothing
+        # streams: the backup replays closes, not chunks, so the close answers them whole
         return self._stream(ks, rnd, off, n) if rnd.pulling and self.journal is None else []
 
     def _stream(self, ks: KeyState, rnd: Round, off: int, n: int) -> list[Reply]:

@@ -33,7 +33,7 @@ ALLOWED = {
     "kvstore": {"_logging", "_timing", "compression", "config", "customer", "errors", "keys", "message",
                 "postoffice", "van", "worker"},
     "testing": {"config", "errors", "kvstore", "scheduler", "server", "van"},
-    "selfstart": {"config", "errors", "netutil"},
+    "selfstart": {"_timing", "config", "errors", "netutil"},
     "__main__": {"_logging", "config", "errors", "mxnet_autoload", "scheduler", "server"},
     "__init__": {"config", "customer", "errors", "kvstore", "optim"},
     "launch": {"launcher.launch"},

@@ -29,16 +29,22 @@ def grad(rank: int, rnd: int, key: int, shape: tuple) -> np.ndarray:
 
 
 def find(role: str, rank: int) -> psutil.Process:
+    """The node's Python process. Under the ssh launcher the remote shell's watchdog (its
+    ``cat``) has the node's environment too; killing it stops the node with SIGTERM through
+    the watchdog, which is a different test."""
     port = os.environ["DMLC_PS_ROOT_PORT"]
+    found = []
     for proc in psutil.process_iter():
         try:
-            env = proc.environ()
+            env, name = proc.environ(), proc.name()
         except (psutil.Error, OSError):
             continue
         if env.get("DMLC_ROLE") == role and env.get("DMLC_PS_ROOT_PORT") == port \
-                and env.get("DMLC_RANK") == str(rank) and proc.pid != os.getpid():
-            return proc
-    raise RuntimeError(f"no {role} {rank} of this job found")
+                and env.get("DMLC_RANK") == str(rank) and proc.pid != os.getpid() and name.startswith("python"):
+            found.append(proc)
+    if len(found) != 1:
+        raise RuntimeError(f"{len(found)} Python processes for {role} {rank} of this job, not 1: {found}")
+    return found[0]
 
 
 def kill(role: str, rank: int, rnd: int) -> None:

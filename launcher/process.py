@@ -198,6 +198,10 @@ class Job:
         self._stopped: set[str] = set()          # names still running when stop() began
         self._stopped_procs: set[int] = set()    # id() of the processes still running then
         self._events: queue.SimpleQueue = queue.SimpleQueue()  # (name, code) from non-Popen sources
+        # id() of each process whose exit poll() has handed out. Not Proc.code: any look at a
+        # process (``running``, ``_wait``) records its exit, and an exit seen there first must
+        # still reach poll(), or a killed node is neither restarted nor reported.
+        self._exits_given: set[int] = set()
         self._stop_hooks: list[Callable[[], None]] = []
         self._cleanups: list[Callable[[], None]] = []
 
@@ -231,7 +235,8 @@ class Job:
         """(name, exit status) of everything that ended since the last poll."""
         ended = []
         for proc in self.procs:
-            if proc.code is None and proc.poll() is not None:
+            if id(proc) not in self._exits_given and proc.poll() is not None:
+                self._exits_given.add(id(proc))
                 ended.append((proc.cmd.name, proc.code))
         while True:
             try:
@@ -415,6 +420,7 @@ def supervise(job: Job, sched: object | None = None, stop: StopSignal | None = N
     code, failed = 0, False
     try:
         while True:
+            idle = not job.running   # looked at before poll(), so poll() hands out what this saw end
             code = _first_failure(restarts.take(job, job.poll(), sched))
             if code:
                 failed = True
@@ -423,7 +429,7 @@ def supervise(job: Job, sched: object | None = None, stop: StopSignal | None = N
                 code, failed = _scheduler_failure(job, sched), True
                 break
             now = time.monotonic()
-            if not job.running:
+            if idle and not job.running:     # not job.running: take() may have started one again
                 if sched is None or sched.done:
                     break
                 idle_since = idle_since or now

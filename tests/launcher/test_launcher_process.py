@@ -65,6 +65,32 @@ def test_prefixed_output_log_files_and_success(tmp_path):
     assert sorted((tmp_path / "worker-0.log").read_text().splitlines()) == ["a", "b", "c"]
 
 
+def test_an_exit_seen_first_by_another_look_at_the_job_is_still_reported():
+    """supervise() looks at ``job.running`` between polls; a node that died just before that
+    look must still come out of the next poll(), or --max-restarts never restarts it and the
+    job waits for the scheduler to give up (a CI run lost a SIGKILLed server this way)."""
+    job, _, _ = make_job()
+    job.spawn(Command("server 1", py("raise SystemExit(137)")))
+    assert poll_for(lambda: not job.running, 10)       # this look records the exit first
+    assert job.poll() == [("server 1", 137)]
+    assert job.poll() == []                            # handed out once
+
+
+def test_the_last_process_failing_between_two_looks_fails_the_job():
+    """The last process exits while supervise() is between poll() and its look at
+    ``job.running`` (here: a poll() that takes a second after its scan): its status is still
+    the job's, not 0."""
+    class SlowPoll(Job):
+        def poll(self):
+            ended = super().poll()
+            time.sleep(1.0)
+            return ended
+
+    job = SlowPoll(Output(stdout=io.StringIO(), stderr=io.StringIO()))
+    job.spawn(Command("worker 0", py("import time; time.sleep(0.4); raise SystemExit(3)")))
+    assert supervise(job) == 3
+
+
 def test_first_failure_wins_and_the_rest_is_stopped():
     job, _, _ = make_job()
     sleeper = job.spawn(Command("server 0", py("import time; time.sleep(60)")))

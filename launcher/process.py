@@ -420,6 +420,10 @@ def supervise(job: Job, sched: object | None = None, stop: StopSignal | None = N
     code, failed = 0, False
     try:
         while True:
+            if stop.event.is_set():  # before take(): nodes killed with the launcher are not restarted
+                logger.warning("%s: stopping the job", signal.Signals(stop.signum or signal.SIGTERM).name)
+                code = stop.code
+                break
             idle = not job.running   # looked at before poll(), so poll() hands out what this saw end
             code = _first_failure(restarts.take(job, job.poll(), sched))
             if code:
@@ -440,10 +444,7 @@ def supervise(job: Job, sched: object | None = None, stop: StopSignal | None = N
                 logger.error("the job ran longer than --timeout %gs: stopping it", timeout)
                 code = 124
                 break
-            if stop.event.wait(0.1):
-                logger.warning("%s: stopping the job", signal.Signals(stop.signum or signal.SIGTERM).name)
-                code = stop.code
-                break
+            stop.event.wait(0.1)
     finally:
         job.stop(after_failure=failed)
         if sched is not None:

@@ -91,6 +91,18 @@ def test_the_last_process_failing_between_two_looks_fails_the_job():
     assert supervise(job) == 3
 
 
+def test_nodes_that_die_with_a_stopped_launcher_are_not_restarted():
+    """A TERM to the whole job (scancel, systemd) kills the nodes and the launcher together:
+    the launcher stops instead of spending --max-restarts on them."""
+    job, _, _ = make_job()
+    node = job.spawn(Command("worker 0", py("raise SystemExit(143)")))
+    assert poll_for(lambda: node.popen.poll() is not None, 10)
+    stop = StopSignal()
+    stop.set(15)
+    assert supervise(job, stop=stop, restarts=Restarts(2)) == 143
+    assert len(job.procs) == 1
+
+
 def test_first_failure_wins_and_the_rest_is_stopped():
     job, _, _ = make_job()
     sleeper = job.spawn(Command("server 0", py("import time; time.sleep(60)")))
@@ -103,10 +115,11 @@ def test_first_failure_wins_and_the_rest_is_stopped():
 
 
 def test_stop_signal_term_then_kill():
-    job, _, _ = make_job(grace=0.5)
+    job, out, _ = make_job(grace=0.5)
     stubborn = job.spawn(Command("worker 0", py(
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
         "time.sleep(60)")))
+    assert poll_for(lambda: "[worker 0] up" in out.getvalue(), 20)   # it ignores TERM from here on
     stop = StopSignal()
     threading.Timer(0.5, stop.set, args=(2,)).start()
     t0 = time.monotonic()

@@ -2,6 +2,7 @@
 interface's address, a free port. The one place for these, in ps and in the launcher."""
 from __future__ import annotations
 
+import random
 import socket
 
 import psutil
@@ -68,10 +69,22 @@ def announce_host(cfg: Config, scheduler_ip: str) -> str:
         return "127.0.0.1"
 
 
+# Ports for a listener whose number is chosen before it binds. They lie under Linux's default
+# ephemeral range (32768-60999), where any process's outgoing connection may take a port at
+# any moment; a port here is taken only by someone binding it on purpose.
+CHOSEN_PORTS = range(20000, 32000)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago. Only for a process that cannot bind port 0 itself
-    and report it (MXNet's native scheduler, a scheduler started by hand); anything of ours
-    that can binds port 0."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port that was free a moment ago, from CHOSEN_PORTS. Only for a process that cannot
+    bind port 0 itself and report it (MXNet's native scheduler, a scheduler started by hand);
+    anything of ours that can binds port 0."""
+    for _ in range(200):
+        port = random.choice(CHOSEN_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port on {host} in {CHOSEN_PORTS.start}-{CHOSEN_PORTS.stop - 1} after 200 tries")

@@ -34,7 +34,6 @@ from .errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-PORT_BASE, PORT_SPAN = 20000, 12000     # 20000-31999: under the kernel's ephemeral ports (32768-)
 CHILD_EXIT_WAIT = 15.0     # seconds the scheduler and servers get to end on their own after the worker
 LISTEN_WAIT = 60.0         # seconds rank 0 gives its scheduler to bind (python -m ps imports numpy, zmq)
 
@@ -63,7 +62,8 @@ def rendezvous(rank: ManagerRank, environ: Mapping[str, str]) -> dict[str, str]:
         if not rank.job_id:
             raise ConfigError(f"{rank.manager} gives no job id to derive the scheduler's port from: set "
                               "DMLC_PS_ROOT_PORT in every rank")
-        port = str(PORT_BASE + int(hashlib.sha256(rank.job_id.encode()).hexdigest(), 16) % PORT_SPAN)
+        ports = netutil.CHOSEN_PORTS         # under the kernel's ephemeral ports
+        port = str(ports[int(hashlib.sha256(rank.job_id.encode()).hexdigest(), 16) % len(ports)])
     return {"DMLC_PS_ROOT_URI": root, "DMLC_PS_ROOT_PORT": port, "DMLC_NUM_WORKER": str(rank.size),
             "DMLC_NUM_SERVER": environ.get("DMLC_NUM_SERVER") or str(rank.size)}
 

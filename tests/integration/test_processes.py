@@ -63,7 +63,7 @@ def test_workers_started_before_scheduler_still_form(procs, port):
 
 
 def test_formation_timeout_names_who_is_missing(procs, port):
-    env = cluster_env(port, PS_CONNECT_TIMEOUT="3")
+    env = cluster_env(port, PS_CONNECT_TIMEOUT="8")     # time for the others to register on a slow machine
     others, workers = start_job(procs, env, "sync", workers=1)   # the job expects 2 workers
     for p in [*others, *workers]:
         code, out, err = procs.finish(p, timeout=30)

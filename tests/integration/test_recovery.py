@@ -201,7 +201,7 @@ def test_in_dist_async_a_killed_worker_rejoins_and_the_others_go_on(procs, tmp_p
 def test_a_dead_server_nobody_restarts_ends_the_job_after_the_connect_timeout(procs, port, tmp_path):
     """By hand (no launcher to restart it): the job waits PS_CONNECT_TIMEOUT for the restart,
     then ends, naming the server and the wait."""
-    env = cluster_env(port, PS_MAX_RESTARTS="1", PS_CONNECT_TIMEOUT="4", MXNET_KVSTORE_BIGARRAY_BOUND="100000")
+    env = cluster_env(port, PS_MAX_RESTARTS="1", PS_CONNECT_TIMEOUT="8", MXNET_KVSTORE_BIGARRAY_BOUND="100000")
     sched = procs.role("scheduler", env)
     servers = [procs.role("server", {**env, "DMLC_RANK": str(r)}) for r in range(2)]
     workers = [procs.role("worker", {**env, "DMLC_RANK": str(r)}, SCRIPT, str(tmp_path), "200", "sgd",
@@ -210,6 +210,6 @@ def test_a_dead_server_nobody_restarts_ends_the_job_after_the_connect_timeout(pr
     assert code != 0, out + err
     assert "KILL server 1" in out, out + err
     assert re.search(r"server 1 \(S\[10\] at [\d.:]+\) closed its connection and did not come back within 2s "
-                     r"\(process died\?\); it was not restarted within 4s \(PS_CONNECT_TIMEOUT\)", err), err
+                     r"\(process died\?\); it was not restarted within 8s \(PS_CONNECT_TIMEOUT\)", err), err
     for proc in [sched, servers[0], workers[1]]:
         assert procs.finish(proc, timeout=30)[0] != 0

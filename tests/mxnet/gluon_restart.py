@@ -35,10 +35,12 @@ def kill(role, rank, step):
     port = os.environ["DMLC_PS_ROOT_PORT"]
     for proc in psutil.process_iter():
         try:
-            env = proc.environ()
+            env, name = proc.environ(), proc.name()
         except (psutil.Error, OSError):
             continue
-        if env.get("DMLC_ROLE") == role and env.get("DMLC_RANK") == rank and env.get("DMLC_PS_ROOT_PORT") == port:
+        # the node's Python process only (under ssh its watchdog's `cat` has its environment too)
+        if env.get("DMLC_ROLE") == role and env.get("DMLC_RANK") == rank and env.get("DMLC_PS_ROOT_PORT") == port \
+                and name.startswith("python"):
             print(f"KILL {role} {rank} at step {step}", flush=True)
             proc.send_signal(signal.SIGKILL)
 

@@ -22,7 +22,12 @@ def test_route_source_to_loopback_and_host_ip():
     socket.inet_aton(host_ip())           # an IPv4 address, whatever this machine has
 
 
-def test_free_port_can_be_bound():
-    port = free_port()
+def test_free_port_can_be_bound_and_is_not_an_ephemeral_port():
+    """A chosen port that an outgoing connection can take before its listener binds it made
+    tests fail; free_port's ports lie below the kernel's ephemeral range."""
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    ports = {free_port() for _ in range(50)}
+    assert all(20000 <= p < min(low, 32768) for p in ports), sorted(ports)
+    assert len(ports) > 10                # random, so two tests rarely pick the same one
     with socket.socket() as s:
-        s.bind(("127.0.0.1", port))
+        s.bind(("127.0.0.1", ports.pop()))

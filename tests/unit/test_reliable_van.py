@@ -152,7 +152,8 @@ def test_messages_queued_for_a_dead_peer_never_reach_its_restart():
             assert arrived.wait_for(lambda: len(received) >= 2, 5), f"B2 got {received}"
         time.sleep(0.3)
         assert received == [4, 5]
-        assert a.transport_stats()["stale"] == 3
+        # 3, or more when a 50 ms stall let the resend loop send them again before the forget
+        assert a.transport_stats()["stale"] >= 3
         assert a.pending() == 0
     finally:
         for van in (a, b1, b2):

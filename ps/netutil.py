@@ -69,6 +69,13 @@ def announce_host(cfg: Config, scheduler_ip: str) -> str:
         return "127.0.0.1"
 
 
+def listen_ports(pid: int) -> set[int]:
+    """TCP ports ``pid`` listens on; psutil.Error when it is gone (NoSuchProcess) or /proc
+    hides its sockets from us (the callers decide what either means to them)."""
+    conns = psutil.Process(pid).net_connections(kind="tcp")
+    return {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN and c.laddr}
+
+
 # Ports for a listener whose number is chosen before it binds. They lie under Linux's default
 # ephemeral range (32768-60999), where any process's outgoing connection may take a port at
 # any moment; a port here is taken only by someone binding it on purpose.

@@ -127,12 +127,11 @@ def _await_listening(scheduler: subprocess.Popen, port: int, rank: ManagerRank, 
 
 def _listens(pid: int, port: int) -> bool:
     try:
-        conns = psutil.Process(pid).net_connections(kind="tcp")
+        return port in netutil.listen_ports(pid)
     except psutil.NoSuchProcess:
         return False            # it exited: the caller's poll() says with what
     except psutil.Error:
         return True             # /proc hidden from us: go on, as before this check existed
-    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
 
 
 def _spawn(role: str, base: dict[str, str], rank: int | None) -> subprocess.Popen:

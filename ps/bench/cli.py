@@ -23,9 +23,12 @@ import sys
 import time
 from typing import Any
 
+import psutil
+
+from ps.netutil import listen_ports
 from . import report
 from .cluster import BenchError, Cluster
-from .measure import CpuWindow, RoleCpu, listen_ports, proc_status, settle
+from .measure import CpuWindow, RoleCpu, proc_status, settle
 from .report import Row, parse_size, size_label
 
 ALIASES = {"many-keys": "200x16K", "8x2MB": "8x2M", "64MB": "1x64M"}
@@ -226,7 +229,11 @@ def memory_rows(cluster: Cluster, stats: dict[str, Any], peak: dict[int, int], w
     for i, pid in enumerate(cluster.server_pids):
         st = proc_status(pid)
         rss = max(peak.get(pid, 0), st.get("VmRSS", 0))
-        stored = next((by_port[p] for p in listen_ports(pid) if p in by_port), None)
+        try:
+            ports = listen_ports(pid)
+        except psutil.Error:         # gone, or hidden from us: no stored size by port
+            ports = set()
+        stored = next((by_port[p] for p in ports if p in by_port), None)
         if stored is None and stored_total is not None:
             stored = stored_total / len(cluster.server_pids)
         r = Row("memory", cluster.impl, w, s, case, rep=i, server_rss_mb=round(rss / 2**20, 1),

@@ -24,15 +24,6 @@ def proc_status(pid: int) -> dict[str, int]:
     return out
 
 
-def listen_ports(pid: int) -> set[int]:
-    """TCP ports ``pid`` listens on."""
-    try:
-        conns = psutil.Process(pid).net_connections(kind="tcp")
-    except psutil.Error:
-        return set()
-    return {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}
-
-
 def cpu_seconds(pid: int) -> float:
     """user + system CPU seconds of every thread of ``pid`` (0 when gone)."""
     try:

@@ -68,7 +68,7 @@ ALLOWED = {
     "bench.chaos": {"__init__", "launcher.process"},
     "bench.sparse": {"launcher.process", "mxnet", "netutil"},
     "bench.torch": {"launcher.process", "netutil", "torch"},
-    "bench.cli": {"bench.cluster", "bench.gluon", "bench.measure", "bench.report"},
+    "bench.cli": {"bench.cluster", "bench.gluon", "bench.measure", "bench.report", "netutil"},
     "bench.__main__": {"bench.cli", "bench.multihost"},
     "bench.netns": set(),
     "bench.multihost": {"__init__", "bench.linkload", "bench.netns", "bench.torch_step", "keys", "launcher.process"},

@@ -1,5 +1,6 @@
 """ps.netutil: the one place for interface addresses, routes and free ports."""
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +26,7 @@ def test_route_source_to_loopback_and_host_ip():
 def test_free_port_can_be_bound_and_is_not_an_ephemeral_port():
     """A chosen port that an outgoing connection can take before its listener binds it made
     tests fail; free_port's ports lie below the kernel's ephemeral range."""
-    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     ports = {free_port() for _ in range(50)}
     assert all(20000 <= p < min(low, 32768) for p in ports), sorted(ports)
     assert len(ports) > 10                # random, so two tests rarely pick the same one

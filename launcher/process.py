@@ -344,16 +344,21 @@ def _reap_later(pid: int, timeout: float = 2.0) -> None:
 
 
 class StopSignal:
-    """Set by SIGINT/SIGTERM (or a test); the supervisor then stops the job."""
+    """Set by SIGINT/SIGTERM (or a test); the supervisor then stops the job.
+
+    A plain attribute, not a ``threading.Event``: the handler runs in the main thread between
+    two bytecodes, possibly while that thread holds the Event's lock inside ``wait()``, and
+    ``Event.set()`` would then wait for that lock forever (a launcher deaf to Ctrl-C)."""
 
     def __init__(self) -> None:
-        self.event = threading.Event()
         self.signum: int | None = None
 
     def set(self, signum: int = signal.SIGTERM) -> None:
         if self.signum is None:
             self.signum = signum
-        self.event.set()
+
+    def is_set(self) -> bool:
+        return self.signum is not None
 
     def install(self) -> Callable[[], None]:
         """Route SIGINT/SIGTERM/SIGHUP here (main thread only); returns a restore function."""
@@ -383,7 +388,7 @@ class Restarts:
         for name, status in ended:
             proc = next((p for p in reversed(job.procs) if p.cmd.name == name), None)
             if not status or proc is None or name.split(" ")[0] not in ("server", "worker") \
-                    or (sched is not None and sched.done):
+                    or (sched is not None and sched.ending):
                 left.append((name, status))
                 continue
             if self.used >= self.limit:
@@ -408,7 +413,8 @@ def supervise(job: Job, sched: object | None = None, stop: StopSignal | None = N
               timeout: float | None = None, settle: float = 10.0, restarts: Restarts | None = None) -> int:
     """Wait for the job; return the first non-zero exit status (0 if none), then stop the rest.
 
-    ``sched`` is the in-process scheduler runner (``done``, ``code``, ``error``, ``close()``).
+    ``sched`` is the in-process scheduler runner (``done``, ``ending``, ``code``, ``error``,
+    ``close()``).
     A failing process wins over the scheduler's own failure report, which usually follows it.
     ``restarts``: failed servers and workers are started again while it lasts (the scheduler
     decides whether the job can wait for them).
@@ -420,7 +426,7 @@ def supervise(job: Job, sched: object | None = None, stop: StopSignal | None = N
     code, failed = 0, False
     try:
         while True:
-            if stop.event.is_set():  # before take(): nodes killed with the launcher are not restarted
+            if stop.is_set():  # before take(): nodes killed with the launcher are not restarted
                 logger.warning("%s: stopping the job", signal.Signals(stop.signum or signal.SIGTERM).name)
                 code = stop.code
                 break
@@ -444,7 +450,7 @@ def supervise(job: Job, sched: object | None = None, stop: StopSignal | None = N
                 logger.error("the job ran longer than --timeout %gs: stopping it", timeout)
                 code = 124
                 break
-            stop.event.wait(0.1)
+            time.sleep(0.1)   # a signal's handler runs inside it (PEP 475 resumes the sleep)
     finally:
         job.stop(after_failure=failed)
         if sched is not None:

@@ -172,6 +172,12 @@ class SchedulerRunner:
     def done(self) -> bool:
         return self.code is not None
 
+    @property
+    def ending(self) -> bool:
+        """The scheduler has decided how the job ends, though its van may still linger (up to
+        1 s) before ``run`` returns: a node exiting now is part of that end, not to restart."""
+        return self.done or self.sched.exit_code is not None
+
     def close(self, timeout: float = 5.0) -> None:
         """Stop the scheduler now (idempotent) and wait for its thread."""
         try:

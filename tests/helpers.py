@@ -7,6 +7,7 @@ import select
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import psutil
@@ -17,6 +18,10 @@ from ps.netutil import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+
+# bytes read_until took from a process's stdout past the line it matched: the next
+# read_until, or Procs.finish, starts with them
+_UNREAD: weakref.WeakKeyDictionary[subprocess.Popen, bytes] = weakref.WeakKeyDictionary()
 
 __all__ = ["ROOT", "PYTHON", "free_port", "cluster_env", "Procs", "poll_for", "wait_for", "read_until",
            "alive", "processes_with_env"]
@@ -51,13 +56,14 @@ class Procs:
 
     def finish(self, proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str]:
         """Wait for ``proc``; return (exit code, stdout, stderr)."""
+        unread = _UNREAD.pop(proc, b"").decode(errors="replace")
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill(proc)
             out, err = proc.communicate()
-            pytest.fail(f"process {proc.args} did not exit within {timeout}s\nstdout:{out}\nstderr:{err}")
-        return proc.returncode, out, err
+            pytest.fail(f"process {proc.args} did not exit within {timeout}s\nstdout:{unread}{out}\nstderr:{err}")
+        return proc.returncode, unread + out, err
 
     @staticmethod
     def kill(proc: subprocess.Popen) -> None:
@@ -95,13 +101,15 @@ def wait_for(pred, timeout: float = 10.0, interval: float = 0.05, what: str = "c
 
 def read_until(proc: subprocess.Popen, pred, timeout: float, what: str) -> str:
     """Read ``proc``'s stdout line by line until ``pred(line)``, never blocking past the
-    deadline (``readline`` would). Reads the raw fd, so ``communicate`` later gets the rest."""
-    fd, buf, end = proc.stdout.fileno(), b"", time.monotonic() + timeout
+    deadline (``readline`` would). Reads the raw fd; what it read past the matching line is
+    kept for the next call and for :meth:`Procs.finish`."""
+    fd, buf, end = proc.stdout.fileno(), _UNREAD.pop(proc, b""), time.monotonic() + timeout
     while True:
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
             text = line.decode(errors="replace")
             if pred(text):
+                _UNREAD[proc] = buf
                 return text
         left = end - time.monotonic()
         if left <= 0:

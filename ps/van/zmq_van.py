@@ -163,7 +163,12 @@ class ZmqVan(Van):
 
     def _watch_now(self, node_id: int, address: str, on_event: Callable[[int, bool], None]) -> None:
         """A silent DEALER whose connection state we monitor: TCP notices a dead process
-        in milliseconds, long before a heartbeat timeout would."""
+        in milliseconds, long before a heartbeat timeout would. One per node: a restart's
+        watch ends the watch of the dead address, which would otherwise keep reconnecting and
+        report whatever process takes that port next as this node coming and going."""
+        for monitor, (watched, _, _) in list(self._monitors.items()):
+            if watched == node_id:
+                self._unwatch(monitor)
         probe = self._ctx.socket(zmq.DEALER)
         self._tune(probe)
         probe.setsockopt(zmq.RECONNECT_IVL, 200)
@@ -171,6 +176,13 @@ class ZmqVan(Van):
         probe.connect(address)
         self._monitors[monitor] = (node_id, probe, on_event)
         self._poller.register(monitor, zmq.POLLIN)
+
+    def _unwatch(self, monitor: zmq.Socket) -> None:
+        _, probe, _ = self._monitors.pop(monitor)
+        self._poller.unregister(monitor)
+        probe.disable_monitor()
+        monitor.close(linger=0)
+        probe.close(linger=0)
 
     def _on_monitor(self, monitor: zmq.Socket) -> None:
         from zmq.utils.monitor import recv_monitor_message
@@ -340,6 +352,8 @@ class ZmqVan(Van):
             waiting = False
             while not self._stopping:
                 for sock, _ in self._poller.poll(TICK_MS if waiting else 100):
+                    if isinstance(sock, zmq.Socket) and sock.closed:
+                        continue                    # an earlier handler of this pass closed it (_unwatch)
                     if sock == self._wake_r:
                         self._drain_wake()
                     elif sock in self._monitors:
@@ -449,10 +463,8 @@ class ZmqVan(Van):
 
     def _close_sockets(self) -> None:
         linger_ms = int(self._linger * 1000)
-        for monitor, (_, probe, _) in self._monitors.items():
-            probe.disable_monitor()
-            monitor.close(linger=0)
-            probe.close(linger=0)
+        for monitor in list(self._monitors):
+            self._unwatch(monitor)
         for sock in [self._router, *self._dealers.values()]:
             if sock is not None:
                 sock.close(linger=linger_ms)

@@ -119,8 +119,16 @@ def _env_of(proc):
         return {}
 
 
+# hvd.init() in a thread that ends before the allreduce: the servers it started must live on
+# (Linux's parent-death signal follows the thread that forked, not the process)
+HVD_IN_A_THREAD = HVD_SCRIPT.replace(
+    "hvd.init(); ", "import threading, time; t = threading.Thread(target=hvd.init); t.start(); t.join(); "
+    "time.sleep(1.0); ")
+
+
 @pytest.mark.timeout(120)
-def test_ps_torch_under_a_bare_mpirun(mpi_path):
+@pytest.mark.parametrize("script", [HVD_SCRIPT, HVD_IN_A_THREAD], ids=["main-thread", "init-in-a-thread"])
+def test_ps_torch_under_a_bare_mpirun(mpi_path, script):
     """`mpirun -np 3 python train.py` with `hvd.init()`: rank 0 starts the scheduler, each rank
     a server; the ranks, sizes and an allreduce come out as under horovodrun; nothing is left."""
     pytest.importorskip("torch")
@@ -128,7 +136,7 @@ def test_ps_torch_under_a_bare_mpirun(mpi_path):
     argv = ["mpirun", "-np", "3"] + (["--allow-run-as-root", "--oversubscribe"] if kind == "openmpi" else [])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_"))}
     env.update(PATH=path, PYTHONPATH=ROOT, DMLC_PS_ROOT_PORT=str(29000 + os.getpid() % 1000))
-    proc = subprocess.run([*argv, PY, "-c", HVD_SCRIPT], env=env, capture_output=True, text=True, timeout=100)
+    proc = subprocess.run([*argv, PY, "-c", script], env=env, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert hvd_results(proc.stdout) == [[str(r), "3", str(r), "3", "2.0", "127.0.0.1"] for r in range(3)], \
         proc.stdout + proc.stderr

@@ -23,10 +23,12 @@ PY = sys.executable
 
 
 class StubScheduler:
-    """Stands in for ps.scheduler.Scheduler: run() blocks until close() or finish()."""
+    """Stands in for ps.scheduler.Scheduler: run() blocks until close() or finish(), then for
+    ``linger`` seconds more, as the real one's van lingers after it decided the job's end."""
 
-    def __init__(self, env):
-        self.env, self.error, self.code = dict(env), None, 0
+    def __init__(self, env, linger: float = 0.0):
+        self.env, self.error, self.code, self.exit_code = dict(env), None, 0, None
+        self.linger = linger
         self._done = threading.Event()
 
     def start(self) -> int:
@@ -34,10 +36,11 @@ class StubScheduler:
 
     def run(self, timeout=None) -> int:
         self._done.wait(60)
+        time.sleep(self.linger)
         return self.code
 
     def finish(self, code: int, error: str | None = None) -> None:
-        self.code, self.error = code, error
+        self.code, self.exit_code, self.error = code, code, error
         self._done.set()
 
     def close(self) -> None:
@@ -171,6 +174,25 @@ def test_run_with_stub_scheduler_scheduler_failure():
     assert "[launcher] scheduler: worker 1 died" in err.getvalue()
     assert scheds[0].env["DMLC_ROLE"] == "scheduler" and scheds[0].env["DMLC_PS_ROOT_PORT"] == "0"
     assert "[launcher] 1 server, 2 workers on 1 host; scheduler 127.0.0.1:45678" in out.getvalue()
+
+
+def test_a_node_exiting_while_the_scheduler_lingers_on_its_failure_is_not_restarted(tmp_path):
+    """The scheduler declared the job failed (a worker lost) and its van lingers before run()
+    returns; the nodes it aborted exit meanwhile. --max-restarts must not start them again."""
+    scheds = []
+    starts = tmp_path / "starts"
+
+    def factory(env):
+        scheds.append(StubScheduler(env, linger=3.0))
+        threading.Timer(0.5, scheds[-1].finish, args=(1, "worker 1 died")).start()
+        return scheds[-1]
+    worker = py(f"import time; open({str(starts)!r}, 'a').write('x'); "
+                "time.sleep(1.0); raise SystemExit(1)")
+    out, err = io.StringIO(), io.StringIO()
+    code = run(spec("--max-restarts", "2", *worker), scheduler_factory=factory, output=Output(None, out, err))
+    assert code == 1
+    assert starts.read_text() == "xx", err.getvalue()      # the two first starts, no restart
+    assert "starting it again" not in err.getvalue()
 
 
 def test_run_with_stub_scheduler_success_and_env():

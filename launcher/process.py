@@ -20,6 +20,8 @@ from typing import IO, NamedTuple
 
 import psutil
 
+from ps import childproc
+
 from .output import Labeler, Output, deliver
 
 logger = logging.getLogger(__name__)
@@ -153,11 +155,13 @@ def run_quiet(argv: list[str], timeout: float, env: Mapping[str, str] | None = N
                           check=False, timeout=timeout, env=dict(env) if env is not None else None)
 
 
-def start_group(argv: list[str], env: Mapping[str, str] | None = None, **popen_kw) -> subprocess.Popen:
+def start_group(argv: list[str], env: Mapping[str, str] | None = None, *, tied: bool = False,
+                **popen_kw) -> subprocess.Popen:
     """Start ``argv`` as the leader of a new process group, so :func:`stop_group` (or a
-    launcher stop) reaches everything it starts, and nothing else."""
-    return subprocess.Popen(list(argv), env=dict(env) if env is not None else None,
-                            start_new_session=True, **popen_kw)
+    launcher stop) reaches everything it starts, and nothing else. ``tied``: it also gets
+    SIGTERM when this process dies, even by SIGKILL, when nothing is left to stop it."""
+    start = childproc.popen if tied else subprocess.Popen
+    return start(list(argv), env=dict(env) if env is not None else None, start_new_session=True, **popen_kw)
 
 
 def stop_group(popen: subprocess.Popen, grace: float = 5.0, sig: int = signal.SIGTERM) -> int:
@@ -207,7 +211,9 @@ class Job:
 
     def spawn(self, cmd: Command) -> Proc:
         logger.debug("start %s: %s", cmd.name, " ".join(cmd.argv))
-        popen = start_group(cmd.argv, cmd.env, stdin=subprocess.PIPE if cmd.keep_stdin else subprocess.DEVNULL,
+        # tied: a launcher killed by SIGKILL (an OOM kill, a lost session) takes its nodes along
+        popen = start_group(cmd.argv, cmd.env, tied=True,
+                            stdin=subprocess.PIPE if cmd.keep_stdin else subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         proc = Proc(cmd, popen, self.output, self.report_exit)
         self.procs.append(proc)

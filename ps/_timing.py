@@ -6,6 +6,11 @@ from typing import Callable
 
 from .errors import PSTimeoutError
 
+# a peer whose connection stays closed this long is dead: long enough for ZeroMQ to reconnect
+# after a reset, short against the heartbeat timeout (the scheduler watches every node, and
+# every node watches the scheduler)
+DISCONNECT_GRACE = 2.0
+
 
 class Deadline:
     """``Deadline(30)``; ``None`` or ``0`` seconds means no bound."""

@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable
 
 from . import netutil
-from ._timing import Deadline
+from ._timing import DISCONNECT_GRACE, Deadline
 from .config import Config
 from .errors import ClosedError, PeerLostError, PSError, PSTimeoutError
 from .message import Command, Flag, Message, Node, Role, id_to_rank, node_name, payload_bytes
@@ -71,6 +71,8 @@ class Postoffice:
         self._peers: dict[int, str] = {}    # node id -> address of the data connection to it
         self._control: dict[int, bool] = {}  # node id -> whether credits to it have a connection of their own
         self._last_scheduler_contact = clock()
+        self._scheduler_addr = ""
+        self._scheduler_down_since: float | None = None   # its connection closed (van.watch)
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
         self._formed = False
@@ -134,6 +136,9 @@ class Postoffice:
         started = self.clock()
         table = self._wait_table(deadline, sched_addr)
         self._adopt(table)
+        self._scheduler_addr = sched_addr
+        if sched_addr.startswith(("tcp://", "ipc://")):
+            self.van.watch(SCHEDULER, sched_addr, self._on_scheduler_connection)
         self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                            name=f"ps-heartbeat[{self}]")
         self._hb_thread.start()
@@ -371,19 +376,30 @@ class Postoffice:
             raise PeerLostError(result[0])
 
     # -- heartbeats ----------------------------------------------------------------------
+    def _on_scheduler_connection(self, _node_id: int, connected: bool) -> None:
+        self._scheduler_down_since = None if connected else (self._scheduler_down_since or self.clock())
+
     def _heartbeat_loop(self) -> None:
+        """Heartbeats, and the two ways this node learns that the scheduler is gone: its
+        connection closed for DISCONNECT_GRACE (a dead process or host: its kernel or ours
+        resets the connection, seconds), or silence for PS_HEARTBEAT_TIMEOUT (a hung one)."""
         interval, timeout = self.config.heartbeat_interval, self.config.heartbeat_timeout
-        if not interval:
-            return
-        while not self._hb_stop.wait(interval):
-            try:
-                self.van.send(Message(Command.HEARTBEAT, self.node_id, SCHEDULER))
-            except PSError:
-                return
-            silent = self.clock() - self._last_scheduler_contact
-            if timeout and silent > timeout:
-                self.fail(PeerLostError(f"the scheduler has not answered for {silent:.1f}s "
-                                        f"(PS_HEARTBEAT_TIMEOUT={timeout:g}); it is presumed dead", "H"))
+        while not self._hb_stop.wait(interval or 1.0):
+            if interval:
+                try:
+                    self.van.send(Message(Command.HEARTBEAT, self.node_id, SCHEDULER))
+                except PSError:
+                    return
+                silent = self.clock() - self._last_scheduler_contact
+                if timeout and silent > timeout:
+                    self.fail(PeerLostError(f"the scheduler has not answered for {silent:.1f}s "
+                                            f"(PS_HEARTBEAT_TIMEOUT={timeout:g}); it is presumed dead", "H"))
+                    return
+            down = self._scheduler_down_since
+            if down is not None and self.clock() - down > DISCONNECT_GRACE and not self._closed:
+                self.fail(PeerLostError(f"the connection to the scheduler at {self._scheduler_addr} closed and "
+                                        f"did not come back within {DISCONNECT_GRACE:g}s: the scheduler died "
+                                        "(or the launcher that runs it)", "H"))
                 return
 
     # -- leaving -------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import netutil
+from ._timing import DISCONNECT_GRACE
 from .config import Config
 from .message import Command, Message, Node, Role, node_name, server_id, worker_id
 from .van import Van, for_config, reliable
@@ -21,7 +22,6 @@ logger = logging.getLogger(__name__)
 SCHEDULER = 1
 GROUPS = {"all": (Role.SERVER, Role.WORKER), "workers": (Role.WORKER,), "servers": (Role.SERVER,)}
 TERMINATE_GRACE = 10.0   # seconds servers get to acknowledge the end of the job
-DISCONNECT_GRACE = 2.0   # a node whose connection stays down this long is dead
 
 
 @dataclass

@@ -19,17 +19,14 @@ import atexit
 import hashlib
 import logging
 import os
-import queue
-import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import psutil
 
-from . import netutil
+from . import childproc, netutil
 from ._timing import Deadline
 from .config import ManagerRank, manager_rank
 from .errors import ConfigError
@@ -37,7 +34,6 @@ from .errors import ConfigError
 logger = logging.getLogger(__name__)
 
 CHILD_EXIT_WAIT = 15.0     # seconds the scheduler and servers get to end on their own after the worker
-FORK_WAIT = 60.0           # seconds a fork from the lasting thread may take
 LISTEN_WAIT = 60.0         # seconds rank 0 gives its scheduler to bind (python -m ps imports numpy, zmq)
 
 
@@ -141,54 +137,7 @@ def _spawn(role: str, base: dict[str, str], rank: int | None) -> subprocess.Pope
     env = {**os.environ, **base, "DMLC_ROLE": role}
     if rank is not None:
         env["DMLC_RANK"] = str(rank)
-    return _in_a_lasting_thread(lambda: subprocess.Popen([sys.executable, "-m", "ps"], env=env,
-                                                         stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent))
-
-
-_forks: queue.Queue | None = None
-_forks_lock = threading.Lock()
-
-
-def _in_a_lasting_thread(fork: Callable[[], subprocess.Popen]) -> subprocess.Popen:
-    """Run ``fork`` in the main thread or in a daemon thread that lives as long as the process.
-
-    Linux sends PR_SET_PDEATHSIG when the *thread* that forked exits, not the process: a
-    ``hvd.init()`` called from a short-lived thread would otherwise stop this rank's servers
-    and scheduler the moment that thread ends."""
-    global _forks
-    if threading.current_thread() is threading.main_thread():
-        return fork()
-    with _forks_lock:
-        if _forks is None:
-            _forks = queue.Queue()
-            threading.Thread(target=_forker, args=(_forks,), name="ps-selfstart-fork", daemon=True).start()
-    done: queue.Queue = queue.Queue()
-    _forks.put((fork, done))
-    try:
-        ok, value = done.get(timeout=FORK_WAIT)
-    except queue.Empty:
-        raise RuntimeError(f"starting a ps process (python -m ps) took more than {FORK_WAIT:g}s") from None
-    if not ok:
-        raise value
-    return value
-
-
-def _forker(requests: queue.Queue) -> None:
-    while True:
-        fork, done = requests.get()
-        try:
-            done.put((True, fork()))
-        except BaseException as exc:       # handed to the caller, which raises it
-            done.put((False, exc))
-
-
-def _die_with_parent() -> None:
-    """In the child: SIGTERM when the rank that started it dies (kill -9 included). Linux."""
-    try:
-        import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)       # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    return childproc.popen([sys.executable, "-m", "ps"], env=env, stdin=subprocess.DEVNULL)
 
 
 def _reap(children: list[subprocess.Popen], wait: float = CHILD_EXIT_WAIT) -> None:

@@ -87,6 +87,17 @@ def test_sigint_leaves_no_process(launch):
     assert "[launcher] SIGINT: stopping the job" in job.lines
 
 
+def test_a_launcher_killed_by_sigkill_leaves_no_process_for_long(launch):
+    """kill -9 of the launcher (an OOM kill, a lost login session) takes the scheduler with
+    it; the nodes notice its closed connection and exit within seconds, not PS_HEARTBEAT_TIMEOUT."""
+    job = launch(["-n", "2", "-s", "2", "--env", "PS_TEST_HANG:1", "--env", "PS_HEARTBEAT_TIMEOUT:60",
+                  *worker_cmd()])
+    job.wait_for(lambda j: j.ready() == 2)
+    assert len(marked_pids(job.marker)) == 4
+    os.kill(job.proc.pid, signal.SIGKILL)
+    assert poll_for(lambda: not marked_pids(job.marker), 10), marked_pids(job.marker)
+
+
 def test_sigterm_and_stray_children_are_killed(launch):
     """A worker that leaves a child in another process group behind: the sweep still gets it."""
     script = ("import os, subprocess, sys, time; "

@@ -11,7 +11,7 @@ PS = ROOT / "ps"
 # `import ps`; launcher modules by their full name)
 ALLOWED = {
     # the core, bottom up
-    "errors": set(), "_logging": set(), "keys": set(), "compression": set(), "bufguard": set(),
+    "errors": set(), "_logging": set(), "keys": set(), "compression": set(), "bufguard": set(), "childproc": set(),
     "_timing": {"errors"}, "config": {"errors"}, "pslite": {"errors"}, "message": {"errors", "pslite"},
     "_security": {"errors"},
     "netutil": {"config", "errors"},
@@ -23,7 +23,7 @@ ALLOWED = {
     "customer": {"_timing", "errors", "message"},
     "store": {"bufguard", "compression", "keys", "message"},
     "postoffice": {"_timing", "config", "errors", "message", "netutil", "van"},
-    "scheduler": {"config", "message", "netutil", "van"},
+    "scheduler": {"_timing", "config", "message", "netutil", "van"},
     "sendqueue": {"keys", "message"},
     "worker": {"_timing", "customer", "errors", "keys", "message", "postoffice", "sendqueue"},
     "replica": {"errors", "message", "optim", "store"},
@@ -33,7 +33,7 @@ ALLOWED = {
     "kvstore": {"_logging", "_timing", "compression", "config", "customer", "errors", "keys", "message",
                 "postoffice", "van", "worker"},
     "testing": {"config", "errors", "kvstore", "scheduler", "server", "van"},
-    "selfstart": {"_timing", "config", "errors", "netutil"},
+    "selfstart": {"_timing", "childproc", "config", "errors", "netutil"},
     "__main__": {"_logging", "config", "errors", "mxnet_autoload", "scheduler", "server"},
     "__init__": {"config", "customer", "errors", "kvstore", "optim"},
     "launch": {"launcher.launch"},

@@ -73,6 +73,7 @@ class Postoffice:
         self._last_scheduler_contact = clock()
         self._scheduler_addr = ""
         self._scheduler_down_since: float | None = None   # its connection closed (van.watch)
+        self._leaving = False               # the job ends for this node: the scheduler may go first
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
         self._formed = False
@@ -216,6 +217,8 @@ class Postoffice:
         cmd = msg.cmd
         if msg.sender == SCHEDULER:
             self._last_scheduler_contact = self.clock()
+            if cmd == Command.TERMINATE:
+                self._leaving = True
         if cmd in self.handlers and cmd not in (Command.NODE_FAILED, Command.ABORT):
             self.handlers[cmd](msg)
         elif cmd == Command.NODE_TABLE:
@@ -396,7 +399,7 @@ class Postoffice:
                                             f"(PS_HEARTBEAT_TIMEOUT={timeout:g}); it is presumed dead", "H"))
                     return
             down = self._scheduler_down_since
-            if down is not None and self.clock() - down > DISCONNECT_GRACE and not self._closed:
+            if down is not None and self.clock() - down > DISCONNECT_GRACE and not (self._closed or self._leaving):
                 self.fail(PeerLostError(f"the connection to the scheduler at {self._scheduler_addr} closed and "
                                         f"did not come back within {DISCONNECT_GRACE:g}s: the scheduler died "
                                         "(or the launcher that runs it)", "H"))
@@ -406,6 +409,7 @@ class Postoffice:
     def announce_close(self, timeout: float = 10.0) -> None:
         """Worker: tell the scheduler this worker is done, so the job can end."""
         if self.failure is None and not self._closed:
+            self._leaving = True
             self.van.send(Message(Command.CLOSE, self.node_id, SCHEDULER, {"rank": self.rank}))
             if not self._close_acked.wait(timeout):
                 logger.warning("%s: the scheduler did not acknowledge CLOSE within %.0fs", self, timeout)

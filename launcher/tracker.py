@@ -176,7 +176,7 @@ class SchedulerRunner:
     def ending(self) -> bool:
         """The scheduler has decided how the job ends, though its van may still linger (up to
         1 s) before ``run`` returns: a node exiting now is part of that end, not to restart."""
-        return self.done or self.sched.exit_code is not None
+        return self.done or getattr(self.sched, "exit_code", None) is not None   # a custom factory may lack it
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the scheduler now (idempotent) and wait for its thread."""

@@ -9,6 +9,7 @@ started when that thread ends. Elsewhere than Linux the children are plain ones.
 from __future__ import annotations
 
 import ctypes
+import os
 import queue
 import signal
 import subprocess
@@ -20,7 +21,7 @@ FORK_WAIT = 60.0     # seconds a fork handed to the lasting thread may take
 
 try:
     _PRCTL: Callable[..., int] | None = ctypes.CDLL(None).prctl   # looked up here: no dlopen after fork
-except (OSError, AttributeError):
+except (OSError, AttributeError, TypeError):     # no libc prctl: not Linux
     _PRCTL = None
 _PR_SET_PDEATHSIG = 1
 
@@ -31,16 +32,25 @@ _forks_lock = threading.Lock()
 def popen(argv: list[str], sig: int = signal.SIGTERM, **popen_kw: Any) -> subprocess.Popen:
     """``subprocess.Popen(argv, **popen_kw)`` whose child gets ``sig`` when this process dies."""
     def fork() -> subprocess.Popen:
-        return subprocess.Popen(argv, preexec_fn=lambda: _die_with_parent(sig), **popen_kw)
+        parent = os.getpid()
+        return subprocess.Popen(argv, preexec_fn=lambda: _die_with_parent(sig, parent), **popen_kw)
     if threading.current_thread() is threading.main_thread():
         return fork()
     return _in_the_lasting_thread(fork)
 
 
-def _die_with_parent(sig: int) -> None:
+def _die_with_parent(sig: int, parent: int) -> None:
     """In the child, between fork and exec."""
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:      # the parent died between fork and prctl: no signal will come
+            os.kill(os.getpid(), sig)
+
+
+def _forget_the_forker() -> None:
+    """In a child forked by os.fork (multiprocessing): the lasting thread did not come along."""
+    global _forks, _forks_lock
+    _forks, _forks_lock = None, threading.Lock()
 
 
 def _in_the_lasting_thread(fork: Callable[[], subprocess.Popen]) -> subprocess.Popen:
@@ -67,3 +77,6 @@ def _forker(requests: queue.Queue) -> None:
             done.put((True, fork()))
         except BaseException as exc:       # handed to the caller, which raises it
             done.put((False, exc))
+
+
+os.register_at_fork(after_in_child=_forget_the_forker)

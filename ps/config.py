@@ -123,7 +123,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("PS_DROP_MSG", "drop_msg", lambda n, r: _float(n, r), 0.0,
         "percent of received messages dropped at random once the cluster formed (testing)"),
     Var("PS_HEARTBEAT_INTERVAL", "heartbeat_interval", _float, 1.0,
-        "seconds between heartbeats to the scheduler; 0 = off"),
+        "seconds between heartbeats to the scheduler; 0 = off (a closed connection to the scheduler still ends the node)"),
     Var("PS_HEARTBEAT_TIMEOUT", "heartbeat_timeout", _float, 30.0,
         "seconds of silence after which a node is declared dead; 0 = never"),
     Var("PS_CONNECT_TIMEOUT", "connect_timeout", _float, 120.0,

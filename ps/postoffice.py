@@ -384,11 +384,15 @@ class Postoffice:
 
     def _heartbeat_loop(self) -> None:
         """Heartbeats, and the two ways this node learns that the scheduler is gone: its
-        connection closed for DISCONNECT_GRACE (a dead process or host: its kernel or ours
-        resets the connection, seconds), or silence for PS_HEARTBEAT_TIMEOUT (a hung one)."""
+        connection closed for DISCONNECT_GRACE (a dead process, or the launcher's: the kernel
+        closes its connections), or silence for PS_HEARTBEAT_TIMEOUT (a hung scheduler, or a
+        host that vanished without closing anything: power, network)."""
         interval, timeout = self.config.heartbeat_interval, self.config.heartbeat_timeout
-        while not self._hb_stop.wait(interval or 1.0):
-            if interval:
+        step = min(interval, 0.5) if interval else 0.5
+        next_beat = self.clock() + interval
+        while not self._hb_stop.wait(step):
+            if interval and self.clock() >= next_beat:
+                next_beat = self.clock() + interval
                 try:
                     self.van.send(Message(Command.HEARTBEAT, self.node_id, SCHEDULER))
                 except PSError:

@@ -56,8 +56,8 @@ def test_killed_node_is_reported_and_everyone_exits(procs, port, victim):
     assert f"{victim} " in error["message"] and "1" in error["message"]
     latency = error["t"] - killed_at
     # the scheduler watches every node's connection, and every node the scheduler's: a closed
-    # connection counts after DISCONNECT_GRACE (2 s), long before the heartbeat timeout
-    assert latency < 5.0, latency
+    # connection counts after DISCONNECT_GRACE (2 s), long before the heartbeat timeout (10 s)
+    assert latency < 8.0, latency
     print(f"{victim} death detected by the surviving worker after {latency:.2f}s")
     for p in others:
         if p is not target:

@@ -5,6 +5,7 @@ node's own announced address only has to be right for the data path.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -21,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 SCHEDULER = 1
 GROUPS = {"all": (Role.SERVER, Role.WORKER), "workers": (Role.WORKER,), "servers": (Role.SERVER,)}
+PENDING_WATCH_IDS = 1 << 24   # watch ids of registered nodes before formation (node ids are small)
 TERMINATE_GRACE = 10.0   # seconds servers get to acknowledge the end of the job
 
 
@@ -67,6 +69,12 @@ class Member:
     hostname: str = ""
     rank: int = -1
     last_seen: float = 0.0
+    # before formation: the id its connection is watched under (0: not watched), when it
+    # registered, whether the watch ever connected, since when it is down (None: up)
+    watch_id: int = 0
+    registered_at: float = 0.0
+    reached: bool = False
+    down_since: float | None = None
 
     @classmethod
     def from_registration(cls, body: Any, route: bytes | None) -> "Member":
@@ -103,6 +111,7 @@ class Scheduler:
         self._lock = threading.RLock()
         self._done = threading.Event()
         self._pending: list[Member] = []         # registrations before formation
+        self._pending_watches = itertools.count(PENDING_WATCH_IDS)
         self._nodes: dict[int, Member] = {}      # id -> node after formation
         self._barriers: dict[str, Barrier] = {}
         self._closed_workers: set[int] = set()
@@ -167,6 +176,12 @@ class Scheduler:
         cfg, now = self.config, self.clock()
         with self._lock:
             if self._formed_at is None:
+                dead = [n for n in self._pending if self._pending_dead(n, DISCONNECT_GRACE)]
+                for n in dead:
+                    logger.warning("scheduler: the %s that registered from %s closed its connection and did not "
+                                   "come back within %gs; the cluster waits for another", n.role.name.lower(),
+                                   n.addr, DISCONNECT_GRACE)
+                self._drop_pending(dead)
                 if now - self._started_at > cfg.connect_timeout:
                     self._abort(f"the cluster did not form within {cfg.connect_timeout:g}s "
                                 f"(PS_CONNECT_TIMEOUT): {self._have()}")
@@ -201,6 +216,39 @@ class Scheduler:
                     self._node_failed(node_id, f"{self._describe(node_id)} sent no heartbeat for "
                                       f"{silent:.1f}s (PS_HEARTBEAT_TIMEOUT={timeout:g}); presumed dead")
                     return
+
+    # -- registered nodes before formation -------------------------------------------------
+    def _watch_pending(self, info: Member) -> None:
+        """A node that registers and dies before the cluster forms must not be formed into it:
+        its restart would be refused as one node too many, and the job would start with a corpse."""
+        info.registered_at = self.clock()
+        if info.addr.startswith(("tcp://", "ipc://")):
+            info.watch_id = next(self._pending_watches)
+            self.van.watch(info.watch_id, info.addr, self._on_pending_connection)
+
+    def _on_pending_connection(self, watch_id: int, connected: bool) -> None:
+        with self._lock:
+            for n in self._pending:
+                if n.watch_id == watch_id:
+                    n.reached = n.reached or connected
+                    n.down_since = None if connected else (n.down_since or self.clock())
+            if connected:
+                self._maybe_form()      # it was the one formation waited for
+
+    def _pending_dead(self, n: Member, grace: float, unreached: float | None = None) -> bool:
+        """Its connection down for ``grace`` s; or, given ``unreached``, never reached that long
+        after it registered (it died before the watch connected)."""
+        now = self.clock()
+        if n.down_since is not None and n.reached:
+            return now - n.down_since >= grace
+        return unreached is not None and n.watch_id > 0 and not n.reached and now - n.registered_at >= unreached
+
+    def _drop_pending(self, members: list[Member]) -> None:
+        gone = {id(n) for n in members}
+        self._pending = [n for n in self._pending if id(n) not in gone]
+        for n in members:
+            if n.watch_id:
+                self.van.unwatch(n.watch_id)
 
     def _gone(self, node_id: int) -> bool:
         """Left on purpose: a closed worker or a server that acknowledged TERMINATE."""
@@ -269,18 +317,33 @@ class Scheduler:
                 "reason": f"the cluster is already complete ({self._have()}); a {role} "
                           f"at {info.host}:{info.port} tried to join late"})
             return
-        self._pending = [n for n in self._pending if n.addr != info.addr]  # re-registration
+        self._drop_pending([n for n in self._pending if n.addr == info.addr])   # re-registration
         expected = self.config.num_servers if info.role == Role.SERVER else self.config.num_workers
+        if sum(1 for n in self._pending if n.role == info.role) >= expected:
+            # one that registered earlier and died: this is its restart (or its replacement)
+            dead = [n for n in self._pending if n.role == info.role and self._pending_dead(n, 0.0, unreached=1.0)]
+            for n in dead:
+                logger.warning("scheduler: the %s that registered from %s closed its connection before the "
+                               "cluster formed; the %s registering from %s takes its place", role, n.addr,
+                               role, info.addr)
+            self._drop_pending(dead)
         if sum(1 for n in self._pending if n.role == info.role) >= expected:
             self._reply(msg.route, Command.ABORT, {
                 "reason": f"too many {role}s: the job expects {expected} "
                           f"(DMLC_NUM_{'SERVER' if info.role == Role.SERVER else 'WORKER'})"})
             return
         self._pending.append(info)
+        self._watch_pending(info)
         self._reply(msg.route, Command.ADD_NODE, {"have": self._have()})
         if self.config.verbose:
             logger.info("scheduler: %s registered from %s (%s)", role, info.addr, self._have())
-        if len(self._pending) == self.config.num_servers + self.config.num_workers:
+        self._maybe_form()
+
+    def _maybe_form(self) -> None:
+        """Form once every node registered and none of them has its connection down (a node
+        that died after registering is dropped by _tick, or replaced by its restart)."""
+        if self._formed_at is None and len(self._pending) == self.config.num_servers + self.config.num_workers \
+                and all(n.down_since is None for n in self._pending):
             self._form()
 
     def _form(self) -> None:
@@ -301,7 +364,7 @@ class Scheduler:
             self._send_to(node_id, Command.NODE_TABLE, {"you": node_id, "nodes": table, "sync": self._sync})
             if info.addr.startswith(("tcp://", "ipc://")):
                 self.van.watch(node_id, info.addr, self._on_connection)
-        self._pending = []
+        self._drop_pending(list(self._pending))
         self._formed_at = now
         logger.info("scheduler: cluster formed in %.2fs: %d servers, %d workers (%s)",
                     now - self._started_at, self.config.num_servers, self.config.num_workers,

@@ -44,7 +44,11 @@ class Van(Protocol):
 
     def watch(self, node_id: int, address: str, on_event: Callable[[int, bool], None]) -> None:
         """Report ``on_event(node_id, connected)`` when the connection to a node drops or
-        comes back (fast failure detection); vans that cannot tell do nothing."""
+        comes back (fast failure detection); vans that cannot tell do nothing. A second
+        watch of the same ``node_id`` replaces the first."""
+
+    def unwatch(self, node_id: int) -> None:
+        """Stop watching ``node_id``; no more events for it."""
 
     @abc.abstractmethod
     def send(self, msg: Message) -> None:

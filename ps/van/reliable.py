@@ -96,6 +96,9 @@ class ReliableVan(Van):
     def watch(self, node_id: int, address: str, on_event: Callable[[int, bool], None]) -> None:
         self.inner.watch(node_id, address, on_event)
 
+    def unwatch(self, node_id: int) -> None:
+        self.inner.unwatch(node_id)
+
     def unsent(self, node_id: int, route: bytes | None = None) -> int | None:
         return self.inner.unsent(node_id, route)
 

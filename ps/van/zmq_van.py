@@ -161,14 +161,20 @@ class ZmqVan(Van):
     def watch(self, node_id: int, address: str, on_event: Callable[[int, bool], None]) -> None:
         self.call_soon(lambda: self._watch_now(node_id, address, on_event))
 
+    def unwatch(self, node_id: int) -> None:
+        self.call_soon(lambda: self._unwatch_node(node_id))
+
+    def _unwatch_node(self, node_id: int) -> None:
+        for monitor, (watched, _, _) in list(self._monitors.items()):
+            if watched == node_id:
+                self._unwatch(monitor)
+
     def _watch_now(self, node_id: int, address: str, on_event: Callable[[int, bool], None]) -> None:
         """A silent DEALER whose connection state we monitor: TCP notices a dead process
         in milliseconds, long before a heartbeat timeout would. One per node: a restart's
         watch ends the watch of the dead address, which would otherwise keep reconnecting and
         report whatever process takes that port next as this node coming and going."""
-        for monitor, (watched, _, _) in list(self._monitors.items()):
-            if watched == node_id:
-                self._unwatch(monitor)
+        self._unwatch_node(node_id)
         probe = self._ctx.socket(zmq.DEALER)
         self._tune(probe)
         probe.setsockopt(zmq.RECONNECT_IVL, 200)
@@ -187,7 +193,7 @@ class ZmqVan(Van):
     def _on_monitor(self, monitor: zmq.Socket) -> None:
         from zmq.utils.monitor import recv_monitor_message
         node_id, _, on_event = self._monitors[monitor]
-        while monitor.poll(0):
+        while not monitor.closed and monitor.poll(0):      # on_event may have unwatched it
             event = recv_monitor_message(monitor)["event"]
             on_event(node_id, event == zmq.EVENT_CONNECTED)
 

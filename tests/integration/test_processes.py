@@ -3,9 +3,10 @@ import json
 import re
 import time
 
+import psutil
 import pytest
 
-from tests.helpers import PYTHON, cluster_env
+from tests.helpers import PYTHON, cluster_env, wait_for
 
 SCRIPT = "tests/integration/worker_script.py"
 
@@ -53,6 +54,34 @@ def test_sharded_str_key_exact_across_processes(procs, port):
     others, workers = start_job(procs, env, "sharded")
     assert results(procs, workers) == [True, True]
     all_exit_zero(procs, others)
+
+
+def _connected_to(pid: int, port: int) -> bool:
+    try:
+        return any(c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+                   for c in psutil.Process(pid).connections("tcp"))
+    except psutil.Error:
+        return False
+
+
+@pytest.mark.parametrize("victim", ["server", "worker"])
+def test_a_node_that_dies_before_the_cluster_forms_is_replaced_by_its_restart(procs, port, victim):
+    """A server (or worker) registers, is killed before the others arrive, and is started again
+    (by a supervisor, or --max-restarts): the restart takes its place and the job runs. Before,
+    the restart was refused as one node too many and the cluster formed with the dead one."""
+    env = cluster_env(port, servers=2, workers=2)
+    sched = procs.role("scheduler", env)
+    servers = [procs.role("server", env) for _ in range(2)]
+    early = procs.role("worker", env, SCRIPT, "sync")
+    first = servers[1] if victim == "server" else early
+    wait_for(lambda: _connected_to(first.pid, port), 30, what=f"the {victim} to reach the scheduler")
+    time.sleep(1.5)                     # registered, and the scheduler's watch reached it
+    first.kill()
+    first.wait(10)
+    again = procs.role("server", env) if victim == "server" else procs.role("worker", env, SCRIPT, "sync")
+    workers = [procs.role("worker", env, SCRIPT, "sync")] + ([early] if victim == "server" else [again])
+    assert results(procs, workers) == [[3.0, 3.0, 3.0, 3.0]] * 2
+    all_exit_zero(procs, [sched, servers[0], again if victim == "server" else servers[1]])
 
 
 def test_workers_started_before_scheduler_still_form(procs, port):

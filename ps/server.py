@@ -89,7 +89,8 @@ class KVServer:
 
     def _store(self) -> Store:
         if self.store is None:   # created on first use: the sync mode comes with the node table
-            self.store = Store(self.po.num_workers, self.po.sync, self.name, guard=self.guard)
+            self.store = Store(self.po.num_workers, self.po.sync, self.name, guard=self.guard,
+                               keep_before=self.po.config.max_restarts > 0)
         return self.store
 
     # -- data ----------------------------------------------------------------------------

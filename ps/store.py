@@ -133,7 +133,7 @@ class Stall(NamedTuple):
 
 class KeyState:
     __slots__ = ("key", "value", "dtype_code", "total", "init_src", "init_got", "rounds", "spare",
-                 "partial", "merge_dtype", "closed", "applied")
+                 "partial", "merge_dtype", "closed", "applied", "before")
 
     def __init__(self, key: int, dtype_code: int, total: int, init_src: tuple[int, int]):
         self.key = key
@@ -148,6 +148,9 @@ class KeyState:
         self.merge_dtype = DTYPES[dtype_code]
         self.closed = 0                         # sync rounds applied so far
         self.applied: dict[int, int] = {}       # async: worker -> seq of its last applied push
+        # (n, copy of the value after round n) from just before round n + 1 changed it
+        # (Store.keep_before): what a restarted worker replaying round n must be answered
+        self.before: tuple[int, np.ndarray] | None = None
 
     @property
     def ready(self) -> bool:
@@ -163,7 +166,7 @@ class StoreError(Exception):
 class Store:
     def __init__(self, num_workers: int, sync: bool = True, name: str = "server",
                  guard: BufferGuard | None = None, chunk_bytes: int = CHUNK_BYTES,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, keep_before: bool = False):
         self.num_workers = num_workers
         self.clock = clock
         self.sync = sync
@@ -177,6 +180,10 @@ class Store:
         self.closed_workers: set[int] = set()
         self.journal: list[Event] | None = None  # recorded changes, for a backup (ps/replica.py)
         self.replaying: set[int] = set()         # restarted workers re-running steps their dead self did
+        # keep each key's value from before its latest round (a copy per round; on when
+        # workers may restart): a worker that died between pushing one key of a step and
+        # the next must get the weights its dead self had, not one round newer
+        self.keep_before = keep_before
         self._scratch = np.empty(0, np.uint8)  # reused for chunk sums that go through an optimizer
 
     # -- entry point ---------------------------------------------------------------------
@@ -290,6 +297,10 @@ class Store:
         if self.sync and 0 <= index < len(ks.rounds):
             ks.rounds[index].pulls.append(Waiter(sender, entry))
             return []
+        if self.sync and ks.before is not None and ks.before[0] == entry.seq:
+            # the next round has changed the value since (its dead self pushed into it, or
+            # began to): answer with the value after this push's own round
+            return self._answer_with(ks.before[1], Waiter(sender, entry))
         replies = self._answer(ks, Waiter(sender, entry))
         if self.sync and ks.rounds and ks.rounds[0].started:
             # the open round writes its next chunks into the value in place: copy-on-write
@@ -461,6 +472,7 @@ class Store:
             _sum(frames, self._merge_buffer(ks, rnd)[off:off + n])
             return []
         if not rnd.started:                    # once per round: copy-on-write, count the update
+            self._keep_before(ks, ks.closed)
             self._writable(ks)
             if self.updater is not None:
                 self.updater.begin(ks.key, ks.value)
@@ -544,16 +556,23 @@ class Store:
 
     def _apply_round(self, ks: KeyState, rnd: Round) -> None:
         if rnd.rows is not None:
+            self._keep_before(ks, ks.closed - 1)
             self._apply_rows(ks, rnd)
             return
         merged = rnd.merged
         if merged is None:                     # used chunk by chunk already
             return
+        self._keep_before(ks, ks.closed - 1)
         self._writable(ks)
         self.updater(ks.key, merged, ks.value)
         if self.journal is not None:
             self.journal.append(Event("whole", ks.key, 0, None, (merged.copy(),)))
         ks.spare = merged if merged.nbytes <= SPARE_MAX_BYTES else None
+
+    def _keep_before(self, ks: KeyState, closed: int) -> None:
+        """Round ``closed + 1`` is about to change the value (after round ``closed``)."""
+        if self.keep_before:
+            ks.before = (closed, ks.value.copy())
 
     def _writable(self, ks: KeyState) -> None:
         """Copy-on-write (ps/bufguard.py): never change a value a reply may still read."""
@@ -612,6 +631,20 @@ class Store:
             value = ks.value.reshape(-1, row_len)[ids].reshape(-1)
         return [Reply(dest, Entry(ts, op, key, off, n, value.size, code, None, row_len), value[off:off + n])
                 for off, n in self._cuts(value.size, value.itemsize, ranges)]
+
+    def _answer_with(self, value: np.ndarray, waiter: Waiter) -> list[Reply]:
+        """Answer a whole-slice request with ``value``, a copy the store keeps (nothing lent)."""
+        dest, req, _ = waiter
+        ts, op, key, code, row_len = req.ts, req.op, req.key, req.dtype_code, req.row_len
+        if not op & Op.PULL:
+            return [Reply(dest, Entry(ts, op, key, 0, 0, req.total, code, None, row_len), None)]
+        if op & Op.HALF_PULL:
+            if value.dtype == np.float32:
+                return [Reply(dest, Entry(ts, op, key, off, n, value.size, code, None, row_len),
+                              value[off:off + n].astype(np.float16)) for off, n in self._cuts(value.size, 2, None)]
+            op &= ~Op.HALF_PULL
+        return [Reply(dest, Entry(ts, op, key, off, n, value.size, code, None, row_len), value[off:off + n])
+                for off, n in self._cuts(value.size, value.itemsize, None)]
 
     def _cuts(self, size: int, itemsize: int, ranges: list[tuple[int, int]] | None) -> list[tuple[int, int]]:
         """Reply chunks of a whole slice, or of the ``ranges`` of it still to send."""

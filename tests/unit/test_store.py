@@ -199,3 +199,34 @@ def test_a_replayed_push_answered_while_a_round_is_half_applied_keeps_its_reply(
     push_chunk(W0, 11, 2, 8, 5)
     push_chunk(W1, 31, 2, 8, 5)                             # round 2's second chunk, in place
     np.testing.assert_array_equal(np.concatenate([r.data for r in replayed]), made)
+
+
+@pytest.mark.parametrize("chunked, rule", [(True, None), (False, "sgd"), (False, "lamb")])
+def test_a_restarted_worker_replaying_gets_the_weights_its_dead_self_had(chunked, rule):
+    """Worker 1 pushed key 3 of step 2 and died before its other keys; worker 0's push then
+    closed round 2. The restart, re-running the script, replays step 1: it must get the value
+    after round 1 (what its dead self computed step 2 from), not after round 2, or its first new
+    gradient (of the keys its dead self had not pushed) differs from an unfaulted run's. SGD with
+    momentum (elementwise, chunk by chunk), LAMB (the whole key at the close), or none."""
+    s = Store(2, sync=True, chunk_bytes=8 * 4 if chunked else 1 << 20, keep_before=True)
+    s.handle(W0, entry(1, Op.INIT, 3, 0, 16, 16), np.linspace(0.5, 2.0, 16).astype(np.float32))
+    if rule == "sgd":
+        s.set_updater(optim.Updater(optim.SGD(learning_rate=0.5, momentum=0.9)))
+    elif rule == "lamb":
+        s.set_updater(optim.Updater(optim.from_spec({"name": "lamb", "params": {"learning_rate": 0.1}})))
+
+    def pushpull(w, ts, seq, g):
+        out = []
+        for off in ((0, 8) if chunked else (0,)):
+            n = 8 if chunked else 16
+            e = Entry(ts, int(Op.PUSH | Op.PULL), 3, off, n, 16, F32, None, 0, seq)
+            out += s.handle(w, e, np.full(n, g, np.float32))
+        return out
+    pushpull(W0, 10, 1, 1.0)
+    after_1 = np.concatenate([r.data for r in pushpull(W1, 20, 1, 2.0) if r.dest == W1]).copy()
+    pushpull(W1, 21, 2, 4.0)                  # step 2 of key 3, then worker 1 dies
+    s.worker_died(W1)
+    pushpull(W0, 11, 2, 8.0)                  # closes round 2: the value moves on
+    replayed = pushpull(W1, 30, 1, 2.0)       # the restart replays step 1
+    np.testing.assert_array_equal(np.concatenate([r.data for r in replayed]), after_1)
+

@@ -555,9 +555,8 @@ class Store:
         return replies + self._fail_doomed(ks)
 
     def _apply_round(self, ks: KeyState, rnd: Round) -> None:
-        if rnd.rows is not None:
-            self._keep_before(ks, ks.closed - 1)
-            self._apply_rows(ks, rnd)
+        if rnd.rows is not None:               # no copy: rows are pulled apart from their push,
+            self._apply_rows(ks, rnd)          # and a plain pull names no round to answer as of
             return
         merged = rnd.merged
         if merged is None:                     # used chunk by chunk already

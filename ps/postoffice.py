@@ -19,7 +19,7 @@ from ._timing import DISCONNECT_GRACE, Deadline
 from .config import Config
 from .errors import ClosedError, PeerLostError, PSError, PSTimeoutError
 from .message import Command, Flag, Message, Node, Role, id_to_rank, node_name, payload_bytes
-from .van import Van, for_config, reliable
+from .van import Van, for_config, with_resend
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class Postoffice:
         self.config = config
         self.role = Role.SERVER if config.is_server else Role.WORKER
         self.dropped = 0
-        self.van = reliable(van, config) if van is not None else for_config(config, self._dropper())
+        self.van = with_resend(van, config) if van is not None else for_config(config, self._dropper())
         self.van.on_peer_lost = self._on_peer_lost
         self.van.on_native_node = self.fail
         self.clock = clock

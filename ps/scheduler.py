@@ -16,7 +16,7 @@ from . import netutil
 from ._timing import DISCONNECT_GRACE
 from .config import Config
 from .message import Command, Message, Node, Role, node_name, server_id, worker_id
-from .van import Van, for_config, reliable
+from .van import Van, for_config, with_resend
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class Scheduler:
 
     def __init__(self, config: Config, van: Van | None = None, clock: Callable[[], float] = time.monotonic):
         self.config = config
-        self.van = reliable(van, config) if van is not None else for_config(config)
+        self.van = with_resend(van, config) if van is not None else for_config(config)
         self.van.on_peer_lost = self._on_peer_lost
         self.van.on_native_node = self._on_native_node
         self.clock = clock
@@ -112,6 +112,7 @@ class Scheduler:
         self._done = threading.Event()
         self._pending: list[Member] = []         # registrations before formation
         self._pending_watches = itertools.count(PENDING_WATCH_IDS)
+        self._dropped: list[str] = []            # registered, then dropped before formation: for the timeout error
         self._nodes: dict[int, Member] = {}      # id -> node after formation
         self._barriers: dict[str, Barrier] = {}
         self._closed_workers: set[int] = set()
@@ -181,10 +182,11 @@ class Scheduler:
                     logger.warning("scheduler: the %s that registered from %s closed its connection and did not "
                                    "come back within %gs; the cluster waits for another", n.role.name.lower(),
                                    n.addr, DISCONNECT_GRACE)
+                    self._dropped.append(f"the {n.role.name.lower()} from {n.addr} (its connection closed)")
                 self._drop_pending(dead)
                 if now - self._started_at > cfg.connect_timeout:
                     self._abort(f"the cluster did not form within {cfg.connect_timeout:g}s "
-                                f"(PS_CONNECT_TIMEOUT): {self._have()}")
+                                f"(PS_CONNECT_TIMEOUT): {self._have()}{self._pending_trouble()}")
                 return
             if self._terminate_sent_at is not None and now - self._terminate_sent_at > TERMINATE_GRACE:
                 missing = [node_name(i) for i in self._server_ids() if i not in self._terminated]
@@ -242,6 +244,33 @@ class Scheduler:
         if n.down_since is not None and n.reached:
             return now - n.down_since >= grace
         return unreached is not None and n.watch_id > 0 and not n.reached and now - n.registered_at >= unreached
+
+    def _replace_pending(self, info: Member, places: int) -> None:
+        """Give up to ``places`` places of ``info``'s role to it: first those of nodes whose
+        connection closed, then of nodes the scheduler never reached 1 s after they
+        registered (oldest first). Only as many as it needs: one never reached may be alive
+        behind a firewall, so it is told (ABORT) rather than left to wait for a table."""
+        role = info.role.name.lower()
+        dead = sorted((n for n in self._pending if n.role == info.role
+                       and self._pending_dead(n, 0.0, unreached=1.0)),
+                      key=lambda n: (not n.reached, n.registered_at))[:places]
+        for n in dead:
+            how = "closed its connection" if n.reached else "could not be reached (its connection never opened)"
+            logger.warning("scheduler: the %s that registered from %s %s before the cluster formed; the %s "
+                           "registering from %s takes its place", role, n.addr, how, role, info.addr)
+            self._dropped.append(f"the {role} from {n.addr} ({how})")
+            self._reply(n.route, Command.ABORT, {
+                "reason": f"this {role} ({n.addr}) {how} as seen from the scheduler, and the {role} "
+                          f"registering from {info.addr} took its place"})
+        self._drop_pending(dead)
+
+    def _pending_trouble(self) -> str:
+        """For the formation timeout: who is down, and who was dropped, not only the counts."""
+        now = self.clock()
+        down = [f"the {n.role.name.lower()} from {n.addr} for {now - n.down_since:.0f}s"
+                for n in self._pending if n.down_since is not None]
+        return "".join([f"; connection down: {', '.join(down)}" if down else "",
+                        f"; dropped before formation: {', '.join(self._dropped)}" if self._dropped else ""])
 
     def _drop_pending(self, members: list[Member]) -> None:
         gone = {id(n) for n in members}
@@ -319,14 +348,10 @@ class Scheduler:
             return
         self._drop_pending([n for n in self._pending if n.addr == info.addr])   # re-registration
         expected = self.config.num_servers if info.role == Role.SERVER else self.config.num_workers
-        if sum(1 for n in self._pending if n.role == info.role) >= expected:
+        have = sum(1 for n in self._pending if n.role == info.role)
+        if have >= expected:
             # one that registered earlier and died: this is its restart (or its replacement)
-            dead = [n for n in self._pending if n.role == info.role and self._pending_dead(n, 0.0, unreached=1.0)]
-            for n in dead:
-                logger.warning("scheduler: the %s that registered from %s closed its connection before the "
-                               "cluster formed; the %s registering from %s takes its place", role, n.addr,
-                               role, info.addr)
-            self._drop_pending(dead)
+            self._replace_pending(info, have - expected + 1)
         if sum(1 for n in self._pending if n.role == info.role) >= expected:
             self._reply(msg.route, Command.ABORT, {
                 "reason": f"too many {role}s: the job expects {expected} "
@@ -342,7 +367,7 @@ class Scheduler:
     def _maybe_form(self) -> None:
         """Form once every node registered and none of them has its connection down (a node
         that died after registering is dropped by _tick, or replaced by its restart)."""
-        if self._formed_at is None and len(self._pending) == self.config.num_servers + self.config.num_workers \
+        if self._formed_at is None and not self._done.is_set() and len(self._pending) == self.config.num_servers + self.config.num_workers \
                 and all(n.down_since is None for n in self._pending):
             self._form()
 

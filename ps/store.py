@@ -569,9 +569,13 @@ class Store:
         ks.spare = merged if merged.nbytes <= SPARE_MAX_BYTES else None
 
     def _keep_before(self, ks: KeyState, closed: int) -> None:
-        """Round ``closed + 1`` is about to change the value (after round ``closed``)."""
+        """Round ``closed + 1`` is about to change the value (after round ``closed``). The
+        array as it is becomes the kept one (never written again, so replies may still read
+        it) and the round writes into a fresh copy: one copy per round, never a second one
+        for copy-on-write."""
         if self.keep_before:
-            ks.before = (closed, ks.value.copy())
+            ks.before = (closed, ks.value)
+            ks.value = ks.value.copy()
 
     def _writable(self, ks: KeyState) -> None:
         """Copy-on-write (ps/bufguard.py): never change a value a reply may still read."""
@@ -632,7 +636,8 @@ class Store:
                 for off, n in self._cuts(value.size, value.itemsize, ranges)]
 
     def _answer_with(self, value: np.ndarray, waiter: Waiter) -> list[Reply]:
-        """Answer a whole-slice request with ``value``, a copy the store keeps (nothing lent)."""
+        """Answer a whole-slice request with ``value``, an array the store keeps and never
+        changes again (nothing to lend)."""
         dest, req, _ = waiter
         ts, op, key, code, row_len = req.ts, req.op, req.key, req.dtype_code, req.row_len
         if not op & Op.PULL:

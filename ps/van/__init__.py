@@ -24,11 +24,13 @@ def for_config(config, drop=None) -> Van:
         curve = curve_keys(read_secret(config.secret_file))
     inner = create_van("zmq" if config.local_ipc else "zmq-tcp", ipc=config.local and not config.is_scheduler,
                        verbose=config.verbose, drop=drop, curve=curve)
-    return reliable(inner, config)
+    return with_resend(inner, config)
 
 
-def reliable(inner: Van, config) -> Van:
-    """Wrap ``inner`` for PS_RESEND: acks, resends, in-order exactly-once delivery."""
+def with_resend(inner: Van, config) -> Van:
+    """Wrap ``inner`` for PS_RESEND: acks, resends, in-order exactly-once delivery. (Not
+    named ``reliable``: importing the submodule of that name rebinds the package's name to
+    the module, which broke every later call in the process.)"""
     if not config.resend:
         return inner
     from .reliable import ReliableVan
@@ -36,4 +38,4 @@ def reliable(inner: Van, config) -> Van:
     return ReliableVan(inner, timeout, give_up=max(config.heartbeat_timeout, 30 * timeout))
 
 
-__all__ = ["Van", "create_van", "for_config", "reliable"]
+__all__ = ["Van", "create_van", "for_config", "with_resend"]

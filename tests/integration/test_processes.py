@@ -59,7 +59,7 @@ def test_sharded_str_key_exact_across_processes(procs, port):
 def _connected_to(pid: int, port: int) -> bool:
     try:
         return any(c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
-                   for c in psutil.Process(pid).connections("tcp"))
+                   for c in psutil.Process(pid).net_connections(kind="tcp"))
     except psutil.Error:
         return False
 

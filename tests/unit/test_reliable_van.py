@@ -1,4 +1,5 @@
 """ReliableVan (PS_RESEND) over the in-process van: acks, resends, order, duplicates, lost peers."""
+import subprocess
 import threading
 import time
 
@@ -7,6 +8,7 @@ import pytest
 from ps.message import Command, Message
 from ps.van import create_van
 from ps.van.reliable import ReliableVan
+from tests.helpers import PYTHON, ROOT
 
 A_ID, B_ID = 9, 8
 
@@ -158,3 +160,17 @@ def test_messages_queued_for_a_dead_peer_never_reach_its_restart():
     finally:
         for van in (a, b1, b2):
             van.stop()
+
+
+def test_a_process_can_make_a_second_van_with_ps_resend():
+    """Making the first ReliableVan imports the submodule ps.van.reliable, and Python then sets
+    the package attribute of that name to the module: a package function named ``reliable``
+    was replaced by it, and the next van the process made (its next node: a kvstore made
+    again) failed with "'module' object is not callable". A fresh interpreter, as a user's."""
+    code = ("from ps.config import Config\n"
+            "from ps.van import for_config\n"
+            "cfg = Config.from_env({'DMLC_ROLE': 'worker', 'DMLC_PS_ROOT_URI': '127.0.0.1',\n"
+            "    'DMLC_PS_ROOT_PORT': '9000', 'DMLC_NUM_SERVER': '1', 'DMLC_NUM_WORKER': '1', 'PS_RESEND': '1'})\n"
+            "print(type(for_config(cfg)).__name__, type(for_config(cfg)).__name__)\n")
+    out = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["ReliableVan", "ReliableVan"], out.stderr

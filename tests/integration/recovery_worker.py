@@ -3,6 +3,7 @@ worker 0 may SIGKILL a server or another worker of its own job (found by its env
 at a chosen round.
 
     python recovery_worker.py OUT_DIR ROUNDS OPTIMIZER [--kill ROLE RANK ROUND push|pull]... [--resume]
+                              [--kill-before-formation ROLE RANK]
 
 Every worker pushes gradients that depend only on (rank, round, key), so a run that lost
 nothing ends with the weights of an unfaulted run. A restarted worker re-runs the loop from
@@ -53,6 +54,29 @@ def kill(role: str, rank: int, rnd: int) -> None:
     proc.send_signal(signal.SIGKILL)
 
 
+def kill_before_formation(role: str, rank: int) -> None:
+    """Worker 0, before it registers (so the cluster cannot form yet): SIGKILL a node once it
+    has registered (connected to the scheduler, and 1.5 s for the scheduler to watch it), then
+    give the launcher's restart a moment to register in its place."""
+    port = int(os.environ["DMLC_PS_ROOT_PORT"])
+    deadline = time.monotonic() + 30
+    while True:
+        proc = find(role, rank)
+        try:
+            if any(c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+                   for c in proc.net_connections(kind="tcp")):
+                break
+        except psutil.Error:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{role} {rank} did not connect to the scheduler within 30s")
+        time.sleep(0.05)
+    time.sleep(1.5)
+    print(f"KILL {role} {rank} pid {proc.pid} before formation", flush=True)
+    proc.send_signal(signal.SIGKILL)
+    time.sleep(1.0)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -61,7 +85,10 @@ def main() -> None:
     p.add_argument("--kill", nargs=4, action="append", default=[], metavar=("ROLE", "RANK", "ROUND", "WHEN"))
     p.add_argument("--resume", action="store_true")
     p.add_argument("--type", default="dist_sync")
+    p.add_argument("--kill-before-formation", nargs=2, metavar=("ROLE", "RANK"))
     args = p.parse_args()
+    if args.kill_before_formation and os.environ.get("DMLC_RANK") == "0":
+        kill_before_formation(args.kill_before_formation[0], int(args.kill_before_formation[1]))
     kills = {(int(rnd), when): (role, int(rank)) for role, rank, rnd, when in args.kill}
 
     kv = ps.KVStore(args.type)

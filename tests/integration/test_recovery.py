@@ -164,6 +164,25 @@ def test_a_killed_worker_rejoins_with_its_rank_and_nothing_is_lost(procs, tmp_pa
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.parametrize("victim", ["server", "worker"])
+def test_a_node_killed_before_the_cluster_forms_is_replaced_by_the_launchers_restart(procs, tmp_path, unfaulted,
+                                                                                     victim):
+    """Worker 0 holds formation back, and kills server 1 (worker 1) after it registered: the
+    launcher starts it again, the restart takes the dead node's place, and the job trains as
+    if nothing happened. Before, the restart was refused as one node too many."""
+    code, text = launch(procs, tmp_path, "sgd", extra=["--kill-before-formation", victim, "1"])
+    assert code == 0, text
+    assert f"KILL {victim} 1" in text and f"{victim} 1 was killed by SIGKILL: starting it again" in text, text
+    assert re.search(rf"the {victim} that registered from \S+ (closed its connection|could not be reached)", text) \
+        or "did not come back within" in text, text
+    assert_all_workers_equal(tmp_path)
+    got = weights(tmp_path)
+    for key, ref in unfaulted["sgd"].items():
+        assert np.abs(got[key] - ref).max() <= 1e-6, key
+    assert not job_processes(text)
+
+
+@pytest.mark.timeout(200)
 def test_a_worker_and_then_a_server_killed_in_one_job(procs, tmp_path, unfaulted):
     code, text = launch(procs, tmp_path, "sgd", ("worker", 1, 12, "push"), ("server", 1, 40, "pull"))
     assert code == 0, text

@@ -437,7 +437,7 @@ def supervise(job: Job, sched: object | None = None, stop: StopSignal | None = N
                 code = stop.code
                 break
             idle = not job.running   # looked at before poll(), so poll() hands out what this saw end
-            code = _first_failure(restarts.take(job, job.poll(), sched))
+            code = _first_failure(restarts.take(job, _after_the_work(job, job.poll(), sched), sched))
             if code:
                 failed = True
                 break
@@ -464,6 +464,40 @@ def supervise(job: Job, sched: object | None = None, stop: StopSignal | None = N
         job.close()
         report_ends(job.ends(), sched, time.monotonic() - start)
     return code
+
+
+def _role(name: str) -> str:
+    """``server 1`` -> server; ``mpirun workers`` -> worker."""
+    words = name.split(" ")
+    return words[0] if words[0] in ("server", "worker") else words[-1].rstrip("s")
+
+
+def _work_done(job: Job, sched: object | None) -> bool:
+    """Every worker has exited 0, or the scheduler ended the job as a success (every worker
+    closed its store and the servers were told to stop)."""
+    if sched is not None and getattr(sched, "ended_well", False):
+        return True
+    latest: dict[str, Proc] = {}
+    for proc in job.procs:
+        if _role(proc.cmd.name) == "worker":
+            latest[proc.cmd.name] = proc
+    return bool(latest) and all(proc.poll() == 0 for proc in latest.values())
+
+
+def _after_the_work(job: Job, ended: list[tuple[str, int]], sched: object | None) -> list[tuple[str, int]]:
+    """Drop the failures of servers that died once the job's work was done: nothing is lost
+    (a server SIGKILLed while it shuts down), so the job must not be reported failed, nor the
+    server started again. A worker's own failure always counts."""
+    if not any(status and _role(name) == "server" for name, status in ended) or not _work_done(job, sched):
+        return ended
+    kept = []
+    for name, status in ended:
+        if status and _role(name) == "server":
+            logger.warning("%s %s after every worker had finished: the job's work is done, so this is "
+                           "not a failure", name, _how(status))
+            continue
+        kept.append((name, status))
+    return kept
 
 
 def report_ends(ends: list[Ended], sched: object | None, seconds: float) -> None:

@@ -178,6 +178,11 @@ class SchedulerRunner:
         1 s) before ``run`` returns: a node exiting now is part of that end, not to restart."""
         return self.done or getattr(self.sched, "exit_code", None) is not None   # a custom factory may lack it
 
+    @property
+    def ended_well(self) -> bool:
+        """The scheduler has decided the job succeeded (``run`` may not have returned yet)."""
+        return (self.code if self.done else getattr(self.sched, "exit_code", None)) == 0
+
     def close(self, timeout: float = 5.0) -> None:
         """Stop the scheduler now (idempotent) and wait for its thread."""
         try:

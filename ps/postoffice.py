@@ -143,11 +143,12 @@ class Postoffice:
         self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                            name=f"ps-heartbeat[{self}]")
         self._hb_thread.start()
-        if self.restarted:      # the others passed the joining barrier long ago
+        if self.restarted:
             logger.warning("%s %d (%s) rejoins the running job (restart %d)",
                            self.role.name.lower(), self.rank, self, self.restarted)
-        else:
-            self.barrier("all", deadline=deadline, what="every node to finish joining")
+        # a restart too: the scheduler answers at once if its dead self passed this barrier
+        # (the usual case), and counts it in if it died before (the others wait there for it)
+        self.barrier("all", deadline=deadline, what="every node to finish joining")
         self._formed = True
         if cfg.verbose:
             logger.info("%s (rank %d) joined: %d servers, %d workers, formed in %.2fs",

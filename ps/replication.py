@@ -27,6 +27,8 @@ from .store import Event, Store
 
 logger = logging.getLogger(__name__)
 
+NO_SNAPSHOT_YET = "its primary has not sent a snapshot yet"
+
 
 class Replication:
     def __init__(self, po: Postoffice, name: Callable[[], str], store: Callable[[], Store]):
@@ -41,7 +43,12 @@ class Replication:
         self.bytes_sent = 0
         # backup side: the primary's copy
         self.mirror: replica.Mirror | None = None
-        self.mirror_error: str | None = "its primary has not sent a snapshot yet"
+        self.mirror_error: str | None = NO_SNAPSHOT_YET
+        # primary side, from the job's start until its backup's first snapshot: replies wait
+        # here, so a primary that dies before it has a copy has answered nothing, and its
+        # restart may start empty (the workers resend everything)
+        self._unreplicated: list[Callable[[], None]] = []
+        self._first_copy = self.enabled and not po.restarted
         # a restarted server: its state, fetched from its backup
         self._fetched = threading.Event()
         self._fetch_events: list[Event] = []
@@ -107,10 +114,24 @@ class Replication:
             self._held.append((self.seq, send))
         elif self._held:
             self._held.append((self.seq, send))
+        elif self._first_copy and self.backup not in self.po.down:
+            self._unreplicated.append(send)
         else:
             send()
         if self._wanted is not None:
             self._try_snapshot()
+
+    def _end_first_copy(self) -> None:
+        """No more waiting for a first snapshot: it was sent (the replies held so far go out
+        once it is acknowledged), or there will be none (they go out now)."""
+        self._first_copy = False
+        held, self._unreplicated = self._unreplicated, []
+        if self.subscriber is not None:
+            self._held.extend((self.seq, send) for send in held)
+            self._release()
+        else:
+            for send in held:
+                send()
 
     def _on_subscribe(self, msg: Message) -> None:
         self._restarted(msg)
@@ -129,6 +150,7 @@ class Replication:
         except ValueError as exc:
             logger.warning("%s keeps no replica: %s", self.name, exc)
             self._send(sub, {"seq": 0, "error": str(exc)}, [])
+            self._end_first_copy()
             return
         self.subscriber = sub
         store.journal = []
@@ -139,6 +161,7 @@ class Replication:
                 self._send_events([ev])
         logger.info("%s: %s now keeps a replica of this server (%d keys)", self.name, node_name(sub[0]),
                     len(events) - len(settings))
+        self._end_first_copy()
 
     def _send_events(self, events: list[Event], reset: bool = False) -> None:
         assert self.subscriber is not None
@@ -191,6 +214,7 @@ class Replication:
         self._store().journal = None
         self.acked = self.seq
         self._release()
+        self._end_first_copy()
 
     def _on_fetch(self, msg: Message) -> None:
         if msg.request:
@@ -218,6 +242,13 @@ class Replication:
             self.po.send(Message(Command.FETCH, recver=msg.sender, body=body, frames=frames,
                                  request=False, route=msg.route))
         mirror = self.mirror
+        if mirror is None and self.mirror_error == NO_SNAPSHOT_YET and not self.po.restarted:
+            # it died before its first snapshot, so it answered no worker (it held every
+            # reply for that snapshot): its restart starts empty and gets every request again
+            reply({"events": [], "done": True}, [])
+            logger.warning("%s: %s died before it sent its first snapshot, so it had answered nothing: "
+                           "its restart starts empty", self.name, node_name(msg.sender))
+            return
         if mirror is None or mirror.primary != msg.sender or mirror.broken:
             why = self.mirror_error or (mirror.broken if mirror is not None and mirror.broken else
                                         f"it keeps the replica of {node_name(mirror.primary)} instead")
@@ -241,6 +272,8 @@ class Replication:
         if not up:
             if self.subscriber is not None and node_id == self.subscriber[0]:
                 self._drop_subscriber()
+            elif node_id == self.backup and self._first_copy:
+                self._end_first_copy()      # no copy to wait for until it is back
             if self._wanted is not None and self._wanted[0] == node_id:
                 self._wanted = None
             return

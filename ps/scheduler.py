@@ -46,8 +46,8 @@ class Recovery:
 
 @dataclass
 class Replay:
-    """A restarted worker re-running its script: the barriers its dead self passed are
-    answered at once (the others passed them long ago)."""
+    """A restarted node re-running its start (and a worker its script): the barriers its dead
+    self passed are answered at once (the others passed them long ago)."""
 
     passed: dict[str, int]
     done: dict[str, int]
@@ -113,6 +113,7 @@ class Scheduler:
         self._pending: list[Member] = []         # registrations before formation
         self._pending_watches = itertools.count(PENDING_WATCH_IDS)
         self._dropped: list[str] = []            # registered, then dropped before formation: for the timeout error
+        self._carried: dict[int, int] = {}       # watch id before formation -> node id, until its own watch connects
         self._nodes: dict[int, Member] = {}      # id -> node after formation
         self._barriers: dict[str, Barrier] = {}
         self._closed_workers: set[int] = set()
@@ -125,7 +126,7 @@ class Scheduler:
         self._recovering: dict[int, Recovery] = {}  # node id -> its awaited restart
         self.restarts = 0                           # restarted nodes that registered
         self._passed: dict[int, dict[str, int]] = {}  # node id -> group -> barriers it passed
-        self._replays: dict[int, Replay] = {}       # restarted workers still replaying barriers
+        self._replays: dict[int, Replay] = {}       # restarted nodes still replaying barriers
 
     def __enter__(self) -> "Scheduler":
         return self
@@ -179,10 +180,11 @@ class Scheduler:
             if self._formed_at is None:
                 dead = [n for n in self._pending if self._pending_dead(n, DISCONNECT_GRACE)]
                 for n in dead:
-                    logger.warning("scheduler: the %s that registered from %s closed its connection and did not "
-                                   "come back within %gs; the cluster waits for another", n.role.name.lower(),
-                                   n.addr, DISCONNECT_GRACE)
-                    self._dropped.append(f"the {n.role.name.lower()} from {n.addr} (its connection closed)")
+                    how = "closed its connection" if n.reached else "refused connections"
+                    logger.warning("scheduler: the %s that registered from %s %s and did not come back within "
+                                   "%gs; the cluster waits for another", n.role.name.lower(), n.addr, how,
+                                   DISCONNECT_GRACE)
+                    self._dropped.append(f"the {n.role.name.lower()} from {n.addr} ({how})")
                 self._drop_pending(dead)
                 if now - self._started_at > cfg.connect_timeout:
                     self._abort(f"the cluster did not form within {cfg.connect_timeout:g}s "
@@ -230,6 +232,14 @@ class Scheduler:
 
     def _on_pending_connection(self, watch_id: int, connected: bool) -> None:
         with self._lock:
+            if self._formed_at is not None:
+                # kept past formation until the node's own watch connects: a node that dies
+                # at formation never lets that one connect, so only this one can tell
+                node_id = None if connected else self._carried.pop(watch_id, None)
+                if node_id is not None:
+                    self.van.unwatch(watch_id)      # done: a later owner of the port is not this node
+                    self._on_connection(node_id, False)
+                return
             for n in self._pending:
                 if n.watch_id == watch_id:
                     n.reached = n.reached or connected
@@ -238,10 +248,10 @@ class Scheduler:
                 self._maybe_form()      # it was the one formation waited for
 
     def _pending_dead(self, n: Member, grace: float, unreached: float | None = None) -> bool:
-        """Its connection down for ``grace`` s; or, given ``unreached``, never reached that long
-        after it registered (it died before the watch connected)."""
+        """Its connection down (closed, or refused: its port is closed) for ``grace`` s; or,
+        given ``unreached``, no answer to the watch that long after it registered."""
         now = self.clock()
-        if n.down_since is not None and n.reached:
+        if n.down_since is not None:
             return now - n.down_since >= grace
         return unreached is not None and n.watch_id > 0 and not n.reached and now - n.registered_at >= unreached
 
@@ -253,9 +263,10 @@ class Scheduler:
         role = info.role.name.lower()
         dead = sorted((n for n in self._pending if n.role == info.role
                        and self._pending_dead(n, 0.0, unreached=1.0)),
-                      key=lambda n: (not n.reached, n.registered_at))[:places]
+                      key=lambda n: (n.down_since is None, n.registered_at))[:places]
         for n in dead:
-            how = "closed its connection" if n.reached else "could not be reached (its connection never opened)"
+            how = ("closed its connection" if n.reached else "refused connections (its port is closed)") \
+                if n.down_since is not None else "could not be reached (its connection never opened)"
             logger.warning("scheduler: the %s that registered from %s %s before the cluster formed; the %s "
                            "registering from %s takes its place", role, n.addr, how, role, info.addr)
             self._dropped.append(f"the {role} from {n.addr} ({how})")
@@ -287,6 +298,9 @@ class Scheduler:
         with self._lock:
             if connected:
                 self._down_since.pop(node_id, None)
+                for watch_id in [w for w, n in self._carried.items() if n == node_id]:
+                    del self._carried[watch_id]
+                    self.van.unwatch(watch_id)
             elif not self._gone(node_id) and node_id not in self._recovering:
                 self._down_since.setdefault(node_id, self.clock())
 
@@ -389,7 +403,8 @@ class Scheduler:
             self._send_to(node_id, Command.NODE_TABLE, {"you": node_id, "nodes": table, "sync": self._sync})
             if info.addr.startswith(("tcp://", "ipc://")):
                 self.van.watch(node_id, info.addr, self._on_connection)
-        self._drop_pending(list(self._pending))
+        self._carried = {n.watch_id: i for i, n in self._nodes.items() if n.watch_id}
+        self._pending = []
         self._formed_at = now
         logger.info("scheduler: cluster formed in %.2fs: %d servers, %d workers (%s)",
                     now - self._started_at, self.config.num_servers, self.config.num_workers,
@@ -487,6 +502,16 @@ class Scheduler:
 
     # -- failures ------------------------------------------------------------------------
     def _node_failed(self, node_id: int, reason: str, final: bool = False) -> None:
+        if self._terminate_sent_at is not None and self._nodes[node_id].role == Role.SERVER:
+            # every worker closed its store: the job's work is done and nobody needs this
+            # server's state any more (killed while shutting down): no failure, no restart
+            logger.warning("scheduler: %s, after every worker closed: nothing is lost; the job ends "
+                           "without its acknowledgement", reason)
+            self._terminated.add(node_id)
+            self._recovering.pop(node_id, None)
+            if set(self._server_ids()) <= self._terminated:
+                self._finish(0)
+            return
         if not final and self.config.max_restarts:
             why_not = self._why_not_recoverable(node_id)
             if why_not is None:
@@ -551,8 +576,7 @@ class Scheduler:
         self._nodes[node_id] = info
         self._recovering[node_id].replaced = True
         self.restarts += 1
-        if info.role == Role.WORKER:
-            self._replays[node_id] = Replay(dict(self._passed.get(node_id, {})), {})
+        self._replays[node_id] = Replay(dict(self._passed.get(node_id, {})), {})
         table = [n.node(i).to_row() for i, n in sorted(self._nodes.items())]
         down = {str(i): r.reason for i, r in self._recovering.items() if i != node_id}
         self._reply(route, Command.ADD_NODE, {"have": self._have()})

@@ -221,7 +221,7 @@ class KVServer:
             if handler is None:
                 raise ValueError(f"unknown server command {body.get('cmd')!r}")
             store = self._store()
-            if msg.sender in store.replaying and body.get("cmd") in _SETTINGS:
+            if msg.sender in store.replaying and body.get("cmd") in _SETTINGS and _set_before(store, body["cmd"]):
                 # a restarted worker re-running its script: its dead self set this already
                 logger.info("%s: %s from restarted %s ignored (it replays)", self.name, body.get("cmd"),
                             node_name(msg.sender))
@@ -327,6 +327,15 @@ class KVServer:
 
 
 _SETTINGS = ("set_optimizer", "set_optimizer_pickle", "set_params", "set_states", "set_compression")
+
+
+def _set_before(store: Store, cmd: str) -> bool:
+    """Whether a restarted worker's replayed setting was made by its dead self: only if the
+    store has it. A worker killed between its kv.init and its set_optimizer left the servers
+    without an optimizer, and ignoring its restart's would store gradient sums as weights."""
+    if cmd == "set_compression":
+        return store.compression is not None
+    return store.updater is not None
 
 
 def _keys(stalls: list[Stall]) -> str:

@@ -14,6 +14,7 @@ import struct
 import tempfile
 import threading
 import uuid
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import zmq
@@ -35,6 +36,15 @@ except ImportError:        # pragma: no cover - not on Windows: unsent() cannot 
     fcntl = None
 
 
+
+@dataclass
+class _Watch:
+    """A watched node's probe; ``up`` is the state last reported (None: nothing yet)."""
+    node_id: int
+    probe: zmq.Socket
+    on_event: Callable[[int, bool], None]
+    up: bool | None = None
+
 class ZmqVan(Van):
     def __init__(self, ipc: bool = False, verbose: int = 0,
                  drop: Callable[[Message], bool] | None = None, curve: tuple[bytes, bytes] | None = None,
@@ -55,7 +65,7 @@ class ZmqVan(Van):
         # before its peer died is not sent to the peer's restart (forget, _send_now)
         self._gens: dict[Any, int] = {}
         self._stale = 0
-        self._monitors: dict[zmq.Socket, tuple[int, zmq.Socket, Callable[[int, bool], None]]] = {}
+        self._monitors: dict[zmq.Socket, _Watch] = {}
         self._identity = b"ps-" + uuid.uuid4().hex[:16].encode()
         self._queue: collections.deque = collections.deque()
         self._queue_lock = threading.Lock()    # enqueue vs the last look at the queue on stop
@@ -165,8 +175,8 @@ class ZmqVan(Van):
         self.call_soon(lambda: self._unwatch_node(node_id))
 
     def _unwatch_node(self, node_id: int) -> None:
-        for monitor, (watched, _, _) in list(self._monitors.items()):
-            if watched == node_id:
+        for monitor, watch in list(self._monitors.items()):
+            if watch.node_id == node_id:
                 self._unwatch(monitor)
 
     def _watch_now(self, node_id: int, address: str, on_event: Callable[[int, bool], None]) -> None:
@@ -178,13 +188,13 @@ class ZmqVan(Van):
         probe = self._ctx.socket(zmq.DEALER)
         self._tune(probe)
         probe.setsockopt(zmq.RECONNECT_IVL, 200)
-        monitor = probe.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        monitor = probe.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
         probe.connect(address)
-        self._monitors[monitor] = (node_id, probe, on_event)
+        self._monitors[monitor] = _Watch(node_id, probe, on_event)
         self._poller.register(monitor, zmq.POLLIN)
 
     def _unwatch(self, monitor: zmq.Socket) -> None:
-        _, probe, _ = self._monitors.pop(monitor)
+        probe = self._monitors.pop(monitor).probe
         self._poller.unregister(monitor)
         probe.disable_monitor()
         monitor.close(linger=0)
@@ -192,10 +202,15 @@ class ZmqVan(Van):
 
     def _on_monitor(self, monitor: zmq.Socket) -> None:
         from zmq.utils.monitor import recv_monitor_message
-        node_id, _, on_event = self._monitors[monitor]
+        watch = self._monitors[monitor]
         while not monitor.closed and monitor.poll(0):      # on_event may have unwatched it
             event = recv_monitor_message(monitor)["event"]
-            on_event(node_id, event == zmq.EVENT_CONNECTED)
+            # a refused connection (a node that died before the probe ever connected: its
+            # port is closed) is as down as a closed one; reported once, not every retry
+            up = event == zmq.EVENT_CONNECTED
+            if up != watch.up:
+                watch.up = up
+                watch.on_event(watch.node_id, up)
 
     @property
     def identity(self) -> bytes:

@@ -86,6 +86,7 @@ def main() -> None:
     p.add_argument("--resume", action="store_true")
     p.add_argument("--type", default="dist_sync")
     p.add_argument("--kill-before-formation", nargs=2, metavar=("ROLE", "RANK"))
+    p.add_argument("--die-after-init", action="store_true", help="rank 0 kills itself once, before set_optimizer")
     args = p.parse_args()
     if args.kill_before_formation and os.environ.get("DMLC_RANK") == "0":
         kill_before_formation(args.kill_before_formation[0], int(args.kill_before_formation[1]))
@@ -96,6 +97,9 @@ def main() -> None:
         print(f"RESTARTED rank {kv.rank} round {kv.round}", flush=True)
     for key, shape in SHAPES.items():
         kv.init(key, np.full(shape, 0.5, np.float32))
+    if args.die_after_init and kv.rank == 0 and not kv.restarted:
+        print("KILL worker 0 itself after init", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
     opt = ps.optim.SGD(learning_rate=0.1, momentum=0.9, wd=1e-4) if args.optimizer == "sgd" \
         else ps.optim.Adam(learning_rate=0.01, wd=1e-4)
     kv.set_optimizer(opt)

@@ -183,6 +183,20 @@ def test_a_node_killed_before_the_cluster_forms_is_replaced_by_the_launchers_res
 
 
 @pytest.mark.timeout(200)
+def test_worker_0_killed_between_init_and_set_optimizer_still_trains_exactly(procs, tmp_path, unfaulted):
+    """Its restart re-runs the script: its replayed init changes nothing, but its
+    set_optimizer must be applied, since its dead self never sent one. Before, the servers
+    ignored it as a replay and stored gradient sums as weights (off by 1.02, exit 0)."""
+    code, text = launch(procs, tmp_path, "sgd", extra=["--die-after-init"])
+    assert code == 0, text
+    assert "KILL worker 0 itself after init" in text and "RESTARTED rank 0 round 0" in text, text
+    assert_all_workers_equal(tmp_path)
+    got = weights(tmp_path)
+    for key, ref in unfaulted["sgd"].items():
+        assert np.abs(got[key] - ref).max() <= 1e-6, key
+
+
+@pytest.mark.timeout(200)
 def test_a_worker_and_then_a_server_killed_in_one_job(procs, tmp_path, unfaulted):
     code, text = launch(procs, tmp_path, "sgd", ("worker", 1, 12, "push"), ("server", 1, 40, "pull"))
     assert code == 0, text

@@ -7,6 +7,7 @@ import shlex
 import signal
 import time
 
+import psutil
 import pytest
 
 from ps.mxnet_autoload import MXNET_AUTOLOAD
@@ -95,6 +96,48 @@ def test_a_launcher_killed_by_sigkill_leaves_no_process_for_long(launch):
     job.wait_for(lambda j: j.ready() == 2)
     assert len(marked_pids(job.marker)) == 4
     os.kill(job.proc.pid, signal.SIGKILL)
+    assert poll_for(lambda: not marked_pids(job.marker), 10), marked_pids(job.marker)
+
+
+def _job_process(marker: str, role: str, rank: int) -> psutil.Process | None:
+    for pid in marked_pids(marker):
+        try:
+            env = psutil.Process(pid).environ()
+        except psutil.Error:
+            continue
+        if env.get("DMLC_ROLE") == role and env.get("DMLC_RANK") == str(rank):
+            return psutil.Process(pid)
+    return None
+
+
+@pytest.mark.parametrize("restarts", ["0", "2"])
+def test_a_server_killed_after_every_worker_finished_does_not_fail_the_job(launch, tmp_path, restarts):
+    """A server SIGKILLed while the job shuts down (every worker exited 0, and it had not yet
+    acknowledged the end) loses nothing: the job exits 0 and says why, and nothing restarts.
+    Before, the job failed with the server's 137 (or, with restarts, waited for a restart)."""
+    go = tmp_path / "go"
+    script = ("import os, time, numpy as np, ps\n"
+              "kv = ps.KVStore('dist_sync')\n"
+              "kv.init(3, np.zeros(4, np.float32))\n"
+              "out = kv.pushpull(3, np.ones(4, np.float32))\n"
+              "print('trained', out.tolist(), flush=True)\n"
+              f"end = time.monotonic() + 60\n"
+              f"while not os.path.exists({str(go)!r}) and time.monotonic() < end:\n"
+              "    time.sleep(0.05)\n"
+              "kv.close()\n")
+    job = launch(["-n", "2", "-s", "2", "--max-restarts", restarts, PY, "-c", script])
+    job.wait_for(lambda j: len([ln for ln in j.lines if "trained [2.0, 2.0, 2.0, 2.0]" in ln]) == 2)
+    server = _job_process(job.marker, "server", 0)
+    assert server is not None, job.output
+    server.send_signal(signal.SIGSTOP)          # it cannot acknowledge the end of the job
+    go.touch()
+    assert poll_for(lambda: _job_process(job.marker, "worker", 0) is None
+                    and _job_process(job.marker, "worker", 1) is None, 30), job.output
+    time.sleep(0.5)                             # the launcher has seen both workers exit 0
+    server.send_signal(signal.SIGKILL)
+    assert job.wait(30) == 0, job.output
+    assert "[launcher] server 0 was killed by SIGKILL after every worker had finished" in job.output, job.output
+    assert "starting it again" not in job.output, job.output
     assert poll_for(lambda: not marked_pids(job.marker), 10), marked_pids(job.marker)
 
 

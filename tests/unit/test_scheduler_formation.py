@@ -1,8 +1,8 @@
 """The scheduler before formation: who takes the place of a node it cannot reach.
 
-A real Scheduler on 127.0.0.1, and nodes that register over real ZeroMQ vans but announce a
-listening address nobody listens on, so the scheduler's watch never reaches them (a firewall,
-a node that died at once)."""
+A real Scheduler on 127.0.0.1, and nodes that register over real ZeroMQ vans: live ones
+announce their van's own address, dead ones a port nobody listens on (a node that died at
+once after registering: the scheduler's watch finds its port closed)."""
 import threading
 import time
 
@@ -19,13 +19,13 @@ from tests.helpers import wait_for
 class FakeNode:
     """Registers like a node and records what the scheduler sends it."""
 
-    def __init__(self, sched_port: int, role: Role):
+    def __init__(self, sched_port: int, role: Role, dead: bool = False):
         self.got: list[Message] = []
         self.van = create_van("zmq")
-        self.van.start(self.got.append, "127.0.0.1", name=f"fake-{role.name.lower()}")
+        own = self.van.start(self.got.append, "127.0.0.1", name=f"fake-{role.name.lower()}")
         self.van.connect(SCHEDULER, f"tcp://127.0.0.1:{sched_port}")
         self.role = role
-        self.addr = f"tcp://127.0.0.1:{free_port()}"    # nobody listens there
+        self.addr = f"tcp://127.0.0.1:{free_port()}" if dead else own
 
     def register(self) -> None:
         port = int(self.addr.rsplit(":", 1)[1])
@@ -62,45 +62,55 @@ def cluster():
         n.van.stop()
 
 
-def _replace_first_of_two_unreached_workers(port: int, nodes: list[FakeNode]) -> list[FakeNode]:
-    first, second, third = (FakeNode(port, Role.WORKER) for _ in range(3))
-    nodes += [first, second, third]
-    first.register()
-    wait_for(lambda: Command.ADD_NODE in first.cmds(), 10, what="the first worker's registration")
-    time.sleep(0.2)
-    second.register()
-    wait_for(lambda: Command.ADD_NODE in second.cmds(), 10, what="the second worker's registration")
-    time.sleep(1.2)                     # both unreached for more than 1 s
-    third.register()
-    wait_for(lambda: Command.ADD_NODE in third.cmds(), 10, what="the third worker's registration")
-    return [first, second, third]
+def _registered(node: FakeNode) -> FakeNode:
+    node.register()
+    wait_for(lambda: Command.ADD_NODE in node.cmds(), 10, what=f"the registration of {node.addr}")
+    return node
+
+
+def _reason(node: FakeNode) -> str:
+    wait_for(lambda: Command.ABORT in node.cmds(), 15, what=f"an ABORT to {node.addr}")
+    return next(m.body["reason"] for m in node.got if m.cmd == Command.ABORT)
 
 
 @pytest.mark.timeout(60)
-def test_a_registration_for_a_full_role_takes_one_unreached_place_and_tells_its_owner(cluster):
-    """Two workers the scheduler cannot reach, then a third: one place is given up (the
-    oldest's, and its owner gets an ABORT saying why), not every unreached worker's place."""
+def test_each_registration_for_a_full_role_takes_one_dead_nodes_place_and_tells_it(cluster):
+    """Two workers register and die at once (their ports refuse the scheduler's watch); a
+    third registration takes one place (the oldest's), not both, and the dead node is told
+    why; a fourth takes the other; the cluster forms with the live ones."""
     port, nodes = cluster()
-    first, second, third = _replace_first_of_two_unreached_workers(port, nodes)
-    wait_for(lambda: Command.ABORT in first.cmds(), 10, what="the ABORT to the replaced worker")
-    reason = next(m.body["reason"] for m in first.got if m.cmd == Command.ABORT)
+    first, second = (_registered(FakeNode(port, Role.WORKER, dead=True)) for _ in range(2))
+    nodes += [first, second]
+    time.sleep(0.3)                     # the watch found both ports closed
+    third = FakeNode(port, Role.WORKER)
+    nodes.append(third)
+    _registered(third)
+    reason = _reason(first)
     assert first.addr in reason and third.addr in reason and "took its place" in reason, reason
-    server = FakeNode(port, Role.SERVER)
-    nodes.append(server)
-    server.register()
-    for n in (second, third, server):
+    assert Command.ABORT not in second.cmds()
+    fourth, server = FakeNode(port, Role.WORKER), FakeNode(port, Role.SERVER)
+    nodes += [fourth, server]
+    _registered(fourth)
+    assert fourth.addr in _reason(second)
+    _registered(server)
+    for n in (third, fourth, server):
         wait_for(lambda n=n: Command.NODE_TABLE in n.cmds(), 10, what=f"the node table at {n.addr}")
     table = [Node.from_row(row) for row in next(m.body for m in third.got if m.cmd == Command.NODE_TABLE)["nodes"]]
-    assert Command.ABORT not in second.cmds()
-    assert sorted(n.addr for n in table if n.role == Role.WORKER) == sorted([second.addr, third.addr])
+    assert sorted(n.addr for n in table if n.role == Role.WORKER) == sorted([third.addr, fourth.addr])
 
 
 @pytest.mark.timeout(60)
-def test_the_formation_timeout_names_the_nodes_dropped_before_it(cluster):
-    port, nodes = cluster(connect_timeout=3)
-    first, second, third = _replace_first_of_two_unreached_workers(port, nodes)
-    for n in (second, third):           # no server ever registers
-        wait_for(lambda n=n: Command.ABORT in n.cmds(), 15, what=f"the formation timeout's ABORT at {n.addr}")
-    reason = next(m.body["reason"] for m in third.got if m.cmd == Command.ABORT)
-    assert "PS_CONNECT_TIMEOUT" in reason and "0/1 servers" in reason, reason
-    assert f"dropped before formation: the worker from {first.addr}" in reason, reason
+def test_a_dead_registration_holds_formation_back_and_the_timeout_names_it(cluster):
+    """A worker that registered and died is not formed into the cluster: formation waits,
+    the node is dropped after 2 s, and the formation timeout names it and who was dropped."""
+    port, nodes = cluster(connect_timeout=4)
+    dead = FakeNode(port, Role.WORKER, dead=True)
+    live, server = FakeNode(port, Role.WORKER), FakeNode(port, Role.SERVER)
+    nodes += [dead, live, server]
+    for n in (dead, live, server):
+        _registered(n)
+    time.sleep(0.5)
+    assert Command.NODE_TABLE not in live.cmds()        # 2 workers registered, but one is dead
+    reason = _reason(live)
+    assert "PS_CONNECT_TIMEOUT" in reason and "1/2 workers" in reason, reason
+    assert f"dropped before formation: the worker from {dead.addr} (refused connections)" in reason, reason

@@ -44,11 +44,11 @@ class Replication:
         # backup side: the primary's copy
         self.mirror: replica.Mirror | None = None
         self.mirror_error: str | None = NO_SNAPSHOT_YET
-        # primary side, from the job's start until its backup's first snapshot: replies wait
-        # here, so a primary that dies before it has a copy has answered nothing, and its
-        # restart may start empty (the workers resend everything)
+        # primary side, from its start (the job's, or its restart's) until its backup's first
+        # snapshot: replies wait here, so a primary that dies before it has a copy has
+        # answered nothing, and its restart may start empty (the workers resend everything)
         self._unreplicated: list[Callable[[], None]] = []
-        self._first_copy = self.enabled and not po.restarted
+        self._first_copy = self.enabled
         # a restarted server: its state, fetched from its backup
         self._fetched = threading.Event()
         self._fetch_events: list[Event] = []

@@ -543,6 +543,10 @@ class Scheduler:
         """A node died and may come back: everyone else waits for it instead of failing."""
         node = self._nodes[node_id]
         self._recovering[node_id] = Recovery(self.clock(), reason)
+        for barrier in self._barriers.values():
+            # its restart asks again (answered at once if its dead self passed the barrier):
+            # completed on the dead arrival, the answer would reach a restart not yet waiting
+            barrier.arrived.discard(node_id)
         self._down_since.pop(node_id, None)
         if node.route is not None:
             self.van.forget(node.route)

@@ -13,8 +13,9 @@ import os
 import struct
 import tempfile
 import threading
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import zmq
@@ -37,6 +38,8 @@ except ImportError:        # pragma: no cover - not on Windows: unsent() cannot 
 
 
 
+REFUSED_WITHIN = 5.0    # s: a watch's connect failing this soon was refused (port closed), not timed out
+
 @dataclass
 class _Watch:
     """A watched node's probe; ``up`` is the state last reported (None: nothing yet)."""
@@ -44,6 +47,7 @@ class _Watch:
     probe: zmq.Socket
     on_event: Callable[[int, bool], None]
     up: bool | None = None
+    started: float = field(default_factory=time.monotonic)
 
 class ZmqVan(Van):
     def __init__(self, ipc: bool = False, verbose: int = 0,
@@ -205,8 +209,13 @@ class ZmqVan(Van):
         watch = self._monitors[monitor]
         while not monitor.closed and monitor.poll(0):      # on_event may have unwatched it
             event = recv_monitor_message(monitor)["event"]
-            # a refused connection (a node that died before the probe ever connected: its
-            # port is closed) is as down as a closed one; reported once, not every retry
+            # a connection refused at once (a node that died before the probe ever connected:
+            # its port is closed) is as down as a closed one; reported once, not every retry.
+            # Not a retry after a long silence: a connect that timed out (a firewall dropping
+            # the scheduler's packets) says nothing of the node, which heartbeats cover
+            if event == zmq.EVENT_CONNECT_RETRIED and (watch.up is not None or
+                                                       time.monotonic() - watch.started > REFUSED_WITHIN):
+                continue
             up = event == zmq.EVENT_CONNECTED
             if up != watch.up:
                 watch.up = up

@@ -87,6 +87,8 @@ def main() -> None:
     p.add_argument("--type", default="dist_sync")
     p.add_argument("--kill-before-formation", nargs=2, metavar=("ROLE", "RANK"))
     p.add_argument("--die-after-init", action="store_true", help="rank 0 kills itself once, before set_optimizer")
+    p.add_argument("--lr-at", type=int, default=-1, help="rank 0 sets the servers' learning rate to 0.05 at this round")
+    p.add_argument("--die-before-lr", action="store_true", help="rank 0 kills itself once, just before that")
     args = p.parse_args()
     if args.kill_before_formation and os.environ.get("DMLC_RANK") == "0":
         kill_before_formation(args.kill_before_formation[0], int(args.kill_before_formation[1]))
@@ -106,6 +108,11 @@ def main() -> None:
     out = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
     start = kv.resume() if kv.restarted and args.resume else 0
     for rnd in range(start, args.rounds):
+        if rnd == args.lr_at and kv.rank == 0:
+            if args.die_before_lr and not kv.restarted:
+                print(f"KILL worker 0 itself before set_params at round {rnd}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            kv.server_command("set_params", {"learning_rate": 0.05})
         for key, shape in SHAPES.items():
             kv.push(key, grad(kv.rank, rnd, key, shape))
         if kv.rank == 0 and (rnd, "push") in kills:

@@ -197,6 +197,24 @@ def test_worker_0_killed_between_init_and_set_optimizer_still_trains_exactly(pro
 
 
 @pytest.mark.timeout(200)
+def test_worker_0_killed_before_a_learning_rate_change_still_trains_exactly(procs, tmp_path):
+    """The restart replays the script from round 0 and sends the change its dead self never
+    sent; the servers must apply it (before, any setting from a replaying worker was ignored
+    once the store had an optimizer, and training went on at the old rate)."""
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    ref.mkdir(), out.mkdir()
+    code, text = launch(procs, ref, "sgd", restarts=0, extra=["--lr-at", "20"])
+    assert code == 0, text
+    code, text = launch(procs, out, "sgd", extra=["--lr-at", "20", "--die-before-lr"])
+    assert code == 0, text
+    assert "KILL worker 0 itself before set_params at round 20" in text and "RESTARTED rank 0" in text, text
+    assert_all_workers_equal(out)
+    got, want = weights(out), weights(ref)
+    for key, value in want.items():
+        assert np.abs(got[key] - value).max() <= 1e-6, key
+
+
+@pytest.mark.timeout(200)
 def test_a_worker_and_then_a_server_killed_in_one_job(procs, tmp_path, unfaulted):
     code, text = launch(procs, tmp_path, "sgd", ("worker", 1, 12, "push"), ("server", 1, 40, "pull"))
     assert code == 0, text

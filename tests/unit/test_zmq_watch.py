@@ -33,3 +33,20 @@ def test_a_restarted_nodes_watch_replaces_the_watch_of_its_dead_address():
         live.close(linger=0)
         squatter.close(linger=0)
         ctx.term()
+
+
+@pytest.mark.timeout(60)
+def test_a_watch_of_a_closed_port_reports_the_node_down_once():
+    """A node that died before the watch ever connected leaves its port closed: the refused
+    connection is reported as down (once, not at every 200 ms retry), so the scheduler need
+    not wait for a heartbeat timeout to know."""
+    events = []
+    van = create_van("zmq")
+    try:
+        van.start(lambda msg: None, "127.0.0.1", name="scheduler")
+        van.watch(7, f"tcp://127.0.0.1:{free_port()}", lambda node, up: events.append((node, up)))
+        wait_for(lambda: events, 10, what="the watch of a closed port to report")
+        time.sleep(1.0)                 # five more refused retries
+        assert events == [(7, False)]
+    finally:
+        van.stop()

@@ -534,9 +534,14 @@ class Scheduler:
         if node.role == Role.SERVER and self.config.num_servers < 2:
             return ("with one server there is no replica of its state to recover from "
                     "(server recovery needs DMLC_NUM_SERVER >= 2)")
-        if self._recovering:
-            others = ", ".join(self._describe(i) for i in self._recovering)
-            return f"it failed while {others} was still recovering (one failure at a time can be recovered)"
+        servers = [i for i in self._recovering if self._nodes[i].role == Role.SERVER]
+        if node.role == Role.SERVER and servers:
+            # its replica may be the one being rebuilt (or it holds the only copy of the other's
+            # primary): one server at a time. Workers hold no state, so a whole machine (its
+            # server and its workers) can die at once.
+            others = ", ".join(self._describe(i) for i in servers)
+            return (f"it failed while {others} was still recovering (one server at a time can be "
+                    "recovered)")
         return None
 
     def _node_down(self, node_id: int, reason: str) -> None:
@@ -554,8 +559,14 @@ class Scheduler:
                        reason, self.config.connect_timeout, self.config.max_restarts, self.restarts)
         body = {"id": node_id, "reason": reason}
         for other in self._nodes:
-            if other != node_id and not self._gone(other) and other not in self._recovering:
+            if other != node_id and not self._gone(other) and self._reachable(other):
                 self._send_to(other, Command.NODE_DOWN, body)
+
+    def _reachable(self, node_id: int) -> bool:
+        """Alive or restarted: a node awaiting its restart gets nothing (its restart learns
+        who is down from its node table), a restart still recovering gets news of the others."""
+        rec = self._recovering.get(node_id)
+        return rec is None or rec.replaced
 
     def _take_over(self, info: Member, route: bytes | None) -> None:
         """A node registering after formation is the restart of a dead node of its role."""
@@ -605,7 +616,7 @@ class Scheduler:
                        self.clock() - rec.since, self.restarts, self.config.max_restarts)
         body = {"row": self._nodes[msg.sender].node(msg.sender).to_row(), "restart": self.restarts}
         for other in self._nodes:
-            if other != msg.sender and not self._gone(other) and other not in self._recovering:
+            if other != msg.sender and not self._gone(other) and self._reachable(other):
                 self._send_to(other, Command.NODE_UP, body)
 
     def _on_native_node(self, exc: Exception) -> None:

@@ -1,6 +1,6 @@
 """A worker of tests/integration/test_recovery.py: deterministic sync training in which
-worker 0 may SIGKILL a server or another worker of its own job (found by its environment)
-at a chosen round.
+worker 0 may SIGKILL servers or other workers of its own job (found by their environment)
+at chosen rounds (several at one round: a machine dying with its server and its worker).
 
     python recovery_worker.py OUT_DIR ROUNDS OPTIMIZER [--kill ROLE RANK ROUND push|pull]... [--resume]
                               [--kill-before-formation ROLE RANK]
@@ -92,7 +92,9 @@ def main() -> None:
     args = p.parse_args()
     if args.kill_before_formation and os.environ.get("DMLC_RANK") == "0":
         kill_before_formation(args.kill_before_formation[0], int(args.kill_before_formation[1]))
-    kills = {(int(rnd), when): (role, int(rank)) for role, rank, rnd, when in args.kill}
+    kills: dict[tuple[int, str], list[tuple[str, int]]] = {}    # several at once: a dead machine
+    for role, rank, rnd, when in args.kill:
+        kills.setdefault((int(rnd), when), []).append((role, int(rank)))
 
     kv = ps.KVStore(args.type)
     if kv.restarted:
@@ -116,11 +118,13 @@ def main() -> None:
         for key, shape in SHAPES.items():
             kv.push(key, grad(kv.rank, rnd, key, shape))
         if kv.rank == 0 and (rnd, "push") in kills:
-            kill(*kills[(rnd, "push")], rnd)
+            for role, rank in kills[(rnd, "push")]:
+                kill(role, rank, rnd)
         for key in SHAPES:
             kv.pull(key, out=out[key])
         if kv.rank == 0 and (rnd, "pull") in kills:
-            kill(*kills[(rnd, "pull")], rnd)
+            for role, rank in kills[(rnd, "pull")]:
+                kill(role, rank, rnd)
             time.sleep(0.05)
     kv.barrier()
     for key in SHAPES:              # the final values, after every worker's last round

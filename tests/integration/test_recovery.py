@@ -224,6 +224,35 @@ def test_a_worker_and_then_a_server_killed_in_one_job(procs, tmp_path, unfaulted
         assert np.abs(got[key] - ref).max() <= 1e-6, key
 
 
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_server_and_a_worker_killed_at_once_lose_nothing(procs, tmp_path, unfaulted, optimizer):
+    """A machine that dies takes its server and its worker with it (the usual placement: one
+    of each per host). Before, the second death ended the job: "one failure at a time"."""
+    rnd, when = random.randrange(5, ROUNDS - 5), random.choice(["push", "pull"])
+    code, text = launch(procs, tmp_path, optimizer, ("server", 1, rnd, when), ("worker", 1, rnd, when),
+                        restarts=2)
+    assert code == 0, f"round {rnd} {when}\n{text}"
+    assert "server 1 was killed by SIGKILL: starting it again" in text, text
+    assert "worker 1 was killed by SIGKILL: starting it again" in text, text
+    assert re.search(r"server 1 \(S\[\d+\]\) recovered \d+ keys", text), text
+    assert_all_workers_equal(tmp_path)
+    got = weights(tmp_path)
+    for key, ref in unfaulted[optimizer].items():
+        assert np.abs(got[key] - ref).max() <= 1e-6, f"key {key}, round {rnd} {when}"
+
+
+@pytest.mark.timeout(120)
+def test_both_servers_killed_at_once_end_the_job_naming_both(procs, tmp_path):
+    """Each server holds the other's only replica: two at once cannot be recovered."""
+    code, text = launch(procs, tmp_path, "sgd", ("server", 0, 5, "push"), ("server", 1, 5, "push"), rounds=20)
+    assert code != 0, text
+    assert re.search(r"it failed while server \d \(S\[\d+\].*\) was still recovering \(one server at a time "
+                     r"can be recovered\)", text), text
+    assert not (tmp_path / "weights.npz").exists()
+    assert not job_processes(text), text
+
+
 @pytest.mark.timeout(120)
 def test_the_restart_aware_example_resumes_where_it_died(procs):
     launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local",

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from . import local, mpi, sge, slurm, ssh, yarn
-from .process import Command, Job
+from .process import Command, Job, Relocate
 from .spec import LaunchSpec
 
 Commands = Callable[[LaunchSpec, Mapping[str, str], Mapping[str, str], bool], "list[Command]"]
@@ -39,11 +39,13 @@ class Backend:
     describe: Callable[[LaunchSpec], list[str]] = _no_description   # extra --dry-run lines
     prepare: Callable[[LaunchSpec, Mapping[str, str]], None] = _nothing_to_prepare  # before the scheduler
     start: Callable[[LaunchSpec, Job, list[Command]], None] = spawn_each
+    # (spec, job env, launcher env) -> where --max-restarts starts a restart; None: where it ran
+    relocation: Callable[[LaunchSpec, Mapping[str, str], Mapping[str, str]], Relocate] | None = None
 
 
 BACKENDS: dict[str, Backend] = {
     "local": Backend("local", local.commands, local.host_count),
-    "ssh": Backend("ssh", ssh.commands, ssh.host_count, prepare=ssh.prepare),
+    "ssh": Backend("ssh", ssh.commands, ssh.host_count, prepare=ssh.prepare, relocation=ssh.relocation),
     "mpi": Backend("mpi", mpi.commands, mpi.host_count),
     "slurm": Backend("slurm", slurm.commands, slurm.host_count),
     "sge": Backend("sge", sge.commands, sge.host_count, describe=sge.describe, start=sge.start),

@@ -213,8 +213,9 @@ def _start(spec: LaunchSpec, environ: dict[str, str], output: Output, stop: Stop
         return 1
     logger.info("%s", _summary(spec, backend, ip, runner.port))
     job = Job(output, owns_descendants=owns_descendants)
+    env = job_env(spec, ip, runner.port, environ)
     try:
-        cmds = backend.commands(spec, job_env(spec, ip, runner.port, environ), environ, False)
+        cmds = backend.commands(spec, env, environ, False)
         for cmd in cmds:
             logger.debug("[%s] %s", cmd.name, render(cmd, environ))
         backend.start(spec, job, cmds)
@@ -224,7 +225,8 @@ def _start(spec: LaunchSpec, environ: dict[str, str], output: Output, stop: Stop
         runner.close()
         job.close()
         return 1
-    return supervise(job, runner, stop, spec.timeout, restarts=Restarts(spec.max_restarts))
+    relocate = backend.relocation(spec, env, environ) if backend.relocation and spec.max_restarts else None
+    return supervise(job, runner, stop, spec.timeout, restarts=Restarts(spec.max_restarts, relocate))
 
 
 def main(argv: Sequence[str] | None = None, *, owns_process: bool = True) -> int:

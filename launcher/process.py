@@ -382,11 +382,42 @@ class StopSignal:
         return 128 + (self.signum or signal.SIGTERM)
 
 
+# where a restart runs: (the dead process's command, how it ended, the job) -> the command to start
+Relocate = Callable[[Command, int, bool, "Job"], Command]
+
+
 class Restarts:
     """``--max-restarts``: how many failed servers and workers the launcher may start again."""
 
-    def __init__(self, limit: int = 0):
+    def __init__(self, limit: int = 0, relocate: Relocate | None = None):
+        """``relocate``: the backend's choice of host for a restart (ssh: another host when
+        the dead one's host does not answer); None restarts every command as it was."""
         self.limit, self.used = limit, 0
+        self.relocate = relocate
+        self.unreachable: set[int] = set()   # id() of processes stopped as unreachable (stop_unreachable)
+
+    def stop_unreachable(self, job: Job, sched: object | None, grace: float = 3.0) -> None:
+        """A node the scheduler declared dead (no heartbeat: its host lost power or its network)
+        whose process still runs here is an ssh client waiting on a silent host, or a hung
+        process: neither can come back into the job (the scheduler has given its place to a
+        restart), so stop it now and let take() start it again, instead of waiting for the
+        restart that never comes until PS_CONNECT_TIMEOUT. ``grace``: a node that died
+        normally exits here within moments of the scheduler noticing."""
+        if not self.limit or sched is None:
+            return
+        for dead in getattr(sched, "awaiting_restart", lambda: [])():
+            if dead.waited < grace:
+                continue
+            name = f"{dead.role} {dead.rank}"
+            proc = next((p for p in reversed(job.procs) if p.cmd.name == name), None)
+            if proc is None or proc.poll() is not None or id(proc) in self.unreachable \
+                    or proc.started > time.monotonic() - dead.lived:      # a restart, still starting
+                continue
+            logger.warning("%s is dead to the scheduler (%s) but its process here (%s) still runs: "
+                           "stopping it so it can be started again", name, dead.reason,
+                           f"ssh to {proc.cmd.host}" if proc.cmd.keep_stdin else f"pid {proc.popen.pid}")
+            self.unreachable.add(id(proc))
+            killpg(proc.pgid, signal.SIGKILL)
 
     def take(self, job: Job, ended: list[tuple[str, int]], sched: object | None) -> list[tuple[str, int]]:
         """Start again each failed server or worker while restarts last; the exits it did not take."""
@@ -404,8 +435,12 @@ class Restarts:
                 left.append((name, status))
                 continue
             self.used += 1
-            logger.warning("%s %s: starting it again (restart %d of %d)", name, _how(status), self.used, self.limit)
-            job.spawn(proc.cmd)
+            how = "was unreachable" if id(proc) in self.unreachable else _how(status)
+            logger.warning("%s %s: starting it again (restart %d of %d)", name, how, self.used, self.limit)
+            cmd = proc.cmd
+            if self.relocate is not None:
+                cmd = self.relocate(cmd, status, id(proc) in self.unreachable, job)
+            job.spawn(cmd)
         return left
 
 
@@ -436,6 +471,7 @@ def supervise(job: Job, sched: object | None = None, stop: StopSignal | None = N
                 logger.warning("%s: stopping the job", signal.Signals(stop.signum or signal.SIGTERM).name)
                 code = stop.code
                 break
+            restarts.stop_unreachable(job, sched)
             idle = not job.running   # looked at before poll(), so poll() hands out what this saw end
             code = _first_failure(restarts.take(job, _after_the_work(job, job.poll(), sched), sched))
             if code:

@@ -16,16 +16,22 @@ from __future__ import annotations
 import logging
 import shlex
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from .hosts import Host, Task, distinct, place
-from .process import Command, run_quiet
+from .process import Command, Job, run_quiet
 from .spec import LaunchSpec, is_shell_string, shell_join
 from .tracker import forwarded_env, task_env
 
 logger = logging.getLogger(__name__)
 
-SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new")
+# ConnectTimeout: a host that is down (no answer at all, not even a refusal) fails a start or a
+# restart in seconds, not after the kernel's two minutes of SYN retries. ServerAlive: an ssh
+# client whose host went silent (power, network) exits 255 after a minute instead of waiting
+# for TCP's keepalive (hours); PS_HEARTBEAT_TIMEOUT (30 s) catches the node itself first.
+SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "-o", "ConnectTimeout=15",
+               "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4")
+SSH_FAILED = 255     # ssh's own status: it could not connect, or lost the connection
 # The watchdog runs in its own process group (set -m; a shell without job control keeps it
 # in the command's group, which then only costs the 3 s), waits for EOF, TERMs the command's
 # group, polls it for up to 3 s, then KILLs what is left (only while the group still exists).
@@ -62,18 +68,72 @@ def workdir(spec: LaunchSpec) -> str:
 
 def build_commands(spec: LaunchSpec, job: Mapping[str, str], forward: Mapping[str, str]) -> list[Command]:
     """One ssh Command per process; ``forward`` = launcher env that remote processes get."""
+    return [task_command(spec, task, job, forward) for task in place(spec.num_servers, spec.num_workers, spec.hosts)]
+
+
+def task_command(spec: LaunchSpec, task: Task, job: Mapping[str, str], forward: Mapping[str, str]) -> Command:
     key = b""
     if spec.job_key:                         # the key the launcher made for this job (secret.py)
         with open(spec.job_key, "rb") as f:
             key = f.read().strip() + b"\n"
-    cmds = []
-    for task in place(spec.num_servers, spec.num_workers, spec.hosts):
-        env = {**forward, **task_env(spec, task, job, node_host=True)}
-        script = remote_script(env, workdir(spec), spec.role_command(task.role), key_from_stdin=bool(key))
-        assert task.host is not None
-        cmds.append(Command(task.name, tuple(ssh_argv(task.host, script)), None, task.host.name, keep_stdin=True,
-                            stdin_first=key))
-    return cmds
+    env = {**forward, **task_env(spec, task, job, node_host=True)}
+    script = remote_script(env, workdir(spec), spec.role_command(task.role), key_from_stdin=bool(key))
+    assert task.host is not None
+    return Command(task.name, tuple(ssh_argv(task.host, script)), None, task.host.name, keep_stdin=True,
+                   stdin_first=key)
+
+
+def host_answers(host: Host, timeout: float = 30.0) -> bool:
+    """``ssh host true`` succeeds: the host is up and its sshd lets us in."""
+    try:
+        return run_quiet(ssh_argv(host, "true"), timeout).returncode == 0
+    except Exception:       # TimeoutExpired, OSError
+        return False
+
+
+class Relocation:
+    """--max-restarts over ssh: a restart runs where its node ran, unless that host no longer
+    answers ssh (a dead machine): then on the live host of -H running the fewest of the job's
+    processes (a spare host first), copied there first with --sync-dst-dir. The scheduler
+    takes a restart from any host."""
+
+    def __init__(self, spec: LaunchSpec, job: Mapping[str, str], environ: Mapping[str, str],
+                 answers: Callable[[Host], bool] = host_answers):
+        self.spec, self.job, self.forward, self.answers = spec, job, forwarded_env(environ), answers
+        self.tasks = {t.name: t for t in place(spec.num_servers, spec.num_workers, spec.hosts)}
+        self.dead: set[tuple[str, int | None]] = set()
+
+    def __call__(self, cmd: Command, status: int, unreachable: bool, job: Job) -> Command:
+        task = self.tasks.get(cmd.name)
+        if task is None or task.host is None or not (unreachable or status == SSH_FAILED):
+            return cmd                       # the process died; its host is fine
+        if task.host.key not in self.dead and self.answers(task.host):
+            return cmd
+        self.dead.add(task.host.key)
+        busy: dict[tuple[str, int | None], int] = {}
+        for proc in job.running:
+            where = self.tasks.get(proc.cmd.name)
+            if where is not None and where.host is not None:
+                busy[where.host.key] = busy.get(where.host.key, 0) + 1
+        order = [h for h in distinct(self.spec.hosts or []) if h.key not in self.dead]
+        for host in sorted(order, key=lambda h: busy.get(h.key, 0)):   # stable: hostfile order on ties
+            if not self.answers(host):
+                logger.warning("host %s does not answer ssh either", host.name)
+                self.dead.add(host.key)
+                continue
+            if self.spec.sync_dst_dir and host.key not in {h.key for h in used_hosts(self.spec)}:
+                sync_one(self.spec, host)
+            logger.warning("host %s does not answer ssh: %s starts on %s instead", task.host.name, cmd.name,
+                           host.name)
+            self.tasks[cmd.name] = task = Task(task.role, task.rank, task.task_id, host)
+            return task_command(self.spec, task, self.job, self.forward)
+        logger.error("host %s does not answer ssh, nor does any other host of the hostfile: %s is started "
+                     "there again", task.host.name, cmd.name)
+        return cmd
+
+
+def relocation(spec: LaunchSpec, job: Mapping[str, str], environ: Mapping[str, str]) -> Relocation:
+    return Relocation(spec, job, environ)
 
 
 def commands(spec: LaunchSpec, job: Mapping[str, str], environ: Mapping[str, str],
@@ -92,12 +152,25 @@ def host_count(spec: LaunchSpec) -> int:
 
 def rsync_commands(spec: LaunchSpec) -> list[list[str]]:
     """--sync-dst-dir: one rsync per distinct host actually used (MXNet #17470: not per process)."""
+    return [rsync_argv(spec, host) for host in used_hosts(spec)]
+
+
+def rsync_argv(spec: LaunchSpec, host: Host) -> list[str]:
     assert spec.sync_dst_dir
-    out = []
-    for host in used_hosts(spec):
-        rsh = shlex.join(["ssh", *SSH_OPTIONS] + (["-p", str(host.port)] if host.port else []))
-        out.append(["rsync", "-az", f"--rsh={rsh}", spec.cwd.rstrip("/") + "/", f"{host.name}:{spec.sync_dst_dir}"])
-    return out
+    rsh = shlex.join(["ssh", *SSH_OPTIONS] + (["-p", str(host.port)] if host.port else []))
+    return ["rsync", "-az", f"--rsh={rsh}", spec.cwd.rstrip("/") + "/", f"{host.name}:{spec.sync_dst_dir}"]
+
+
+def sync_one(spec: LaunchSpec, host: Host, timeout: float = 600.0) -> None:
+    """--sync-dst-dir to a host the job did not use until a restart moved there; a failure
+    is logged (the restart then fails and says why)."""
+    try:
+        res = run_quiet(rsync_argv(spec, host), timeout)
+    except Exception as exc:
+        logger.error("--sync-dst-dir to %s failed: %s", host.name, exc)
+        return
+    if res.returncode:
+        logger.error("--sync-dst-dir to %s failed: rsync exited %d: %s", host.name, res.returncode, res.stderr.strip())
 
 
 def prepare(spec: LaunchSpec, environ: Mapping[str, str], timeout: float = 600.0) -> None:

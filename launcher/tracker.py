@@ -183,6 +183,11 @@ class SchedulerRunner:
         """The scheduler has decided the job succeeded (``run`` may not have returned yet)."""
         return (self.code if self.done else getattr(self.sched, "exit_code", None)) == 0
 
+    def awaiting_restart(self) -> list[Any]:
+        """``Scheduler.awaiting_restart``: dead nodes whose restart has not registered."""
+        awaiting = getattr(self.sched, "awaiting_restart", None)   # a custom factory may lack it
+        return awaiting() if awaiting is not None else []
+
     def close(self, timeout: float = 5.0) -> None:
         """Stop the scheduler now (idempotent) and wait for its thread."""
         try:

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from . import netutil
 from ._timing import DISCONNECT_GRACE
@@ -42,6 +42,17 @@ class Recovery:
     since: float
     reason: str
     replaced: bool = False            # its restart registered and is recovering its state
+
+
+class Awaited(NamedTuple):
+    """A dead node whose restart has not registered yet, for the launcher: a process it still
+    sees running under that name is unreachable (its host is down), not alive."""
+
+    role: str           # "server" or "worker"
+    rank: int
+    waited: float       # seconds since the scheduler declared it dead
+    lived: float        # seconds since it registered: a process started after that is a restart
+    reason: str
 
 
 @dataclass
@@ -351,6 +362,7 @@ class Scheduler:
         except ValueError as exc:
             self._reply(msg.route, Command.ABORT, {"reason": f"bad registration: {exc}"})
             return
+        info.registered_at = self.clock()
         role = info.role.name.lower()
         if self._formed_at is not None and self.config.max_restarts:
             self._take_over(info, msg.route)
@@ -561,6 +573,14 @@ class Scheduler:
         for other in self._nodes:
             if other != node_id and not self._gone(other) and self._reachable(other):
                 self._send_to(other, Command.NODE_DOWN, body)
+
+    def awaiting_restart(self) -> list[Awaited]:
+        """The nodes declared dead whose restart has not registered (thread-safe)."""
+        with self._lock:
+            now = self.clock()
+            return [Awaited(self._nodes[i].role.name.lower(), self._nodes[i].rank, now - rec.since,
+                            now - self._nodes[i].registered_at, rec.reason)
+                    for i, rec in self._recovering.items() if not rec.replaced]
 
     def _reachable(self, node_id: int) -> bool:
         """Alive or restarted: a node awaiting its restart gets nothing (its restart learns

@@ -3,7 +3,7 @@ worker 0 may SIGKILL servers or other workers of its own job (found by their env
 at chosen rounds (several at one round: a machine dying with its server and its worker).
 
     python recovery_worker.py OUT_DIR ROUNDS OPTIMIZER [--kill ROLE RANK ROUND push|pull]... [--resume]
-                              [--kill-before-formation ROLE RANK]
+                              [--kill-before-formation ROLE RANK] [--pace S]
 
 Every worker pushes gradients that depend only on (rank, round, key), so a run that lost
 nothing ends with the weights of an unfaulted run. A restarted worker re-runs the loop from
@@ -48,10 +48,10 @@ def find(role: str, rank: int) -> psutil.Process:
     return found[0]
 
 
-def kill(role: str, rank: int, rnd: int) -> None:
+def kill(role: str, rank: int, rnd: int, sig: int = signal.SIGKILL) -> None:
     proc = find(role, rank)
-    print(f"KILL {role} {rank} pid {proc.pid} at round {rnd}", flush=True)
-    proc.send_signal(signal.SIGKILL)
+    print(f"{'KILL' if sig == signal.SIGKILL else 'FREEZE'} {role} {rank} pid {proc.pid} at round {rnd}", flush=True)
+    proc.send_signal(sig)
 
 
 def kill_before_formation(role: str, rank: int) -> None:
@@ -89,6 +89,8 @@ def main() -> None:
     p.add_argument("--die-after-init", action="store_true", help="rank 0 kills itself once, before set_optimizer")
     p.add_argument("--lr-at", type=int, default=-1, help="rank 0 sets the servers' learning rate to 0.05 at this round")
     p.add_argument("--die-before-lr", action="store_true", help="rank 0 kills itself once, just before that")
+    p.add_argument("--freeze", action="store_true", help="--kill sends SIGSTOP: a hung node, connections open")
+    p.add_argument("--pace", type=float, default=0.0, help="sleep this long each round; rank 0 prints ROUND r")
     args = p.parse_args()
     if args.kill_before_formation and os.environ.get("DMLC_RANK") == "0":
         kill_before_formation(args.kill_before_formation[0], int(args.kill_before_formation[1]))
@@ -115,16 +117,20 @@ def main() -> None:
                 print(f"KILL worker 0 itself before set_params at round {rnd}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             kv.server_command("set_params", {"learning_rate": 0.05})
+        if args.pace:
+            time.sleep(args.pace)
+            if kv.rank == 0:
+                print(f"ROUND {rnd}", flush=True)
         for key, shape in SHAPES.items():
             kv.push(key, grad(kv.rank, rnd, key, shape))
         if kv.rank == 0 and (rnd, "push") in kills:
             for role, rank in kills[(rnd, "push")]:
-                kill(role, rank, rnd)
+                kill(role, rank, rnd, signal.SIGSTOP if args.freeze else signal.SIGKILL)
         for key in SHAPES:
             kv.pull(key, out=out[key])
         if kv.rank == 0 and (rnd, "pull") in kills:
             for role, rank in kills[(rnd, "pull")]:
-                kill(role, rank, rnd)
+                kill(role, rank, rnd, signal.SIGSTOP if args.freeze else signal.SIGKILL)
             time.sleep(0.05)
     kv.barrier()
     for key in SHAPES:              # the final values, after every worker's last round

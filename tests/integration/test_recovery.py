@@ -242,6 +242,28 @@ def test_a_server_and_a_worker_killed_at_once_lose_nothing(procs, tmp_path, unfa
         assert np.abs(got[key] - ref).max() <= 1e-6, f"key {key}, round {rnd} {when}"
 
 
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("role", ["server", "worker"])
+def test_a_hung_node_is_stopped_and_started_again_once_the_scheduler_declares_it_dead(procs, tmp_path, unfaulted,
+                                                                                       role):
+    """SIGSTOP: the process lives, its connections stay open, only its heartbeats stop. The
+    scheduler declares it dead after PS_HEARTBEAT_TIMEOUT and gives its place to a restart;
+    the launcher then stops it and starts it again. Before, nothing stopped it: the job waited
+    for a restart until PS_CONNECT_TIMEOUT, then failed."""
+    rnd = random.randrange(5, ROUNDS - 5)
+    code, text = launch(procs, tmp_path, "sgd", (role, 1, rnd, "push"), extra=["--freeze"],
+                        PS_HEARTBEAT_INTERVAL="0.5", PS_HEARTBEAT_TIMEOUT="3")
+    assert code == 0, f"round {rnd}\n{text}"
+    assert re.search(rf"{role} 1 is dead to the scheduler \(.*sent no heartbeat.*\) but its process here "
+                     r"\(pid \d+\) still runs: stopping it", text), text
+    assert f"{role} 1 was unreachable: starting it again (restart 1 of 2)" in text, text
+    assert_all_workers_equal(tmp_path)
+    got = weights(tmp_path)
+    for key, ref in unfaulted["sgd"].items():
+        assert np.abs(got[key] - ref).max() <= 1e-6, f"key {key}, round {rnd}"
+    assert not job_processes(text), text
+
+
 @pytest.mark.timeout(120)
 def test_both_servers_killed_at_once_end_the_job_naming_both(procs, tmp_path):
     """Each server holds the other's only replica: two at once cannot be recovered."""

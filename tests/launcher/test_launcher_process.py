@@ -241,3 +241,44 @@ def test_restarts_start_a_failed_worker_again_up_to_the_limit(tmp_path, limit, e
     job.close()
     assert int(count.read_text()) == min(limit, 2) + 1
     assert len([p for p in job.procs if p.cmd.name == "worker 0"]) == min(limit, 2) + 1
+
+
+def test_a_node_the_scheduler_declared_dead_is_stopped_but_never_its_restart(caplog):
+    """Restarts.stop_unreachable: a process the scheduler gave up on (no heartbeat) is killed so
+    it can be restarted; a process started after the dead node registered is its restart,
+    which may take seconds to register (imports, ssh), and is left alone."""
+    from ps.scheduler import Awaited
+
+    class Sched:
+        declared: float | None = None
+
+        def awaiting_restart(self):
+            now = time.monotonic()
+            return [] if self.declared is None else \
+                [Awaited("worker", 1, now - self.declared, now - registered, "sent no heartbeat")]
+
+    job, out, err = make_job()
+    old = job.spawn(Command("worker 1", py("import time; time.sleep(60)")))
+    other = job.spawn(Command("worker 0", py("import time; time.sleep(60)")))
+    sched, restarts = Sched(), Restarts(2)
+    try:
+        time.sleep(0.2)
+        registered = time.monotonic()                  # worker 1 registers, later falls silent
+        sched.declared = time.monotonic() - 1.0        # declared dead 1 s ago
+        restarts.stop_unreachable(job, sched)
+        assert old.poll() is None                      # within the grace: it may still exit by itself
+        sched.declared = time.monotonic() - 5.0
+        restarts.stop_unreachable(job, sched)
+        assert poll_for(lambda: old.poll() is not None, 5), "the dead node's process was not stopped"
+        assert id(old) in restarts.unreachable and other.poll() is None
+        new = job.spawn(Command("worker 1", py("import time; time.sleep(60)")))  # its restart, registering
+        time.sleep(0.2)
+        sched.declared = time.monotonic()    # a death the scheduler sees only after the launcher restarted it
+        time.sleep(0.3)
+        restarts.stop_unreachable(job, sched, grace=0.1)
+        time.sleep(0.3)
+        assert new.poll() is None, "the restart was taken for the dead node"
+        assert "worker 1 is dead to the scheduler (sent no heartbeat) but its process here (pid" in caplog.text
+    finally:
+        job.stop()
+        job.close()

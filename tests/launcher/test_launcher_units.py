@@ -187,9 +187,12 @@ def test_ssh_commands(tmp_path):
                    hostfile_text="10.0.0.1:2222\n10.0.0.2\n", tmp_path=tmp_path)
     cmds = ssh.build_commands(spec, JOB, {"PYTHONPATH": "/src"})
     assert [c.argv[:-1] for c in cmds] == [
-        ("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "-p", "2222", "10.0.0.1"),
-        ("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "10.0.0.2"),
-        ("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "-p", "2222", "10.0.0.1")]
+        ("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "-o", "ConnectTimeout=15",
+         "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", "-p", "2222", "10.0.0.1"),
+        ("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "-o", "ConnectTimeout=15",
+         "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", "10.0.0.2"),
+        ("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "-o", "ConnectTimeout=15",
+         "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4", "-p", "2222", "10.0.0.1")]
     assert all(c.keep_stdin and c.env is None for c in cmds)
     script = cmds[2].argv[-1]
     exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in {
@@ -203,13 +206,51 @@ def test_ssh_commands(tmp_path):
     assert res.stdout == "it's \"q\" $X|10.0.0.1|"
 
 
+def test_a_restart_moves_off_a_host_that_no_longer_answers_ssh(tmp_path):
+    """--max-restarts over ssh: ssh's own failure (255) or a process the launcher stopped as
+    unreachable is started again on the live host running the fewest of the job's processes,
+    once its own host does not answer ``ssh host true``."""
+    spec = spec_of("-n", "3", "-s", "3", "--max-restarts", "2", "x", hostfile_text="h1\nh2\nh3\nh4\n",
+                   tmp_path=tmp_path)
+    down, asked = {"h3"}, []
+
+    def answers(host):
+        asked.append(host.name)
+        return host.name not in down
+
+    cmds = {c.name: c for c in ssh.build_commands(spec, JOB, {})}
+    assert [cmds[n].host for n in ("server 0", "server 1", "server 2", "worker 0", "worker 1", "worker 2")] == \
+        ["h1", "h2", "h3", "h4", "h1", "h2"]
+
+    class Running:              # what Relocation reads of the Job: its running processes' commands
+        def __init__(self, *gone):
+            self.running = [type("P", (), {"cmd": c})() for n, c in cmds.items() if n not in gone]
+
+    move = ssh.Relocation(spec, JOB, ENV, answers=answers)
+    assert move(cmds["server 2"], 137, False, Running("server 2")) is cmds["server 2"]   # killed: its host is fine
+    assert asked == []
+    assert move(cmds["worker 0"], 255, False, Running("worker 0")) is cmds["worker 0"]   # ssh failed, host answers
+    assert asked == ["h4"]
+    new = move(cmds["server 2"], 137, True, Running("server 2"))                       # unreachable: h3 is down
+    assert new.host == "h4" and new.name == "server 2"                                 # h4 ran 1, h1 and h2 ran 2
+    assert "export DMLC_NODE_HOST=h4; " in new.argv[-1] and "export DMLC_RANK=2; " in new.argv[-1]
+    assert "export DMLC_ROLE=server; " in new.argv[-1] and new.argv[-2] == "h4"
+    down.add("h4")                                                                      # h4 dies too
+    again = move(new, 255, False, Running("server 2"))
+    assert again.host == "h1" and "export DMLC_NODE_HOST=h1; " in again.argv[-1]     # h1: 2, h2: 2, h1 first
+    down.update({"h1", "h2"})
+    assert move(again, 255, False, Running("server 2")) is again                      # nowhere to go: logged
+
+
 def test_rsync_once_per_distinct_host(tmp_path):
     spec = spec_of("-n", "4", "-s", "2", "--sync-dst-dir", "/dst", "x",
                    hostfile_text="a:2222\nb\na:2222\n", tmp_path=tmp_path)
     assert ssh.rsync_commands(spec) == [
-        ["rsync", "-az", "--rsh=ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new -p 2222",
+        ["rsync", "-az", "--rsh=ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new -o ConnectTimeout=15 "
+         "-o ServerAliveInterval=15 -o ServerAliveCountMax=4 -p 2222",
          "/work/job/", "a:/dst"],
-        ["rsync", "-az", "--rsh=ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new", "/work/job/", "b:/dst"]]
+        ["rsync", "-az", "--rsh=ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new -o ConnectTimeout=15 "
+         "-o ServerAliveInterval=15 -o ServerAliveCountMax=4", "/work/job/", "b:/dst"]]
     assert ssh.workdir(spec) == "/dst"
 
 

@@ -83,10 +83,13 @@ def task_command(spec: LaunchSpec, task: Task, job: Mapping[str, str], forward: 
                    stdin_first=key)
 
 
-def host_answers(host: Host, timeout: float = 30.0) -> bool:
-    """``ssh host true`` succeeds: the host is up and its sshd lets us in."""
+def host_answers(host: Host, timeout: float = 15.0) -> bool:
+    """``ssh host true`` succeeds: the host is up and its sshd lets us in. A 5 s connect
+    timeout (ssh takes the first value given): the launcher waits on this before restarting."""
+    port = ["-p", str(host.port)] if host.port else []
     try:
-        return run_quiet(ssh_argv(host, "true"), timeout).returncode == 0
+        return run_quiet(["ssh", "-o", "ConnectTimeout=5", *SSH_OPTIONS, *port, host.name, "true"],
+                         timeout).returncode == 0
     except Exception:       # TimeoutExpired, OSError
         return False
 
@@ -102,6 +105,7 @@ class Relocation:
         self.spec, self.job, self.forward, self.answers = spec, job, forwarded_env(environ), answers
         self.tasks = {t.name: t for t in place(spec.num_servers, spec.num_workers, spec.hosts)}
         self.dead: set[tuple[str, int | None]] = set()
+        self.synced = {h.key for h in used_hosts(spec)} if spec.sync_dst_dir else set()
 
     def __call__(self, cmd: Command, status: int, unreachable: bool, job: Job) -> Command:
         task = self.tasks.get(cmd.name)
@@ -121,8 +125,9 @@ class Relocation:
                 logger.warning("host %s does not answer ssh either", host.name)
                 self.dead.add(host.key)
                 continue
-            if self.spec.sync_dst_dir and host.key not in {h.key for h in used_hosts(self.spec)}:
+            if self.spec.sync_dst_dir and host.key not in self.synced:
                 sync_one(self.spec, host)
+                self.synced.add(host.key)
             logger.warning("host %s does not answer ssh: %s starts on %s instead", task.host.name, cmd.name,
                            host.name)
             self.tasks[cmd.name] = task = Task(task.role, task.rank, task.task_id, host)

@@ -179,7 +179,6 @@ class Postoffice:
         self.rank = id_to_rank(self.node_id)
         self.sync = table.get("sync", True)
         self.restarted = int(table.get("restart", 0))
-        self.down = {int(k): v for k, v in table.get("down", {}).items()}
         for row in table["nodes"]:
             node = Node.from_row(row)
             self.nodes[node.node_id] = node
@@ -223,6 +222,9 @@ class Postoffice:
         if cmd in self.handlers and cmd not in (Command.NODE_FAILED, Command.ABORT):
             self.handlers[cmd](msg)
         elif cmd == Command.NODE_TABLE:
+            # here, on the I/O thread: a NODE_DOWN or NODE_UP right behind the table must
+            # change this, not be overwritten when the main thread adopts the table
+            self.down = {int(k): v for k, v in msg.body.get("down", {}).items()}
             with self._cond:
                 self._table = msg.body
                 self._cond.notify_all()

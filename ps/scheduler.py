@@ -541,7 +541,8 @@ class Scheduler:
     def _why_not_recoverable(self, node_id: int) -> str | None:
         limit = self.config.max_restarts
         node = self._nodes[node_id]
-        if self.restarts >= limit:
+        awaited = sum(1 for rec in self._recovering.values() if not rec.replaced)
+        if self.restarts + awaited >= limit:
             return f"the job has used all of its {limit} restart(s) (PS_MAX_RESTARTS / --max-restarts)"
         if node.role == Role.SERVER and self.config.num_servers < 2:
             return ("with one server there is no replica of its state to recover from "
@@ -604,8 +605,11 @@ class Scheduler:
                 "reason": f"the cluster is already complete ({self._have()}) and no {role} is awaiting "
                           f"its restart; a {role} at {info.host}:{info.port} tried to join late"})
             return
+        # the rank it asks for (DMLC_RANK: the launcher's restart of that rank, wherever it now
+        # runs), else one that died on its host, else any
+        hinted = [i for i in free if info.rank_hint is not None and self._nodes[i].rank == info.rank_hint]
         same_host = [i for i in free if self._nodes[i].hostname == info.hostname]
-        node_id = (same_host or free)[0]
+        node_id = (hinted or same_host or free)[0]
         old = self._nodes[node_id]
         info.rank, info.last_seen = old.rank, self.clock()
         self._nodes[node_id] = info

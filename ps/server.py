@@ -41,6 +41,10 @@ class KVServer:
         self._stopped = threading.Event()
         self._joined = threading.Event()
         self._stalls: dict[tuple[int, int], Stall] = {}   # (key, round) -> as last warned
+        # requests that came before this server could answer them (I/O thread): a restart's,
+        # before its state is back from the replica; any server's, before it has its node table
+        self._serving = False
+        self._early: list[Message] = []
         # PS_SEND_WINDOW: replies too leave most urgent first, with a bounded window (the
         # server's link also carries its host's worker's pushes); a key's priority is its
         # latest request's
@@ -64,10 +68,35 @@ class KVServer:
         self.po.start()
         error = self.replication.start()
         if self.po.restarted:
-            self.po.rejoined(error)
             if error is not None:
+                self.po.rejoined(error)
                 raise PSError(f"{self.name} cannot recover: {error}")
+            self.po.call_soon(self._serve)      # before REJOINED: what its NODE_UP makes workers resend
+            self.po.rejoined(None)
+        else:
+            self.po.call_soon(self._serve)
         self._joined.set()
+
+    def _early_or(self, msg: Message) -> bool:
+        """Hold ``msg`` if this server cannot answer it yet. An empty store would tell a
+        restarted worker asking how far it got "nowhere", and apply its replayed
+        set_optimizer over the recovered optimizer state."""
+        if self._serving or not (self.po.restarted or not self.po.node_id):
+            return False
+        self._early.append(msg)
+        return True
+
+    def _serve(self) -> None:
+        """The state is here (I/O thread). A worker that died before this restart registered
+        (its machine's worker, usually) is told of only in the node table, never by a NODE_DOWN:
+        its restart replays its script, so mark it as the live NODE_DOWN would have."""
+        if self.po.restarted:
+            for node_id in list(self.po.down):
+                self._on_node(node_id, False)
+        self._serving = True
+        early, self._early = self._early, []
+        for msg in early:
+            (self._on_data if msg.cmd == Command.DATA else self._on_command)(msg)
 
     def run(self) -> int:
         try:
@@ -100,7 +129,7 @@ class KVServer:
 
     # -- data ----------------------------------------------------------------------------
     def _on_data(self, msg: Message) -> None:
-        if not msg.request:
+        if not msg.request or self._early_or(msg):
             return
         self.po.credit(msg)
         if msg.flags & Flag.CREDIT and self._queue is not None:     # it is across a network: queue its replies
@@ -219,6 +248,8 @@ class KVServer:
 
     # -- commands ------------------------------------------------------------------------
     def _on_command(self, msg: Message) -> None:
+        if self._early_or(msg):
+            return
         body = msg.body if isinstance(msg.body, dict) else {}
         reply: dict[str, Any] = {"id": body.get("id")}
         try:

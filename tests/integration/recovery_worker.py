@@ -49,6 +49,10 @@ def find(role: str, rank: int) -> psutil.Process:
 
 
 def kill(role: str, rank: int, rnd: int, sig: int = signal.SIGKILL) -> None:
+    if role == "worker" and str(rank) == os.environ.get("DMLC_RANK"):
+        print(f"KILL worker {rank} itself at round {rnd}", flush=True)
+        os.kill(os.getpid(), sig)
+        return
     proc = find(role, rank)
     print(f"{'KILL' if sig == signal.SIGKILL else 'FREEZE'} {role} {rank} pid {proc.pid} at round {rnd}", flush=True)
     proc.send_signal(sig)
@@ -97,6 +101,8 @@ def main() -> None:
     kills: dict[tuple[int, str], list[tuple[str, int]]] = {}    # several at once: a dead machine
     for role, rank, rnd, when in args.kill:
         kills.setdefault((int(rnd), when), []).append((role, int(rank)))
+    for victims in kills.values():       # worker 0 itself last
+        victims.sort(key=lambda v: v == ("worker", int(os.environ.get("DMLC_RANK", -1))))
 
     kv = ps.KVStore(args.type)
     if kv.restarted:
@@ -123,12 +129,12 @@ def main() -> None:
                 print(f"ROUND {rnd}", flush=True)
         for key, shape in SHAPES.items():
             kv.push(key, grad(kv.rank, rnd, key, shape))
-        if kv.rank == 0 and (rnd, "push") in kills:
+        if kv.rank == 0 and not kv.restarted and (rnd, "push") in kills:
             for role, rank in kills[(rnd, "push")]:
                 kill(role, rank, rnd, signal.SIGSTOP if args.freeze else signal.SIGKILL)
         for key in SHAPES:
             kv.pull(key, out=out[key])
-        if kv.rank == 0 and (rnd, "pull") in kills:
+        if kv.rank == 0 and not kv.restarted and (rnd, "pull") in kills:
             for role, rank in kills[(rnd, "pull")]:
                 kill(role, rank, rnd, signal.SIGSTOP if args.freeze else signal.SIGKILL)
             time.sleep(0.05)

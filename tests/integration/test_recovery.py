@@ -225,17 +225,20 @@ def test_a_worker_and_then_a_server_killed_in_one_job(procs, tmp_path, unfaulted
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_a_server_and_a_worker_killed_at_once_lose_nothing(procs, tmp_path, unfaulted, optimizer):
+@pytest.mark.parametrize("optimizer, rank", [("sgd", 1), ("adam", 1), ("sgd", 0), ("adam", 0)])
+def test_a_server_and_a_worker_killed_at_once_lose_nothing(procs, tmp_path, unfaulted, optimizer, rank):
     """A machine that dies takes its server and its worker with it (the usual placement: one
-    of each per host). Before, the second death ended the job: "one failure at a time"."""
+    of each per host). Before, the second death ended the job: "one failure at a time". Rank 0
+    (it kills itself with server 0) sends the job's settings: a server restart that did not
+    know its worker had died applied the replayed set_optimizer over the recovered Adam state
+    (exit 0, weights off by 0.09 in 2 of 6 hand runs)."""
     rnd, when = random.randrange(5, ROUNDS - 5), random.choice(["push", "pull"])
-    code, text = launch(procs, tmp_path, optimizer, ("server", 1, rnd, when), ("worker", 1, rnd, when),
+    code, text = launch(procs, tmp_path, optimizer, ("server", rank, rnd, when), ("worker", rank, rnd, when),
                         restarts=2)
     assert code == 0, f"round {rnd} {when}\n{text}"
-    assert "server 1 was killed by SIGKILL: starting it again" in text, text
-    assert "worker 1 was killed by SIGKILL: starting it again" in text, text
-    assert re.search(r"server 1 \(S\[\d+\]\) recovered \d+ keys", text), text
+    assert f"server {rank} was killed by SIGKILL: starting it again" in text, text
+    assert f"worker {rank} was killed by SIGKILL: starting it again" in text, text
+    assert re.search(rf"server {rank} \(S\[\d+\]\) recovered \d+ keys", text), text
     assert_all_workers_equal(tmp_path)
     got = weights(tmp_path)
     for key, ref in unfaulted[optimizer].items():

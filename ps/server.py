@@ -78,10 +78,10 @@ class KVServer:
         self._joined.set()
 
     def _early_or(self, msg: Message) -> bool:
-        """Hold ``msg`` if this server cannot answer it yet. An empty store would tell a
+        """Hold ``msg`` until start() has run (``_serve``). A restart's empty store would tell a
         restarted worker asking how far it got "nowhere", and apply its replayed
         set_optimizer over the recovered optimizer state."""
-        if self._serving or not (self.po.restarted or not self.po.node_id):
+        if self._serving:
             return False
         self._early.append(msg)
         return True
@@ -90,13 +90,18 @@ class KVServer:
         """The state is here (I/O thread). A worker that died before this restart registered
         (its machine's worker, usually) is told of only in the node table, never by a NODE_DOWN:
         its restart replays its script, so mark it as the live NODE_DOWN would have."""
-        if self.po.restarted:
-            for node_id in list(self.po.down):
-                self._on_node(node_id, False)
-        self._serving = True
+        try:
+            if self.po.restarted:
+                for node_id in list(self.po.down):
+                    self._on_node(node_id, False)
+        finally:            # an error above must not leave every request held
+            self._serving = True
         early, self._early = self._early, []
         for msg in early:
-            (self._on_data if msg.cmd == Command.DATA else self._on_command)(msg)
+            try:
+                (self._on_data if msg.cmd == Command.DATA else self._on_command)(msg)
+            except Exception:   # noqa: BLE001 - as the I/O thread would: log it, go on with the rest
+                logger.exception("%s: handling %r failed", self.name, msg)
 
     def run(self) -> int:
         try:

@@ -268,6 +268,11 @@ class Postoffice:
         if node_id in self._peers:
             self._peers[node_id] = ""           # reopened (to whatever address) when it is back
         self._tell(node_id, False)
+        # done with the dead incarnation: its restart may now be given the table and talk to us
+        try:
+            self.send(Message(Command.NODE_DOWN, recver=SCHEDULER, body={"id": node_id}, request=False))
+        except PSError:         # failed or closing: the scheduler admits the restart after ACK_WAIT
+            pass
 
     def _on_node_up(self, body: dict[str, Any]) -> None:
         node = Node.from_row(body["row"])

@@ -9,7 +9,7 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
 from . import netutil
@@ -19,6 +19,10 @@ from .message import Command, Message, Node, Role, node_name, server_id, worker_
 from .van import Van, for_config, with_resend
 
 logger = logging.getLogger(__name__)
+
+# seconds a registered restart waits for the live nodes to acknowledge its dead self's death
+# (a node that never does is dead itself, or stuck: heartbeats deal with it)
+ACK_WAIT = 5.0
 
 SCHEDULER = 1
 GROUPS = {"all": (Role.SERVER, Role.WORKER), "workers": (Role.WORKER,), "servers": (Role.SERVER,)}
@@ -42,6 +46,11 @@ class Recovery:
     since: float
     reason: str
     replaced: bool = False            # its restart registered and is recovering its state
+    # the live nodes told of its death that have not said they acted on it: its restart gets
+    # its node table only once they have (else, with lost messages resent late, the restart's
+    # first messages could reach a node before the news of the death, which then wipes them)
+    unacked: set[int] = field(default_factory=set)
+    parked: tuple[Member, bytes | None, float] | None = None   # a restart waiting for those
 
 
 class Awaited(NamedTuple):
@@ -208,6 +217,8 @@ class Scheduler:
                 return
             self._warn_stalled_barriers(now)
             for node_id, rec in list(self._recovering.items()):
+                if rec.parked is not None and now - rec.parked[2] > ACK_WAIT:
+                    self._admit_if_acked(node_id, force=True)
                 if now - rec.since > cfg.connect_timeout:
                     state = "did not finish recovering" if rec.replaced else "was not restarted"
                     self._node_failed(node_id, f"{rec.reason}; it {state} within {cfg.connect_timeout:g}s "
@@ -571,9 +582,38 @@ class Scheduler:
         logger.warning("scheduler: %s; waiting up to %gs for its restart (PS_MAX_RESTARTS=%d, %d used)",
                        reason, self.config.connect_timeout, self.config.max_restarts, self.restarts)
         body = {"id": node_id, "reason": reason}
+        rec = self._recovering[node_id]
         for other in self._nodes:
             if other != node_id and not self._gone(other) and self._reachable(other):
                 self._send_to(other, Command.NODE_DOWN, body)
+                rec.unacked.add(other)
+        for other_id, other in list(self._recovering.items()):     # it cannot acknowledge any more
+            if node_id in other.unacked:
+                other.unacked.discard(node_id)
+                self._admit_if_acked(other_id)
+
+    def _on_node_down_ack(self, msg: Message) -> None:
+        """A node acted on a NODE_DOWN (forgot the dead node's channels and rounds)."""
+        node_id = msg.body.get("id") if isinstance(msg.body, dict) else None
+        rec = self._recovering.get(node_id) if isinstance(node_id, int) else None
+        if rec is not None:
+            rec.unacked.discard(msg.sender)
+            self._admit_if_acked(node_id)
+
+    def _admit_if_acked(self, node_id: int, force: bool = False) -> None:
+        rec = self._recovering.get(node_id)
+        if rec is None or rec.parked is None:
+            return
+        rec.unacked = {i for i in rec.unacked if not self._gone(i) and self._reachable(i)}
+        if rec.unacked and not force:
+            return
+        if rec.unacked:
+            logger.warning("scheduler: %s did not acknowledge the death of %s within %gs; its restart "
+                           "joins anyway", ", ".join(self._describe(i) for i in sorted(rec.unacked)),
+                           node_name(node_id), ACK_WAIT)
+        info, route, _ = rec.parked
+        rec.parked = None
+        self._admit(node_id, info, route)
 
     def awaiting_restart(self) -> list[Awaited]:
         """The nodes declared dead whose restart has not registered (thread-safe)."""
@@ -581,7 +621,7 @@ class Scheduler:
             now = self.clock()
             return [Awaited(self._nodes[i].role.name.lower(), self._nodes[i].rank, now - rec.since,
                             now - self._nodes[i].registered_at, rec.reason)
-                    for i, rec in self._recovering.items() if not rec.replaced]
+                    for i, rec in self._recovering.items() if not rec.replaced and rec.parked is None]
 
     def _reachable(self, node_id: int) -> bool:
         """Alive or restarted: a node awaiting its restart gets nothing (its restart learns
@@ -599,7 +639,8 @@ class Scheduler:
                 if self._done.is_set():
                     self._reply(route, Command.ABORT, {"reason": self.error or "the job failed"})
                     return
-        free = [i for i, r in self._recovering.items() if not r.replaced and self._nodes[i].role == info.role]
+        free = [i for i, r in self._recovering.items()
+                if not r.replaced and r.parked is None and self._nodes[i].role == info.role]
         if not free:
             self._reply(route, Command.ABORT, {
                 "reason": f"the cluster is already complete ({self._have()}) and no {role} is awaiting "
@@ -610,6 +651,12 @@ class Scheduler:
         hinted = [i for i in free if info.rank_hint is not None and self._nodes[i].rank == info.rank_hint]
         same_host = [i for i in free if self._nodes[i].hostname == info.hostname]
         node_id = (hinted or same_host or free)[0]
+        self._recovering[node_id].parked = (info, route, self.clock())
+        self._admit_if_acked(node_id)
+
+    def _admit(self, node_id: int, info: Member, route: bytes | None) -> None:
+        """The restart takes the dead node's place: its id, rank and the current node table."""
+        role = info.role.name.lower()
         old = self._nodes[node_id]
         info.rank, info.last_seen = old.rank, self.clock()
         self._nodes[node_id] = info
@@ -661,6 +708,7 @@ class Scheduler:
         Command.CLOSE: _on_close,
         Command.TERMINATE: _on_terminate,
         Command.REJOINED: _on_rejoined,
+        Command.NODE_DOWN: _on_node_down_ack,
     }
 
 

@@ -43,10 +43,10 @@ def cluster():
     started: list[tuple[Scheduler, threading.Thread]] = []
     nodes: list[FakeNode] = []
 
-    def start(connect_timeout: float = 30) -> tuple[int, list[FakeNode]]:
+    def start(connect_timeout: float = 30, **extra: str) -> tuple[int, list[FakeNode]]:
         port = free_port()
         env = {"DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
-               "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "2", "PS_CONNECT_TIMEOUT": str(connect_timeout)}
+               "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "2", "PS_CONNECT_TIMEOUT": str(connect_timeout), **extra}
         sched = Scheduler(Config.from_env(env))
         sched.start()
         thread = threading.Thread(target=sched.run, daemon=True)
@@ -114,3 +114,33 @@ def test_a_dead_registration_holds_formation_back_and_the_timeout_names_it(clust
     reason = _reason(live)
     assert "PS_CONNECT_TIMEOUT" in reason and "1/2 workers" in reason, reason
     assert f"dropped before formation: the worker from {dead.addr} (refused connections)" in reason, reason
+
+
+@pytest.mark.timeout(60)
+def test_a_restart_gets_its_table_only_once_the_others_acted_on_its_death(cluster):
+    """PS_MAX_RESTARTS: a worker dies after formation; its restart registers, but is given its
+    node table (and so talks to the servers) only once every live node has acknowledged the
+    NODE_DOWN. Before, with PS_RESEND and a lost NODE_DOWN resent late, the restart's first
+    messages reached a server before the news of the death, which then wiped them: a hang."""
+    port, nodes = cluster(PS_MAX_RESTARTS="2")
+    dead, live, server = FakeNode(port, Role.WORKER), FakeNode(port, Role.WORKER), FakeNode(port, Role.SERVER)
+    nodes += [dead, live, server]
+    for n in (dead, live, server):
+        _registered(n)
+    ids = {}
+    for n in (dead, live, server):
+        wait_for(lambda n=n: Command.NODE_TABLE in n.cmds(), 10, what=f"the node table at {n.addr}")
+        ids[n] = next(m.body["you"] for m in n.got if m.cmd == Command.NODE_TABLE)
+    dead.van.stop()                                      # the scheduler's watch sees it close
+    for n in (live, server):
+        wait_for(lambda n=n: Command.NODE_DOWN in n.cmds(), 10, what=f"the NODE_DOWN at {n.addr}")
+    restart = FakeNode(port, Role.WORKER)
+    nodes.append(restart)
+    restart.register()
+    time.sleep(1.0)
+    assert Command.NODE_TABLE not in restart.cmds(), "the restart was admitted before the others knew"
+    for n in (live, server):
+        n.van.send(Message(Command.NODE_DOWN, ids[n], SCHEDULER, {"id": ids[dead]}, request=False))
+    wait_for(lambda: Command.NODE_TABLE in restart.cmds(), 3, what="the restart's node table after the acks")
+    table = next(m.body for m in restart.got if m.cmd == Command.NODE_TABLE)
+    assert table["you"] == ids[dead] and table["restart"] == 1

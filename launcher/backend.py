@@ -45,7 +45,7 @@ class Backend:
 
 BACKENDS: dict[str, Backend] = {
     "local": Backend("local", local.commands, local.host_count),
-    "ssh": Backend("ssh", ssh.commands, ssh.host_count, prepare=ssh.prepare, relocation=ssh.relocation),
+    "ssh": Backend("ssh", ssh.commands, ssh.host_count, prepare=ssh.prepare, relocation=ssh.Relocation),
     "mpi": Backend("mpi", mpi.commands, mpi.host_count),
     "slurm": Backend("slurm", slurm.commands, slurm.host_count),
     "sge": Backend("sge", sge.commands, sge.host_count, describe=sge.describe, start=sge.start),

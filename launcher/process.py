@@ -262,6 +262,10 @@ class Job:
         out += [e._replace(stopped=e.name in self._stopped) for e in self.reported.values() if e.name not in own]
         return out
 
+    def latest(self) -> dict[str, Proc]:
+        """The newest process of each name: a restart stands for its dead self."""
+        return {p.cmd.name: p for p in self.procs}
+
     @property
     def running(self) -> list[Proc]:
         return [p for p in self.procs if p.poll() is None]
@@ -409,7 +413,7 @@ class Restarts:
             if dead.waited < grace:
                 continue
             name = f"{dead.role} {dead.rank}"
-            proc = next((p for p in reversed(job.procs) if p.cmd.name == name), None)
+            proc = job.latest().get(name)
             if proc is None or proc.poll() is not None or id(proc) in self.unreachable \
                     or proc.started > time.monotonic() - dead.lived:      # a restart, still starting
                 continue
@@ -423,7 +427,7 @@ class Restarts:
         """Start again each failed server or worker while restarts last; the exits it did not take."""
         left = []
         for name, status in ended:
-            proc = next((p for p in reversed(job.procs) if p.cmd.name == name), None)
+            proc = job.latest().get(name)
             if not status or proc is None or name.split(" ")[0] not in ("server", "worker") \
                     or (sched is not None and sched.ending):
                 left.append((name, status))
@@ -513,27 +517,21 @@ def _work_done(job: Job, sched: object | None) -> bool:
     closed its store and the servers were told to stop)."""
     if sched is not None and getattr(sched, "ended_well", False):
         return True
-    latest: dict[str, Proc] = {}
-    for proc in job.procs:
-        if _role(proc.cmd.name) == "worker":
-            latest[proc.cmd.name] = proc
-    return bool(latest) and all(proc.poll() == 0 for proc in latest.values())
+    workers = [proc for name, proc in job.latest().items() if _role(name) == "worker"]
+    return bool(workers) and all(proc.poll() == 0 for proc in workers)
 
 
 def _after_the_work(job: Job, ended: list[tuple[str, int]], sched: object | None) -> list[tuple[str, int]]:
     """Drop the failures of servers that died once the job's work was done: nothing is lost
     (a server SIGKILLed while it shuts down), so the job must not be reported failed, nor the
     server started again. A worker's own failure always counts."""
-    if not any(status and _role(name) == "server" for name, status in ended) or not _work_done(job, sched):
+    late = [(name, status) for name, status in ended if status and _role(name) == "server"]
+    if not late or not _work_done(job, sched):
         return ended
-    kept = []
-    for name, status in ended:
-        if status and _role(name) == "server":
-            logger.warning("%s %s after every worker had finished: the job's work is done, so this is "
-                           "not a failure", name, _how(status))
-            continue
-        kept.append((name, status))
-    return kept
+    for name, status in late:
+        logger.warning("%s %s after every worker had finished: the job's work is done, so this is "
+                       "not a failure", name, _how(status))
+    return [e for e in ended if e not in late]
 
 
 def report_ends(ends: list[Ended], sched: object | None, seconds: float) -> None:

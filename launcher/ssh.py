@@ -49,9 +49,10 @@ KEY_FROM_STDIN = ('_ps_key=$(mktemp "${TMPDIR:-/tmp}/ps-job-key.XXXXXX") || exit
                   'export PS_JOB_KEY_FILE="$_ps_key"; ')
 
 
-def ssh_argv(host: Host, *remote: str) -> list[str]:
+def ssh_argv(host: Host, *remote: str, first: tuple[str, ...] = ()) -> list[str]:
+    """``first``: options that win over SSH_OPTIONS (ssh takes the first value of each)."""
     port = ["-p", str(host.port)] if host.port else []
-    return ["ssh", *SSH_OPTIONS, *port, host.name, *remote]
+    return ["ssh", *first, *SSH_OPTIONS, *port, host.name, *remote]
 
 
 def remote_script(env: Mapping[str, str], cwd: str, command: tuple[str, ...], key_from_stdin: bool = False) -> str:
@@ -86,10 +87,8 @@ def task_command(spec: LaunchSpec, task: Task, job: Mapping[str, str], forward: 
 def host_answers(host: Host, timeout: float = 15.0) -> bool:
     """``ssh host true`` succeeds: the host is up and its sshd lets us in. A 5 s connect
     timeout (ssh takes the first value given): the launcher waits on this before restarting."""
-    port = ["-p", str(host.port)] if host.port else []
     try:
-        return run_quiet(["ssh", "-o", "ConnectTimeout=5", *SSH_OPTIONS, *port, host.name, "true"],
-                         timeout).returncode == 0
+        return run_quiet(ssh_argv(host, "true", first=("-o", "ConnectTimeout=5")), timeout).returncode == 0
     except Exception:       # TimeoutExpired, OSError
         return False
 
@@ -137,10 +136,6 @@ class Relocation:
         return cmd
 
 
-def relocation(spec: LaunchSpec, job: Mapping[str, str], environ: Mapping[str, str]) -> Relocation:
-    return Relocation(spec, job, environ)
-
-
 def commands(spec: LaunchSpec, job: Mapping[str, str], environ: Mapping[str, str],
              dry_run: bool = False) -> list[Command]:
     return build_commands(spec, job, forwarded_env(environ))
@@ -166,16 +161,21 @@ def rsync_argv(spec: LaunchSpec, host: Host) -> list[str]:
     return ["rsync", "-az", f"--rsh={rsh}", spec.cwd.rstrip("/") + "/", f"{host.name}:{spec.sync_dst_dir}"]
 
 
+def rsync_error(argv: list[str], timeout: float) -> str | None:
+    """Run one rsync of rsync_argv; None if it worked, else why not (naming its destination)."""
+    try:
+        res = run_quiet(argv, timeout)
+    except Exception as exc:  # TimeoutExpired, OSError (no rsync)
+        return f"{argv[-1]}: {exc}"
+    return f"{argv[-1]}: rsync exited {res.returncode}: {res.stderr.strip()}" if res.returncode else None
+
+
 def sync_one(spec: LaunchSpec, host: Host, timeout: float = 600.0) -> None:
     """--sync-dst-dir to a host the job did not use until a restart moved there; a failure
     is logged (the restart then fails and says why)."""
-    try:
-        res = run_quiet(rsync_argv(spec, host), timeout)
-    except Exception as exc:
-        logger.error("--sync-dst-dir to %s failed: %s", host.name, exc)
-        return
-    if res.returncode:
-        logger.error("--sync-dst-dir to %s failed: rsync exited %d: %s", host.name, res.returncode, res.stderr.strip())
+    error = rsync_error(rsync_argv(spec, host), timeout)
+    if error:
+        logger.error("--sync-dst-dir failed: %s", error)
 
 
 def prepare(spec: LaunchSpec, environ: Mapping[str, str], timeout: float = 600.0) -> None:
@@ -185,13 +185,9 @@ def prepare(spec: LaunchSpec, environ: Mapping[str, str], timeout: float = 600.0
     errors: list[str] = []
 
     def sync(argv: list[str]) -> None:
-        try:
-            res = run_quiet(argv, timeout)
-        except Exception as exc:  # TimeoutExpired, OSError (no rsync)
-            errors.append(f"{argv[-1]}: {exc}")
-            return
-        if res.returncode:
-            errors.append(f"{argv[-1]}: rsync exited {res.returncode}: {res.stderr.strip()}")
+        error = rsync_error(argv, timeout)
+        if error:
+            errors.append(error)
 
     threads = [threading.Thread(target=sync, args=(argv,), name="ps-launch-rsync") for argv in rsync_commands(spec)]
     for t in threads:

@@ -519,7 +519,11 @@ class Scheduler:
     def _on_terminate(self, msg: Message) -> None:
         if msg.request or msg.sender not in self._nodes:
             return
-        self._terminated.add(msg.sender)
+        self._server_ended(msg.sender)
+
+    def _server_ended(self, node_id: int) -> None:
+        """A server is done (acknowledged TERMINATE, or died after it): the job ends 0 with the last."""
+        self._terminated.add(node_id)
         if set(self._server_ids()) <= self._terminated:
             self._finish(0)
 
@@ -530,10 +534,8 @@ class Scheduler:
             # server's state any more (killed while shutting down): no failure, no restart
             logger.warning("scheduler: %s, after every worker closed: nothing is lost; the job ends "
                            "without its acknowledgement", reason)
-            self._terminated.add(node_id)
             self._recovering.pop(node_id, None)
-            if set(self._server_ids()) <= self._terminated:
-                self._finish(0)
+            self._server_ended(node_id)
             return
         if not final and self.config.max_restarts:
             why_not = self._why_not_recoverable(node_id)

@@ -257,26 +257,27 @@ class KVServer:
             return
         body = msg.body if isinstance(msg.body, dict) else {}
         reply: dict[str, Any] = {"id": body.get("id")}
+        cmd = body.get("cmd")
+        setting = cmd in _SETTINGS
         try:
-            handler = self._COMMANDS.get(body.get("cmd"))
+            handler = self._COMMANDS.get(cmd)
             if handler is None:
-                raise ValueError(f"unknown server command {body.get('cmd')!r}")
+                raise ValueError(f"unknown server command {cmd!r}")
             store = self._store()
-            if body.get("cmd") in _SETTINGS and self._made_before(store, msg.sender, body["cmd"]):
+            if setting and self._made_before(store, msg.sender, cmd):
                 # a restarted worker re-running its script: its dead self set this already
-                logger.info("%s: %s from restarted %s ignored (it replays)", self.name, body.get("cmd"),
-                            node_name(msg.sender))
+                logger.info("%s: %s from restarted %s ignored (it replays)", self.name, cmd, node_name(msg.sender))
             else:
                 reply["result"] = handler(self, store, body)
-                if body.get("cmd") in _SETTINGS:
-                    self._settings_applied[(msg.sender, body["cmd"])] += 1
+                if setting:
+                    self._settings_applied[(msg.sender, cmd)] += 1
         except Exception as exc:  # noqa: BLE001 - reported to the worker, server goes on
             reply["error"] = [type(exc).__name__, f"{self.name}: {exc}"]
         self.replication.after(lambda: self.po.send(Message(Command.SERVER_CMD, recver=msg.sender, body=reply,
                                                             request=False, route=msg.route)))
 
     def _made_before(self, store: Store, worker: int, cmd: str) -> bool:
-        """A restarted worker's n-th ``cmd`` while it replays its script was made by its dead
+        """(Counts this replayed setting.) A restarted worker's n-th ``cmd`` while it replays its script was made by its dead
         self if that one made n or more. Not "the store has it": a worker killed between
         kv.init and set_optimizer, or before a step's set_params, left them unmade. A server
         restarted itself lost the counts and falls back to that."""

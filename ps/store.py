@@ -472,8 +472,7 @@ class Store:
             _sum(frames, self._merge_buffer(ks, rnd)[off:off + n])
             return []
         if not rnd.started:                    # once per round: copy-on-write, count the update
-            self._keep_before(ks, ks.closed)
-            self._writable(ks)
+            self._before_write(ks, ks.closed)
             if self.updater is not None:
                 self.updater.begin(ks.key, ks.value)
             rnd.started = True
@@ -561,21 +560,22 @@ class Store:
         merged = rnd.merged
         if merged is None:                     # used chunk by chunk already
             return
-        self._keep_before(ks, ks.closed - 1)
-        self._writable(ks)
+        self._before_write(ks, ks.closed - 1)
         self.updater(ks.key, merged, ks.value)
         if self.journal is not None:
             self.journal.append(Event("whole", ks.key, 0, None, (merged.copy(),)))
         ks.spare = merged if merged.nbytes <= SPARE_MAX_BYTES else None
 
-    def _keep_before(self, ks: KeyState, closed: int) -> None:
-        """Round ``closed + 1`` is about to change the value (after round ``closed``). The
-        array as it is becomes the kept one (never written again, so replies may still read
-        it) and the round writes into a fresh copy: one copy per round, never a second one
-        for copy-on-write."""
+    def _before_write(self, ks: KeyState, closed: int) -> None:
+        """Round ``closed + 1`` is about to change the value (after round ``closed``). With
+        ``keep_before`` the array as it is becomes the kept one (never written again, so
+        replies may still read it) and the round writes into a fresh copy, which no reply
+        reads: one copy per round, never a second one for copy-on-write. Else copy-on-write."""
         if self.keep_before:
             ks.before = (closed, ks.value)
             ks.value = ks.value.copy()
+        else:
+            self._writable(ks)
 
     def _writable(self, ks: KeyState) -> None:
         """Copy-on-write (ps/bufguard.py): never change a value a reply may still read."""

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from . import netutil
+from . import netutil, ring
 from ._timing import DISCONNECT_GRACE, Deadline
 from .config import Config
 from .errors import ClosedError, PeerLostError, PSError, PSTimeoutError
@@ -55,6 +55,7 @@ class Postoffice:
         self.rank = -1
         self.sync = True
         self.server_ids: list[int] = []
+        self.ring: list[int] = []           # server ranks; each keeps the replica of the one before it (ps/ring.py)
         self.worker_ids: list[int] = []
         self.nodes: dict[int, Node] = {}
         self.failure: PSError | None = None
@@ -184,6 +185,8 @@ class Postoffice:
             self.nodes[node.node_id] = node
         self.server_ids = sorted(i for i, n in self.nodes.items() if n.role == Role.SERVER)
         self.worker_ids = sorted(i for i, n in self.nodes.items() if n.role == Role.WORKER)
+        given = table.get("ring")
+        self.ring = given if ring.valid(given, len(self.server_ids)) else list(range(len(self.server_ids)))
         if self.role == Role.WORKER:
             for sid in self.server_ids:
                 self.connect(sid)

@@ -1,7 +1,7 @@
 """A backup server's copy of another server's state, kept by replaying its changes.
 
-With ``PS_MAX_RESTARTS`` > 0 server rank r is the backup of rank r-1 (its *primary*, in a
-ring). The primary records every change of its store as :class:`ps.store.Event`s: the sums
+With ``PS_MAX_RESTARTS`` > 0 each server is the backup of the one before it in a ring
+(its *primary*; ps/ring.py). The primary records every change of its store as :class:`ps.store.Event`s: the sums
 a round applied, never the workers' pushes, so a backup receives one push's worth of bytes
 per round, not one per worker. The backup replays them with the same optimizer code on the
 same inputs, so its copy is bit-identical to the primary's as of the last closed round.

@@ -1,8 +1,8 @@
 """Server replication (PS_MAX_RESTARTS > 0, two servers or more): the protocol around
 ps/replica.py's copy.
 
-Servers form a ring: rank r keeps the copy of rank r-1 (its *primary*) and rank r+1 keeps
-rank r's (its *backup*). A backup asks its primary for a snapshot (SUBSCRIBE); from then on
+Servers form a ring (ps/ring.py: rank order, or hosts interleaved): each keeps the copy of
+the server before it (its *primary*), and the one after it keeps its own (its *backup*). A backup asks its primary for a snapshot (SUBSCRIBE); from then on
 the primary streams every change of its store (REPLICA) and holds each reply until the
 backup has acknowledged the changes made before it. So whatever a worker was answered is
 in the copy: a primary that dies loses nothing its workers do not still hold and resend.
@@ -18,7 +18,7 @@ import logging
 import threading
 from typing import Callable
 
-from . import replica
+from . import replica, ring
 from ._timing import Deadline
 from .errors import ProtocolError, PSError
 from .message import Command, Message, node_name, server_id
@@ -64,11 +64,11 @@ class Replication:
 
     @property
     def primary(self) -> int:
-        return server_id((self.po.rank - 1) % self.po.num_servers)
+        return server_id(ring.neighbours(self.po.ring, self.po.rank)[0])
 
     @property
     def backup(self) -> int:
-        return server_id((self.po.rank + 1) % self.po.num_servers)
+        return server_id(ring.neighbours(self.po.ring, self.po.rank)[1])
 
     # -- joining (main thread) ------------------------------------------------------------
     def start(self) -> str | None:
@@ -261,9 +261,10 @@ class Replication:
         for i, part in enumerate(parts):
             body, frames = replica.encode_events(part)
             reply({"events": body, "done": i == len(parts) - 1}, frames)
+        # kept until the restart's own snapshot replaces it: a restart holds its replies until
+        # then, so if it dies first it answered nothing and this copy is still its state
         logger.warning("%s handed the replica of %s (%d keys, %.1f MB) to its restart", self.name,
                        node_name(msg.sender), len(keys), mirror.nbytes() / 1e6)
-        self.mirror, self.mirror_error = None, "it was handed to a restart, and no new snapshot has come since"
 
     # -- membership ----------------------------------------------------------------------
     def _on_node(self, node_id: int, up: bool) -> None:

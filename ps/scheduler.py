@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
-from . import netutil
+from . import netutil, ring
 from ._timing import DISCONNECT_GRACE
 from .config import Config
 from .message import Command, Message, Node, Role, node_name, server_id, worker_id
@@ -140,6 +140,7 @@ class Scheduler:
         self._terminated: set[int] = set()
         self._terminate_sent_at: float | None = None
         self._sync: bool | None = None
+        self._ring: list[int] = []                  # server ranks, each keeping the replica of the one before
         self._started_at = clock()
         self._formed_at: float | None = None
         self._down_since: dict[int, float] = {}    # node id -> when its connection dropped
@@ -235,7 +236,7 @@ class Scheduler:
             if not timeout:
                 return
             for node_id, node in self._nodes.items():
-                if self._gone(node_id) or node_id in self._recovering:
+                if self._gone(node_id) or not self._reachable(node_id):
                     continue
                 silent = now - node.last_seen
                 if silent > timeout:
@@ -323,7 +324,7 @@ class Scheduler:
                 for watch_id in [w for w, n in self._carried.items() if n == node_id]:
                     del self._carried[watch_id]
                     self.van.unwatch(watch_id)
-            elif not self._gone(node_id) and node_id not in self._recovering:
+            elif not self._gone(node_id) and self._reachable(node_id):
                 self._down_since.setdefault(node_id, self.clock())
 
     def _on_peer_lost(self, peer: object, msg: Message, waited: float) -> None:
@@ -331,7 +332,7 @@ class Scheduler:
             node_id = next((i for i, n in self._nodes.items() if n.route == peer), None)
             if node_id is None and msg.route is None:
                 node_id = msg.recver
-            if node_id in self._nodes and not self._gone(node_id) and node_id not in self._recovering \
+            if node_id in self._nodes and not self._gone(node_id) and self._reachable(node_id) \
                     and not self._done.is_set():
                 self._node_failed(node_id, f"{self._describe(node_id)} did not acknowledge messages "
                                            f"for {waited:.1f}s (PS_RESEND); presumed dead")
@@ -421,9 +422,11 @@ class Scheduler:
             for rank, info in enumerate(assign_ranks(members)):
                 info.rank, info.last_seen = rank, now
                 self._nodes[to_id(rank)] = info
+        self._ring = ring.order([self._nodes[server_id(r)].host for r in range(self.config.num_servers)])
         table = [n.node(i).to_row() for i, n in sorted(self._nodes.items())]
         for node_id, info in self._nodes.items():
-            self._send_to(node_id, Command.NODE_TABLE, {"you": node_id, "nodes": table, "sync": self._sync})
+            self._send_to(node_id, Command.NODE_TABLE, {"you": node_id, "nodes": table, "sync": self._sync,
+                                                        "ring": self._ring})
             if info.addr.startswith(("tcp://", "ipc://")):
                 self.van.watch(node_id, info.addr, self._on_connection)
         self._carried = {n.watch_id: i for i, n in self._nodes.items() if n.watch_id}
@@ -560,14 +563,18 @@ class Scheduler:
         if node.role == Role.SERVER and self.config.num_servers < 2:
             return ("with one server there is no replica of its state to recover from "
                     "(server recovery needs DMLC_NUM_SERVER >= 2)")
-        servers = [i for i in self._recovering if self._nodes[i].role == Role.SERVER]
-        if node.role == Role.SERVER and servers:
-            # its replica may be the one being rebuilt (or it holds the only copy of the other's
-            # primary): one server at a time. Workers hold no state, so a whole machine (its
-            # server and its workers) can die at once.
-            others = ", ".join(self._describe(i) for i in servers)
-            return (f"it failed while {others} was still recovering (one server at a time can be "
-                    "recovered)")
+        if node.role != Role.SERVER:
+            return None     # workers hold no state: any number may be down, with servers too
+        # Each server keeps the only copy of the one before it in the ring (ps/ring.py): two
+        # neighbours down at once leave one of them without a copy. Servers further apart
+        # recover together, so a machine can die with all of its servers (the ring puts
+        # neighbours on different hosts wherever it can).
+        near = ring.neighbours(self._ring, node.rank)
+        lost = [i for i in self._recovering if self._nodes[i].role == Role.SERVER and self._nodes[i].rank in near]
+        if lost:
+            others = ", ".join(self._describe(i) for i in lost)
+            return (f"it failed while {others}, its neighbour in the replica ring, was still recovering: "
+                    f"each server keeps the only copy of the one before it, so one of the two has no copy left")
         return None
 
     def _node_down(self, node_id: int, reason: str) -> None:
@@ -627,7 +634,9 @@ class Scheduler:
 
     def _reachable(self, node_id: int) -> bool:
         """Alive or restarted: a node awaiting its restart gets nothing (its restart learns
-        who is down from its node table), a restart still recovering gets news of the others."""
+        who is down from its node table), a restart still recovering gets news of the others,
+        and its own death is noticed like anyone's (killed while it recovers, it is awaited
+        again; before, its next restart was refused and the job ended)."""
         rec = self._recovering.get(node_id)
         return rec is None or rec.replaced
 
@@ -635,7 +644,7 @@ class Scheduler:
         """A node registering after formation is the restart of a dead node of its role."""
         role = info.role.name.lower()
         for node_id, since in list(self._down_since.items()):   # died moments ago, not yet declared
-            if self._nodes[node_id].role == info.role and node_id not in self._recovering:
+            if self._nodes[node_id].role == info.role and self._reachable(node_id):
                 self._node_failed(node_id, f"{self._describe(node_id)} closed its connection and a new "
                                   f"{role} registered from {info.host}")
                 if self._done.is_set():
@@ -669,7 +678,7 @@ class Scheduler:
         down = {str(i): r.reason for i, r in self._recovering.items() if i != node_id}
         self._reply(route, Command.ADD_NODE, {"have": self._have()})
         self._send_to(node_id, Command.NODE_TABLE, {"you": node_id, "nodes": table, "sync": self._sync,
-                                                    "restart": self.restarts, "down": down})
+                                                    "ring": self._ring, "restart": self.restarts, "down": down})
         if info.addr.startswith(("tcp://", "ipc://")):
             self.van.watch(node_id, info.addr, self._on_connection)
         logger.warning("scheduler: %s registered from %s as the restart of %s (restart %d of %d); "

@@ -45,7 +45,8 @@ class Procs:
 
     def start(self, args: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
         kw.setdefault("cwd", str(ROOT))
-        proc = start_group(args, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+        kw.setdefault("stderr", subprocess.PIPE)        # subprocess.STDOUT: read both with read_until
+        proc = start_group(args, env, stdout=subprocess.PIPE, text=True, **kw)
         self.procs.append(proc)
         return proc
 
@@ -63,7 +64,7 @@ class Procs:
             self.kill(proc)
             out, err = proc.communicate()
             pytest.fail(f"process {proc.args} did not exit within {timeout}s\nstdout:{unread}{out}\nstderr:{err}")
-        return proc.returncode, unread + out, err
+        return proc.returncode, unread + out, err or ""
 
     @staticmethod
     def kill(proc: subprocess.Popen) -> None:

@@ -2,30 +2,36 @@
 keys and optimizer state from its replica on another server, and the job ends with exactly
 the weights of a run nobody killed; a killed worker is started again, rejoins with its rank
 and the job ends with the same weights too. Real processes through the launcher, real SIGKILL."""
+import contextlib
 import random
 import re
+import subprocess
 
 import numpy as np
 import psutil
 import pytest
 
-from tests.helpers import PYTHON, ROOT, cluster_env
+from tests.helpers import PYTHON, ROOT, cluster_env, read_until
 
 SCRIPT = str(ROOT / "tests" / "integration" / "recovery_worker.py")
 ROUNDS = 60
 
 
-def launch(procs, out, optimizer, *kills, rounds=ROUNDS, restarts=2, servers=2, workers=2, timeout=150,
-           extra=(), **env):
-    """``kills``: (server rank, round, when) or (role, rank, round, when)."""
+def start(procs, out, optimizer, *kills, rounds=ROUNDS, restarts=2, servers=2, workers=2, extra=(), merged=False,
+          **env):
+    """The launcher of a job; ``kills``: (server rank, round, when) or (role, rank, round, when);
+    ``merged``: its stderr (the scheduler's log) comes on stdout."""
     args = [PYTHON, "-m", "ps.launch", "-n", str(workers), "-s", str(servers), "--launcher", "local",
             "--max-restarts", str(restarts), PYTHON, SCRIPT, str(out), str(rounds), optimizer, *extra]
     for kill in kills:
         role, rank, rnd, when = kill if len(kill) == 4 else ("server", *kill)
         args += ["--kill", role, str(rank), str(rnd), when]
     env = cluster_env(0, MXNET_KVSTORE_BIGARRAY_BOUND="100000", **env)   # key 5 cut across both servers
-    launcher = procs.start(args, env)
-    code, stdout, stderr = procs.finish(launcher, timeout=timeout)
+    return procs.start(args, env, **({"stderr": subprocess.STDOUT} if merged else {}))
+
+
+def launch(procs, out, optimizer, *kills, timeout=150, **kw):
+    code, stdout, stderr = procs.finish(start(procs, out, optimizer, *kills, **kw), timeout=timeout)
     return code, stdout + stderr
 
 
@@ -109,10 +115,7 @@ def test_a_kill_with_the_send_window_over_tcp_still_exact(procs, tmp_path, unfau
     code, text = launch(procs, tmp_path, "sgd", kill, PS_LOCAL_IPC="0", PS_SEND_WINDOW="256K")
     assert code == 0, f"kill {kill}\n{text}"
     assert f"{role} 1 was killed by SIGKILL: starting it again (restart 1 of 2)" in text, text
-    assert_all_workers_equal(tmp_path)
-    got = weights(tmp_path)
-    for key, ref in unfaulted["sgd"].items():
-        assert np.abs(got[key] - ref).max() <= 1e-6, f"key {key}, kill {kill}"
+    assert_unfaulted(tmp_path, unfaulted["sgd"], f"kill {kill}")
 
 
 @pytest.mark.timeout(120)
@@ -137,6 +140,15 @@ def assert_all_workers_equal(path, workers=2):
     for other in ranks[1:]:
         for key, value in ranks[0].items():
             np.testing.assert_array_equal(other[key], value)
+
+
+def assert_unfaulted(path, ref, what="", workers=2):
+    """Every worker ends with the same weights, those of the run nobody killed (measured:
+    bit-identical; 1e-6 leaves room for nothing but float printing)."""
+    assert_all_workers_equal(path, workers)
+    got = weights(path)
+    for key, want in ref.items():
+        assert np.abs(got[key] - want).max() <= 1e-6, f"key {key} {what}"
 
 
 def weights_of(file):
@@ -267,13 +279,58 @@ def test_a_hung_node_is_stopped_and_started_again_once_the_scheduler_declares_it
     assert not job_processes(text), text
 
 
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("role", ["server", "worker"])
+def test_a_restart_killed_while_it_recovers_is_started_again_and_nothing_is_lost(procs, tmp_path, unfaulted, role):
+    """The restart of a killed node is SIGKILLed too, the moment the scheduler admits it (while
+    it fetches its state or asks how far it got). Before, the scheduler never noticed a restart
+    die before it was back: the next restart was refused ("no server is awaiting its restart")
+    and the job ended; and a backup that had handed its replica over kept none for the next one."""
+    job = start(procs, tmp_path, "adam", (role, 1, random.randrange(5, ROUNDS - 5), "push"), merged=True)
+    tag = f"as the restart of {'S' if role == 'server' else 'W'}["
+    read_until(job, lambda line: tag in line, 60, f"the scheduler admitting the {role}'s restart")
+    found = []
+    for proc in psutil.Process(job.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            env = proc.environ()
+            if env.get("DMLC_ROLE") == role and env.get("DMLC_RANK") == "1" and proc.name().startswith("python"):
+                found.append(proc)
+    assert found, f"no {role} 1 process"
+    max(found, key=lambda p: p.create_time()).kill()
+    code, out, err = procs.finish(job, timeout=150)
+    text = out + err
+    assert code == 0, text
+    assert f"{role} 1 was killed by SIGKILL: starting it again (restart 2 of 2)" in text, text
+    assert_unfaulted(tmp_path, unfaulted["adam"])
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("optimizer, servers, worker", [("adam", (0, 2), 0), ("sgd", (1, 3), 2)])
+def test_servers_that_are_not_ring_neighbours_recover_together(procs, tmp_path, optimizer, servers, worker):
+    """A machine running two servers (4 servers, dmlc placement on 2 hosts: ranks 0 and 2 on one)
+    dies with both and a worker. Each server's only copy is on the next one in the ring, so
+    two servers further apart recover together. Before, the second server's death ended the
+    job ("one server at a time")."""
+    (tmp_path / "ref").mkdir()
+    code, text = launch(procs, tmp_path / "ref", optimizer, restarts=0, servers=4, workers=3)
+    assert code == 0, text
+    rnd, when = random.randrange(5, ROUNDS - 5), random.choice(["push", "pull"])
+    kills = [("server", s, rnd, when) for s in servers] + [("worker", worker, rnd, when)]
+    code, text = launch(procs, tmp_path, optimizer, *kills, restarts=3, servers=4, workers=3)
+    assert code == 0, f"round {rnd} {when}\n{text}"
+    for s in servers:
+        assert re.search(rf"server {s} \(S\[\d+\]\) recovered \d+ keys", text), text
+    assert f"worker {worker} was killed by SIGKILL: starting it again" in text, text
+    assert_unfaulted(tmp_path, weights(tmp_path / "ref"), f"round {rnd} {when}", workers=3)
+
+
 @pytest.mark.timeout(120)
 def test_both_servers_killed_at_once_end_the_job_naming_both(procs, tmp_path):
     """Each server holds the other's only replica: two at once cannot be recovered."""
     code, text = launch(procs, tmp_path, "sgd", ("server", 0, 5, "push"), ("server", 1, 5, "push"), rounds=20)
     assert code != 0, text
-    assert re.search(r"it failed while server \d \(S\[\d+\].*\) was still recovering \(one server at a time "
-                     r"can be recovered\)", text), text
+    assert re.search(r"it failed while server \d \(S\[\d+\].*\), its neighbour in the replica ring, was still "
+                     r"recovering: each server keeps the only copy of the one before it", text), text
     assert not (tmp_path / "weights.npz").exists()
     assert not job_processes(text), text
 

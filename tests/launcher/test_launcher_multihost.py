@@ -113,22 +113,24 @@ def test_a_node_killed_on_a_shaped_namespace_host_comes_back_over_ssh(launch, ss
 
 
 @pytest.mark.timeout(300)
-def test_a_dead_host_its_server_and_worker_start_again_on_the_live_hosts(launch, sshd, ns_hosts, tmp_path):
-    """A machine dies mid-job: host 3's link goes down (nothing answers, no FIN, no RST) and
-    every process on it is SIGKILLed, its sshd too. The scheduler declares its server and its
-    worker dead by their silence (PS_HEARTBEAT_TIMEOUT), the launcher stops the two ssh clients
-    still waiting on the silent host, finds that host no longer answers ssh, and starts both
-    on the live hosts; the job ends with the weights of an unfaulted run. Before, the ssh
-    clients waited on (TCP keepalive: hours), nothing was restarted, and the job failed after
-    PS_CONNECT_TIMEOUT; and the second death ended it at once ("one failure at a time")."""
+def test_a_dead_host_its_servers_and_worker_start_again_on_the_live_hosts(launch, sshd, ns_hosts, tmp_path):
+    """A machine dies mid-job: host 1's link goes down (nothing answers, no FIN, no RST) and
+    every process on it is SIGKILLed, its sshd too. With 4 servers on 3 hosts it runs two
+    servers (0 and 3) and a worker (2). The scheduler declares them dead by their silence
+    (PS_HEARTBEAT_TIMEOUT), the launcher stops the ssh clients still waiting on the silent
+    host, finds that host no longer answers ssh, and starts all three on the live hosts; the
+    job ends with the weights of an unfaulted run. Before: the ssh clients waited (TCP
+    keepalive: hours) and nothing was restarted; the second death ended the job ("one failure
+    at a time"); and servers 3 and 0, neighbours in a ring in rank order, would have lost
+    server 3's only replica: the ring now interleaves hosts."""
     script = os.path.join(ROOT, "tests", "integration", "recovery_worker.py")
     rounds, bound = "60", "MXNET_KVSTORE_BIGARRAY_BOUND:100000"
     (tmp_path / "hurt").mkdir()
     (tmp_path / "ref").mkdir()
-    dead = f'{ns_hosts["prefix"]}3'                   # 10.77.0.4: server 2 and worker 2
-    job = launch(["-n", "3", "-s", "3", "-H", ns_hosts["hostfile"], "--max-restarts", "2", "--env", bound,
+    dead = f'{ns_hosts["prefix"]}1'                   # 10.77.0.2: servers 0 and 3, worker 2
+    job = launch(["-n", "3", "-s", "4", "-H", ns_hosts["hostfile"], "--max-restarts", "3", "--env", bound,
                   "--env", "PS_HEARTBEAT_INTERVAL:0.5", "--env", "PS_HEARTBEAT_TIMEOUT:4",
-                  PY, script, str(tmp_path / "hurt"), rounds, "sgd", "--pace", "0.15"],
+                  PY, script, str(tmp_path / "hurt"), rounds, "adam", "--pace", "0.15"],
                  env={"PATH": sshd["PATH"], "PYTHONPATH": ROOT}, prefix=["ip", "netns", "exec", ns_hosts["launcher_ns"]])
     job.wait_for(lambda j: "[worker 0] ROUND 15" in j.output, 60)
     assert bash(f"ip netns exec {dead} ip link set eth0 down").returncode == 0
@@ -139,14 +141,15 @@ def test_a_dead_host_its_server_and_worker_start_again_on_the_live_hosts(launch,
             os.kill(int(pid), signal.SIGKILL)
     assert job.wait(200) == 0, job.output
     out = job.output
-    for name in ("server 2", "worker 2"):
+    for name in ("server 0", "server 3", "worker 2"):
         assert re.search(rf"{name} is dead to the scheduler \(.*sent no heartbeat.*\) but its process here "
-                         r"\(ssh to 10\.77\.0\.4\) still runs", out), out
+                         r"\(ssh to 10\.77\.0\.2\) still runs", out), out
         assert f"{name} was unreachable: starting it again" in out, out
-        assert re.search(rf"host 10\.77\.0\.4 does not answer ssh: {name} starts on 10\.77\.0\.[23] instead", out), out
-    assert re.search(r"server 2 \(S\[\d+\]\) recovered \d+ keys", out), out
-    ref = launch(["-n", "3", "-s", "3", "--launcher", "local", "--env", bound,
-                  PY, script, str(tmp_path / "ref"), rounds, "sgd"], env={"PYTHONPATH": ROOT})
+        assert re.search(rf"host 10\.77\.0\.2 does not answer ssh: {name} starts on 10\.77\.0\.[34] instead", out), out
+    for rank in (0, 3):
+        assert re.search(rf"server {rank} \(S\[\d+\]\) recovered \d+ keys", out), out
+    ref = launch(["-n", "3", "-s", "4", "--launcher", "local", "--env", bound,
+                  PY, script, str(tmp_path / "ref"), rounds, "adam"], env={"PYTHONPATH": ROOT})
     assert ref.wait(120) == 0, ref.output
     for rank in range(3):
         with np.load(tmp_path / "hurt" / f"weights-rank{rank}.npz") as got, \

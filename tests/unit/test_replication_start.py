@@ -19,6 +19,7 @@ class Post:
     def __init__(self, rank: int, restarted: int = 0):
         self.config = SimpleNamespace(max_restarts=2, connect_timeout=5)
         self.num_servers, self.rank, self.restarted = 2, rank, restarted
+        self.ring = [0, 1]
         self.down: dict[int, str] = {}
         self.handlers, self.listeners, self.sent = {}, [], []
         self.van = SimpleNamespace(forget=lambda peer: None)

@@ -19,8 +19,9 @@ from tests.helpers import wait_for
 class FakeNode:
     """Registers like a node and records what the scheduler sends it."""
 
-    def __init__(self, sched_port: int, role: Role, dead: bool = False):
+    def __init__(self, sched_port: int, role: Role, dead: bool = False, host: str = "127.0.0.1"):
         self.got: list[Message] = []
+        self.host = host
         self.van = create_van("zmq")
         own = self.van.start(self.got.append, "127.0.0.1", name=f"fake-{role.name.lower()}")
         self.van.connect(SCHEDULER, f"tcp://127.0.0.1:{sched_port}")
@@ -30,7 +31,7 @@ class FakeNode:
     def register(self) -> None:
         port = int(self.addr.rsplit(":", 1)[1])
         self.van.send(Message(Command.ADD_NODE, 0, SCHEDULER, {
-            "role": int(self.role), "host": "127.0.0.1", "port": port, "addr": self.addr}))
+            "role": int(self.role), "host": self.host, "port": port, "addr": self.addr}))
 
     def cmds(self) -> list[Command]:
         return [m.cmd for m in self.got]
@@ -144,3 +145,42 @@ def test_a_restart_gets_its_table_only_once_the_others_acted_on_its_death(cluste
     wait_for(lambda: Command.NODE_TABLE in restart.cmds(), 3, what="the restart's node table after the acks")
     table = next(m.body for m in restart.got if m.cmd == Command.NODE_TABLE)
     assert table["you"] == ids[dead] and table["restart"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_the_replica_ring_puts_neighbours_on_different_hosts_and_a_restart_gets_the_same_ring(cluster):
+    """Four servers started by hand on two hosts, no DMLC_RANK: ranks are sorted by host, so
+    ranks 0-1 share a host and 2-3 the other. In rank order the ring would make servers of one
+    host neighbours (a dead host: one server's only copy lost with it); every node gets the
+    interleaved ring, and a restart the same one, wherever it runs now."""
+    port, nodes = cluster(PS_MAX_RESTARTS="2", DMLC_NUM_SERVER="4", DMLC_NUM_WORKER="1")
+    servers = [FakeNode(port, Role.SERVER, host=h) for h in ("127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3")]
+    worker = FakeNode(port, Role.WORKER)
+    nodes += [*servers, worker]
+    for n in (*servers, worker):
+        _registered(n)
+    tables = {}
+    for n in (*servers, worker):
+        wait_for(lambda n=n: Command.NODE_TABLE in n.cmds(), 10, what=f"the node table at {n.addr}")
+        tables[n] = next(m.body for m in n.got if m.cmd == Command.NODE_TABLE)
+    assert {t["ring"] == tables[worker]["ring"] for t in tables.values()} == {True}
+    ring = tables[worker]["ring"]
+    assert sorted(ring) == [0, 1, 2, 3], ring
+    by_rank = {tables[s]["you"]: s.host for s in servers}
+    assert len(set(by_rank.values())) == 2
+    host_of = [by_rank[8 + 2 * r] for r in range(4)]
+    assert host_of[0] == host_of[1] and host_of[2] == host_of[3], host_of    # ranks sorted by host
+    assert all(host_of[ring[i]] != host_of[ring[(i + 1) % 4]] for i in range(4)), (ring, host_of)
+
+    dead = servers[0]
+    dead_id = tables[dead]["you"]
+    dead.van.stop()
+    for n in (*servers[1:], worker):
+        wait_for(lambda n=n: Command.NODE_DOWN in n.cmds(), 10, what=f"the NODE_DOWN at {n.addr}")
+        n.van.send(Message(Command.NODE_DOWN, tables[n]["you"], SCHEDULER, {"id": dead_id}, request=False))
+    restart = FakeNode(port, Role.SERVER, host="127.0.0.4")
+    nodes.append(restart)
+    restart.register()
+    wait_for(lambda: Command.NODE_TABLE in restart.cmds(), 10, what="the restart's node table")
+    table = next(m.body for m in restart.got if m.cmd == Command.NODE_TABLE)
+    assert table["you"] == dead_id and table["ring"] == ring

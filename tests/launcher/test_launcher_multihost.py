@@ -84,6 +84,20 @@ def test_an_unmodified_gluon_script_across_shaped_namespace_hosts(launch, sshd, 
             np.testing.assert_allclose(worker["weights"][name], values, atol=1e-5, err_msg=name)
 
 
+def assert_unfaulted(launch, tmp_path, job, args, workers=3):
+    """Every worker of the hurt run (``tmp_path/hurt``) ends with the weights of the same job
+    run on this host with nobody hurt (``job`` up to the script, then its output dir, ``args``)."""
+    (tmp_path / "ref").mkdir()
+    ref = launch([*job[:-2], "--launcher", "local", *job[-2:], str(tmp_path / "ref"), *args], env={"PYTHONPATH": ROOT})
+    assert ref.wait(120) == 0, ref.output
+    for rank in range(workers):
+        with np.load(tmp_path / "hurt" / f"weights-rank{rank}.npz") as got, \
+                np.load(tmp_path / "ref" / "weights.npz") as want:
+            assert sorted(got) == sorted(want)
+            for key in want:
+                np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-6, err_msg=f"rank {rank} key {key}")
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("role", ["server", "worker"])
 def test_a_node_killed_on_a_shaped_namespace_host_comes_back_over_ssh(launch, sshd, ns_hosts, tmp_path, role):
@@ -93,7 +107,6 @@ def test_a_node_killed_on_a_shaped_namespace_host_comes_back_over_ssh(launch, ss
     script = os.path.join(ROOT, "tests", "integration", "recovery_worker.py")
     rounds, bound = "40", "MXNET_KVSTORE_BIGARRAY_BOUND:100000"     # key 5 cut across both servers
     (tmp_path / "hurt").mkdir()
-    (tmp_path / "ref").mkdir()
     with shaped_links(ns_hosts, "100mbit"):
         job = launch(["-n", "2", "-s", "2", "-H", ns_hosts["hostfile"], "--max-restarts", "2", "--env", bound,
                       "--env", "PS_HEARTBEAT_INTERVAL:0.5", "--env", "PS_HEARTBEAT_TIMEOUT:10",
@@ -103,13 +116,7 @@ def test_a_node_killed_on_a_shaped_namespace_host_comes_back_over_ssh(launch, ss
     assert f"{role} 1 was killed by SIGKILL: starting it again (restart 1 of 2)" in job.output, job.output
     if role == "server":
         assert re.search(r"server 1 \(S\[\d+\]\) recovered \d+ keys", job.output), job.output
-    ref = launch(["-n", "2", "-s", "2", "--launcher", "local", "--env", bound,
-                  PY, script, str(tmp_path / "ref"), rounds, "sgd"], env={"PYTHONPATH": ROOT})
-    assert ref.wait(120) == 0, ref.output
-    with np.load(tmp_path / "hurt" / "weights.npz") as got, np.load(tmp_path / "ref" / "weights.npz") as want:
-        assert sorted(got) == sorted(want)
-        for key in want:
-            np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-6, err_msg=key)
+    assert_unfaulted(launch, tmp_path, ["-n", "2", "-s", "2", "--env", bound, PY, script], [rounds, "sgd"], workers=2)
 
 
 @pytest.mark.timeout(300)
@@ -126,7 +133,6 @@ def test_a_dead_host_its_servers_and_worker_start_again_on_the_live_hosts(launch
     script = os.path.join(ROOT, "tests", "integration", "recovery_worker.py")
     rounds, bound = "60", "MXNET_KVSTORE_BIGARRAY_BOUND:100000"
     (tmp_path / "hurt").mkdir()
-    (tmp_path / "ref").mkdir()
     dead = f'{ns_hosts["prefix"]}1'                   # 10.77.0.2: servers 0 and 3, worker 2
     job = launch(["-n", "3", "-s", "4", "-H", ns_hosts["hostfile"], "--max-restarts", "3", "--env", bound,
                   "--env", "PS_HEARTBEAT_INTERVAL:0.5", "--env", "PS_HEARTBEAT_TIMEOUT:4",
@@ -148,15 +154,45 @@ def test_a_dead_host_its_servers_and_worker_start_again_on_the_live_hosts(launch
         assert re.search(rf"host 10\.77\.0\.2 does not answer ssh: {name} starts on 10\.77\.0\.[34] instead", out), out
     for rank in (0, 3):
         assert re.search(rf"server {rank} \(S\[\d+\]\) recovered \d+ keys", out), out
-    ref = launch(["-n", "3", "-s", "4", "--launcher", "local", "--env", bound,
-                  PY, script, str(tmp_path / "ref"), rounds, "adam"], env={"PYTHONPATH": ROOT})
-    assert ref.wait(120) == 0, ref.output
-    for rank in range(3):
-        with np.load(tmp_path / "hurt" / f"weights-rank{rank}.npz") as got, \
-                np.load(tmp_path / "ref" / "weights.npz") as want:
-            assert sorted(got) == sorted(want)
-            for key in want:
-                np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-6, err_msg=f"rank {rank} key {key}")
+    assert_unfaulted(launch, tmp_path, ["-n", "3", "-s", "4", "--env", bound, PY, script], [rounds, "adam"])
+
+
+@pytest.mark.timeout(300)
+def test_a_partitioned_host_is_replaced_and_its_old_nodes_leave_when_it_heals(launch, sshd, ns_hosts, tmp_path):
+    """A network partition, not a death: host 3's link goes down for 15 s with every process on
+    it still running, then comes back. Its server and worker are declared dead by their silence,
+    started again on the live hosts and recovered; the old ones, cut off from the scheduler, stop
+    (their own PS_HEARTBEAT_TIMEOUT, or the ssh watchdog once the link is back) and do not come
+    back into the job when the link does. The job ends with the weights of an unfaulted run."""
+    script = os.path.join(ROOT, "tests", "integration", "recovery_worker.py")
+    rounds, bound = "60", "MXNET_KVSTORE_BIGARRAY_BOUND:100000"
+    (tmp_path / "hurt").mkdir()
+    cut = f'{ns_hosts["prefix"]}3'                    # 10.77.0.4: server 2 and worker 2
+    job = launch(["-n", "3", "-s", "3", "-H", ns_hosts["hostfile"], "--max-restarts", "2", "--env", bound,
+                  "--env", "PS_HEARTBEAT_INTERVAL:0.5", "--env", "PS_HEARTBEAT_TIMEOUT:4",
+                  PY, script, str(tmp_path / "hurt"), rounds, "sgd", "--pace", "0.15"],
+                 env={"PATH": sshd["PATH"], "PYTHONPATH": ROOT}, prefix=["ip", "netns", "exec", ns_hosts["launcher_ns"]])
+    job.wait_for(lambda j: "[worker 0] ROUND 15" in j.output, 60)
+
+    def pythons():
+        pids = bash(f"ip netns pids {cut}").stdout.split()
+        return {p for p in pids if "python" in bash(f"cat /proc/{p}/cmdline 2>/dev/null | tr '\\0' ' '").stdout}
+    before = pythons()
+    assert len(before) >= 2, before                  # its server and its worker
+    try:
+        assert bash(f"ip netns exec {cut} ip link set eth0 down").returncode == 0
+        healed_at = time.monotonic() + 15
+        job.wait_for(lambda j: j.output.count("is back after") == 2, 60)
+        time.sleep(max(0.0, healed_at - time.monotonic()))
+    finally:
+        assert bash(f"ip netns exec {cut} ip link set eth0 up").returncode == 0
+    assert job.wait(200) == 0, job.output
+    out = job.output
+    for name in ("server 2", "worker 2"):
+        assert f"{name} was unreachable: starting it again" in out, out
+    assert re.search(r"server 2 \(S\[\d+\]\) recovered \d+ keys", out), out
+    assert not pythons() & before, out               # the old ones stopped themselves
+    assert_unfaulted(launch, tmp_path, ["-n", "3", "-s", "3", "--env", bound, PY, script], [rounds, "sgd"])
 
 
 @pytest.mark.timeout(150)

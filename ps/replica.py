@@ -13,6 +13,7 @@ unpickled: events are msgpack metadata plus raw arrays whose dtype and size are 
 """
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,9 +86,21 @@ def updater_events(updater: Updater | None, multi_precision: bool, compression: 
     return events
 
 
+def workers_event(replaying: set[int], applied: collections.Counter, replayed: collections.Counter) -> Event:
+    """Restarted workers: who still replays its script, and the settings counted per worker."""
+    return Event("workers", 0, 0, {"replaying": sorted(replaying),
+                                   "applied": [[w, cmd, n] for (w, cmd), n in applied.items()],
+                                   "replayed": [[w, cmd, n] for (w, cmd), n in replayed.items()]})
+
+
+def _counts(rows: Any) -> collections.Counter:
+    return collections.Counter({(int(w), str(cmd)): int(n) for w, cmd, n in rows})
+
+
 def snapshot(store: Store) -> list[Event]:
     """Everything a backup needs to mirror ``store`` (call between rounds: see half_applied)."""
     events = updater_events(store.updater, store.multi_precision, store.compression)
+    events.append(workers_event(store.replaying, store.settings_applied, store.settings_replayed))
     for ks in store.keys.values():
         if ks.ready:
             events.append(Event("key", ks.key, 0, [ks.dtype_code, ks.closed, list(ks.applied.items())],
@@ -108,6 +121,10 @@ def restore(store: Store, events: list[Event]) -> None:
             updater.set_states(ev.info)
         elif ev.kind == "compression":
             store.compression = ev.info
+        elif ev.kind == "workers":
+            store.replaying = {int(w) for w in ev.info["replaying"]}
+            store.settings_applied = _counts(ev.info["applied"])
+            store.settings_replayed = _counts(ev.info["replayed"])
     store.set_updater(updater, multi)
 
 
@@ -132,6 +149,9 @@ class Mirror:
         self.compression: Any = None
         self.events = 0
         self.broken: str | None = None      # a change it cannot replay arrived (the copy is useless)
+        self.replaying: set[int] = set()
+        self.settings_applied: collections.Counter[tuple[int, str]] = collections.Counter()
+        self.settings_replayed: collections.Counter[tuple[int, str]] = collections.Counter()
 
     def apply(self, events: list[Event]) -> None:
         for ev in events:
@@ -148,6 +168,7 @@ class Mirror:
             events += updater_events(self.updater, self.multi_precision, None)
         if self.compression is not None:
             events.append(Event("compression", 0, 0, self.compression))
+        events.append(workers_event(self.replaying, self.settings_applied, self.settings_replayed))
         for key, mk in self.keys.items():
             events.append(Event("key", key, 0, [mk.dtype_code, mk.closed, list(mk.applied.items())], (mk.value,)))
         return events
@@ -234,6 +255,26 @@ class Mirror:
     def _on_unreplicable(self, ev: Event) -> None:
         self.broken = str(ev.info)
 
+    # -- restarted workers: the same bookkeeping as Store.worker_died / setting_* -----------
+    def _on_workers(self, ev: Event) -> None:
+        self.replaying = {int(w) for w in ev.info["replaying"]}
+        self.settings_applied = _counts(ev.info["applied"])
+        self.settings_replayed = _counts(ev.info["replayed"])
+
+    def _on_died(self, ev: Event) -> None:
+        worker = int(ev.info)
+        self.replaying.add(worker)
+        for key in [k for k in self.settings_replayed if k[0] == worker]:
+            del self.settings_replayed[key]
+
+    def _on_caught_up(self, ev: Event) -> None:
+        self.replaying.discard(int(ev.info))
+
+    def _on_setting(self, ev: Event) -> None:
+        worker, cmd, how = ev.info
+        counts = self.settings_applied if how == "applied" else self.settings_replayed
+        counts[(int(worker), str(cmd))] += 1
+
     def _updater(self) -> optim.Updater:
         if self.updater is None:
             raise ProtocolError("replica event needs an optimizer the replica does not have")
@@ -243,6 +284,7 @@ class Mirror:
         "init": _on_init, "key": _on_key, "chunk": _on_chunk, "close": _on_close, "whole": _on_whole,
         "dense": _on_dense, "rows": _on_rows, "async": _on_async, "arows": _on_arows, "opt": _on_opt,
         "states": _on_states, "params": _on_params, "compression": _on_compression,
-        "unreplicable": _on_unreplicable,
+        "unreplicable": _on_unreplicable, "workers": _on_workers, "died": _on_died, "caught_up": _on_caught_up,
+        "setting": _on_setting,
     }
 

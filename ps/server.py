@@ -5,7 +5,6 @@ go out zero-copy under the copy-on-write rule of ps/bufguard.py.
 """
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 from typing import Any, Callable
@@ -34,10 +33,6 @@ class KVServer:
         self.store: Store | None = None
         self.error: PSError | None = None
         self._routes: dict[int, bytes | None] = {}
-        # settings (set_optimizer, set_params, ...) per (worker, command): how many this server
-        # applied from it, and how many its restart has sent again while replaying its script
-        self._settings_applied: collections.Counter[tuple[int, str]] = collections.Counter()
-        self._settings_replayed: collections.Counter[tuple[int, str]] = collections.Counter()
         self._stopped = threading.Event()
         self._joined = threading.Event()
         self._stalls: dict[tuple[int, int], Stall] = {}   # (key, round) -> as last warned
@@ -264,30 +259,17 @@ class KVServer:
             if handler is None:
                 raise ValueError(f"unknown server command {cmd!r}")
             store = self._store()
-            if setting and self._made_before(store, msg.sender, cmd):
+            if setting and store.setting_made_before(msg.sender, cmd):
                 # a restarted worker re-running its script: its dead self set this already
                 logger.info("%s: %s from restarted %s ignored (it replays)", self.name, cmd, node_name(msg.sender))
             else:
                 reply["result"] = handler(self, store, body)
                 if setting:
-                    self._settings_applied[(msg.sender, cmd)] += 1
+                    store.setting_applied(msg.sender, cmd)
         except Exception as exc:  # noqa: BLE001 - reported to the worker, server goes on
             reply["error"] = [type(exc).__name__, f"{self.name}: {exc}"]
         self.replication.after(lambda: self.po.send(Message(Command.SERVER_CMD, recver=msg.sender, body=reply,
                                                             request=False, route=msg.route)))
-
-    def _made_before(self, store: Store, worker: int, cmd: str) -> bool:
-        """(Counts this replayed setting.) A restarted worker's n-th ``cmd`` while it replays its script was made by its dead
-        self if that one made n or more. Not "the store has it": a worker killed between
-        kv.init and set_optimizer, or before a step's set_params, left them unmade. A server
-        restarted itself lost the counts and falls back to that."""
-        if worker not in store.replaying:
-            return False
-        key = (worker, cmd)
-        self._settings_replayed[key] += 1
-        if self.po.restarted and key not in self._settings_applied:
-            return _set_before(store, cmd)
-        return self._settings_replayed[key] <= self._settings_applied[key]
 
     @staticmethod
     def _journal(store: Store, event: Event) -> None:
@@ -375,9 +357,8 @@ class KVServer:
         route = self._routes.pop(node_id, None)
         if route is not None:
             self.po.van.forget(route)
-        for key in [k for k in self._settings_replayed if k[0] == node_id]:
-            del self._settings_replayed[key]        # its restart replays from its script's start
         self._store().worker_died(node_id)
+        self.replication.after(lambda: None)    # the replica learns of it now, not with the next request
 
     def _on_failure(self, exc: PSError) -> None:
         self.error = exc
@@ -386,14 +367,6 @@ class KVServer:
 
 
 _SETTINGS = ("set_optimizer", "set_optimizer_pickle", "set_params", "set_states", "set_compression")
-
-
-def _set_before(store: Store, cmd: str) -> bool:
-    """Whether the store has what ``cmd`` sets (for a restarted server, which lost the
-    counts): without it, ignoring a restart's set_optimizer would store gradient sums as weights."""
-    if cmd == "set_compression":
-        return store.compression is not None
-    return store.updater is not None
 
 
 def _keys(stalls: list[Stall]) -> str:

@@ -28,6 +28,8 @@ server only has to send what the store returns. Rules (design §5, MXNet's where
 """
 from __future__ import annotations
 
+import collections
+
 import logging
 import time
 from typing import Any, Callable, NamedTuple, Protocol
@@ -70,7 +72,8 @@ class Updater(Protocol):
 class Event(NamedTuple):
     """One change of this store, as a backup replays it (ps/replica.py): ``kind`` is
     init, chunk (a chunk sum of the open round, applied at its close), close, whole (a
-    non-elementwise round's full sum), rows, dense, async, arows."""
+    non-elementwise round's full sum), rows, dense, async, arows; and, for restarted
+    workers, died, caught_up and setting (their settings counted)."""
 
     kind: str
     key: int
@@ -180,6 +183,11 @@ class Store:
         self.closed_workers: set[int] = set()
         self.journal: list[Event] | None = None  # recorded changes, for a backup (ps/replica.py)
         self.replaying: set[int] = set()         # restarted workers re-running steps their dead self did
+        # settings (set_optimizer, set_params, ...) per (worker, command): how many were applied
+        # from it, and how many its restart has sent again while replaying its script; in the
+        # replica with the rest, so a server restart judges a replayed setting as its dead self would
+        self.settings_applied: collections.Counter[tuple[int, str]] = collections.Counter()
+        self.settings_replayed: collections.Counter[tuple[int, str]] = collections.Counter()
         # keep each key's value from before its latest round (a copy per round; on when
         # workers may restart): a worker that died between pushing one key of a step and
         # the next must get the weights its dead self had, not one round newer
@@ -253,7 +261,7 @@ class Store:
             raise StoreError("PeerLostError", f"{self._who(sender)} already closed its store")
         if self._applied_before(ks, sender, entry):
             return self._answer_again(ks, sender, entry)
-        self.replaying.discard(sender)
+        self._caught_up(sender)
         if entry.op & (Op.TWO_BIT | Op.FP16):
             data = self._decompress(entry, data, ks)
         if not self.sync:
@@ -338,7 +346,7 @@ class Store:
             raise StoreError("PeerLostError", f"{self._who(sender)} already closed its store")
         if self._applied_before(ks, sender, entry):
             return self._answer_again(ks, sender, entry)
-        self.replaying.discard(sender)
+        self._caught_up(sender)
         if not self.sync:
             return self._push_rows_async(sender, entry, data, ks)
         rnd = self._round_for(ks, sender, entry.ts)
@@ -673,11 +681,38 @@ class Store:
         return found
 
     # -- workers restarting (PS_MAX_RESTARTS) -----------------------------------------------
+    def setting_made_before(self, worker: int, cmd: str) -> bool:
+        """(Counts it.) A restarted worker's n-th ``cmd`` while it replays its script was made
+        by its dead self if that one made n or more. Not "the store has it": a worker killed
+        between kv.init and set_optimizer, or before a step's set_params, left them unmade."""
+        if worker not in self.replaying:
+            return False
+        self.settings_replayed[(worker, cmd)] += 1
+        self._record(Event("setting", 0, 0, [worker, cmd, "replayed"]))
+        return self.settings_replayed[(worker, cmd)] <= self.settings_applied[(worker, cmd)]
+
+    def setting_applied(self, worker: int, cmd: str) -> None:
+        self.settings_applied[(worker, cmd)] += 1
+        self._record(Event("setting", 0, 0, [worker, cmd, "applied"]))
+
+    def _caught_up(self, worker: int) -> None:
+        """It pushed something new: what it sends from now on is no replay."""
+        if worker in self.replaying:
+            self.replaying.discard(worker)
+            self._record(Event("caught_up", 0, 0, worker))
+
+    def _record(self, event: Event) -> None:
+        if self.journal is not None:
+            self.journal.append(event)
+
     def worker_died(self, worker: int) -> None:
         """A worker died and its restart is awaited: the pushes it had begun stay (their
         chunks may be summed already) and its restart sends only the rest (``Round.skip``);
         until it pushes something new, it replays what its dead self did."""
         self.replaying.add(worker)
+        for key in [k for k in self.settings_replayed if k[0] == worker]:
+            del self.settings_replayed[key]         # its restart replays from its script's start
+        self._record(Event("died", 0, 0, worker))
         for ks in self.keys.values():
             for key in [k for k in ks.partial if k[0] == worker]:   # async: half-received pushes
                 del ks.partial[key]

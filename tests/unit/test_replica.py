@@ -201,3 +201,34 @@ def test_a_replayed_push_is_answered_with_the_value_after_its_round_and_not_appl
     init_again = store.handle(W[1], Entry(50, Op.INIT, 3, 0, N, N, F32), np.ones(N, np.float32))
     assert init_again[0].entry.error is None                           # replayed init: answered, no change
     assert not np.array_equal(store.keys[3].value, np.ones(N, np.float32))
+
+
+def test_restarted_workers_and_their_settings_are_in_the_copy():
+    """Which workers replay their script, and the settings counted per worker, travel with the
+    copy (as events, and in snapshots): a server restarted while worker 0 replays judges its
+    replayed set_params as its dead self would. Before, the restart lost the counts, took
+    worker 0 (dead when it registered) for a replay of a set_params its dead self had never
+    sent, and ignored it: that server's keys trained on at the old rate (exit 0, off by 0.2)."""
+    store, mirror = make(opt=optim.SGD(learning_rate=0.1))
+    store.setting_applied(W[0], "set_optimizer")
+    store.setting_applied(W[0], "set_params")
+    store.worker_died(W[0])
+    assert store.setting_made_before(W[0], "set_optimizer")     # its restart's first: made before
+    replayed(store, mirror)
+    assert mirror.replaying == {W[0]}
+    assert mirror.settings_applied == {(W[0], "set_optimizer"): 1, (W[0], "set_params"): 1}
+    assert mirror.settings_replayed == {(W[0], "set_optimizer"): 1}
+    for source in (mirror.snapshot(), snapshot(store)):
+        body, frames = encode_events(source)
+        fresh = Store(len(W), chunk_bytes=4096)
+        restore(fresh, decode_events(body, frames))
+        assert fresh.replaying == {W[0]}
+        assert fresh.setting_made_before(W[0], "set_params")           # the 1st: its dead self made it
+        assert not fresh.setting_made_before(W[0], "set_params")       # the 2nd: new, applied
+        assert not fresh.setting_made_before(W[1], "set_params")       # not restarted
+    push(store, 3, W[0], 7, grads(0, W[0]), 1)                        # something new: caught up
+    replayed(store, mirror)
+    assert mirror.replaying == set() and store.replaying == set()
+    store.worker_died(W[0])                                           # died again: replays from the start
+    replayed(store, mirror)
+    assert mirror.replaying == {W[0]} and mirror.settings_replayed == {}

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from . import netutil, ring
 from ._timing import DISCONNECT_GRACE, Deadline
 from .config import Config
-from .errors import ClosedError, PeerLostError, PSError, PSTimeoutError
+from .errors import ClosedError, PeerLostError, ProtocolError, PSError, PSTimeoutError
 from .message import Command, Flag, Message, Node, Role, id_to_rank, node_name, payload_bytes
 from .van import Van, for_config, with_resend
 
@@ -69,6 +69,7 @@ class Postoffice:
         self._node_listeners: list[Callable[[int, bool], None]] = []
         self.restarted = 0                  # > 0: this process replaces a dead node (its restart count)
         self.down: dict[int, str] = {}      # node id -> why it is down, while its restart is awaited
+        self.dead_incarnation: dict[int, int] = {}  # node id -> which of its incarnations died last
         self._peers: dict[int, str] = {}    # node id -> address of the data connection to it
         self._control: dict[int, bool] = {}  # node id -> whether credits to it have a connection of their own
         self._last_scheduler_contact = clock()
@@ -186,7 +187,10 @@ class Postoffice:
         self.server_ids = sorted(i for i, n in self.nodes.items() if n.role == Role.SERVER)
         self.worker_ids = sorted(i for i, n in self.nodes.items() if n.role == Role.WORKER)
         given = table.get("ring")
-        self.ring = given if ring.valid(given, len(self.server_ids)) else list(range(len(self.server_ids)))
+        if given is not None and not ring.valid(given, len(self.server_ids)):
+            raise ProtocolError(f"the scheduler's node table orders the servers' replica ring as {given!r:.100}, "
+                                f"which is not each of the {len(self.server_ids)} server ranks once")
+        self.ring = given if given is not None else list(range(len(self.server_ids)))
         if self.role == Role.WORKER:
             for sid in self.server_ids:
                 self.connect(sid)
@@ -264,6 +268,8 @@ class Postoffice:
     def _on_node_down(self, body: dict[str, Any]) -> None:
         node_id = int(body["id"])
         self.down[node_id] = body["reason"]
+        if isinstance(body.get("incarnation"), int):
+            self.dead_incarnation[node_id] = body["incarnation"]
         logger.warning("%s: %s; waiting for its restart", self, body["reason"])
         self.van.forget(node_id)
         if self._control.pop(node_id, None) or node_id in self._peers:
@@ -273,7 +279,8 @@ class Postoffice:
         self._tell(node_id, False)
         # done with the dead incarnation: its restart may now be given the table and talk to us
         try:
-            self.send(Message(Command.NODE_DOWN, recver=SCHEDULER, body={"id": node_id}, request=False))
+            self.send(Message(Command.NODE_DOWN, recver=SCHEDULER, body={"id": node_id, "death": body.get("death")},
+                              request=False))
         except PSError:         # failed or closing: the scheduler admits the restart after ACK_WAIT
             pass
 

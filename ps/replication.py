@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from . import replica, ring
 from ._timing import Deadline
@@ -30,13 +30,22 @@ logger = logging.getLogger(__name__)
 NO_SNAPSHOT_YET = "its primary has not sent a snapshot yet"
 
 
+class Backup(NamedTuple):
+    """A server that subscribed to this one's changes: which incarnation of it (its restart
+    count; 0 for the job's first) tells a late word of an older one's death from its own."""
+
+    node: int
+    route: bytes | None
+    incarnation: int
+
+
 class Replication:
     def __init__(self, po: Postoffice, name: Callable[[], str], store: Callable[[], Store]):
         self.po, self._name, self._store = po, name, store
         self.enabled = po.config.max_restarts > 0 and po.num_servers >= 2
         # primary side: the backup that subscribed, and replies held until it acknowledges
-        self.subscriber: tuple[int, bytes | None] | None = None
-        self._wanted: tuple[int, bytes | None] | None = None
+        self.subscriber: Backup | None = None
+        self._wanted: Backup | None = None
         self.seq = 0
         self.acked = 0
         self._held: collections.deque[tuple[int, Callable[[], None]]] = collections.deque()
@@ -44,6 +53,7 @@ class Replication:
         # backup side: the primary's copy
         self.mirror: replica.Mirror | None = None
         self.mirror_error: str | None = NO_SNAPSHOT_YET
+        self._incoming: replica.Mirror | None = None     # a snapshot still arriving
         # primary side, from its start (the job's, or its restart's) until its backup's first
         # snapshot: replies wait here, so a primary that dies before it has a copy has
         # answered nothing, and its restart may start empty (the workers resend everything)
@@ -81,7 +91,7 @@ class Replication:
             if error is not None:
                 return error
         self.po.connect(self.primary)
-        self.po.send(Message(Command.SUBSCRIBE, recver=self.primary))
+        self.po.send(Message(Command.SUBSCRIBE, recver=self.primary, body={"incarnation": self.po.restarted}))
         return None
 
     def _fetch(self) -> str | None:
@@ -135,7 +145,8 @@ class Replication:
 
     def _on_subscribe(self, msg: Message) -> None:
         self._restarted(msg)
-        self._wanted = (msg.sender, msg.route)
+        body = msg.body if isinstance(msg.body, dict) else {}
+        self._wanted = Backup(msg.sender, msg.route, int(body.get("incarnation", 0)))
         self._try_snapshot()
 
     def _try_snapshot(self) -> None:
@@ -155,23 +166,24 @@ class Replication:
         self.subscriber = sub
         store.journal = []
         settings = [e for e in events if e.kind != "key"]
-        self._send_events(settings, reset=True)
-        for ev in events:
-            if ev.kind == "key":
-                self._send_events([ev])
-        logger.info("%s: %s now keeps a replica of this server (%d keys)", self.name, node_name(sub[0]),
+        keys = [e for e in events if e.kind == "key"]
+        self._send_events(settings, reset=True, done=not keys)
+        for i, ev in enumerate(keys):
+            self._send_events([ev], done=i == len(keys) - 1)
+        logger.info("%s: %s now keeps a replica of this server (%d keys)", self.name, node_name(sub.node),
                     len(events) - len(settings))
         self._end_first_copy()
 
-    def _send_events(self, events: list[Event], reset: bool = False) -> None:
+    def _send_events(self, events: list[Event], reset: bool = False, done: bool = False) -> None:
+        """``reset``: the first part of a snapshot; ``done``: its last."""
         assert self.subscriber is not None
         body, frames = replica.encode_events(events)
         self.seq += 1
         self.bytes_sent += sum(f.nbytes for f in frames)
-        self._send(self.subscriber, {"seq": self.seq, "reset": reset, "events": body}, frames)
+        self._send(self.subscriber, {"seq": self.seq, "reset": reset, "done": done, "events": body}, frames)
 
-    def _send(self, to: tuple[int, bytes | None], body: dict, frames: list) -> None:
-        self.po.send(Message(Command.REPLICA, recver=to[0], body=body, frames=frames, route=to[1]))
+    def _send(self, to: Backup, body: dict, frames: list) -> None:
+        self.po.send(Message(Command.REPLICA, recver=to.node, body=body, frames=frames, route=to.route))
 
     def _release(self) -> None:
         while self._held and self._held[0][0] <= self.acked:
@@ -181,35 +193,44 @@ class Replication:
     def _on_replica(self, msg: Message) -> None:
         body = msg.body if isinstance(msg.body, dict) else {}
         if not msg.request:                               # an acknowledgement, on the primary
-            if self.subscriber is not None and msg.sender == self.subscriber[0]:
+            if self.subscriber is not None and msg.sender == self.subscriber.node:
                 self.acked = max(self.acked, int(body.get("ack", 0)))
                 self._release()
             return
         seq = int(body.get("seq", 0))
         if body.get("error"):
-            self.mirror, self.mirror_error = None, f"its primary keeps no replica: {body['error']}"
+            self.mirror, self._incoming = None, None
+            self.mirror_error = f"its primary keeps no replica: {body['error']}"
         elif body.get("reset"):
-            self.mirror, self.mirror_error = replica.Mirror(msg.sender), None
+            # built aside: the copy kept so far (a restart's, maybe) stays the one handed over
+            # until this snapshot is whole, in case its sender dies halfway through it
+            self._incoming = replica.Mirror(msg.sender)
         # acknowledged before it is applied: from here on the change is in this process, which
         # applies its messages in order, so the primary's replies need not wait for the optimizer
         self.po.send(Message(Command.REPLICA, recver=msg.sender, body={"ack": seq}, request=False))
-        if self.mirror is not None and self.mirror.primary == msg.sender:
-            try:
-                self.mirror.apply(replica.decode_events(body.get("events"), msg.frames))
-            except (ProtocolError, ValueError, TypeError, KeyError) as exc:
-                logger.error("%s: the replica of %s is broken: %s", self.name, node_name(msg.sender), exc)
-                self.mirror, self.mirror_error = None, f"a change could not be applied to it: {exc}"
+        target = self._incoming if self._incoming is not None else self.mirror
+        if target is None or target.primary != msg.sender:
+            return
+        try:
+            target.apply(replica.decode_events(body.get("events"), msg.frames))
+        except (ProtocolError, ValueError, TypeError, KeyError) as exc:
+            logger.error("%s: the replica of %s is broken: %s", self.name, node_name(msg.sender), exc)
+            self.mirror, self._incoming = None, None
+            self.mirror_error = f"a change could not be applied to it: {exc}"
+            return
+        if target is self._incoming and body.get("done"):
+            self.mirror, self.mirror_error, self._incoming = target, None, None
 
     def _restarted(self, msg: Message) -> None:
         """A message from a new incarnation of our subscriber: it died (maybe before the
         scheduler's word of it reached us, which PS_RESEND can delay)."""
-        if self.subscriber is not None and self.subscriber[0] == msg.sender and self.subscriber[1] != msg.route:
+        if self.subscriber is not None and self.subscriber.node == msg.sender and self.subscriber.route != msg.route:
             self._drop_subscriber()
 
     def _drop_subscriber(self) -> None:
         """The backup died: nobody to wait for; answer what was held."""
         assert self.subscriber is not None
-        self.po.van.forget(self.subscriber[1])
+        self.po.van.forget(self.subscriber.route)
         self.subscriber = None
         self._store().journal = None
         self.acked = self.seq
@@ -267,19 +288,26 @@ class Replication:
                        node_name(msg.sender), len(keys), mirror.nbytes() / 1e6)
 
     # -- membership ----------------------------------------------------------------------
+    def _died(self, backup: Backup, node_id: int) -> bool:
+        """Whether the death just announced is this backup's, not an older incarnation's whose
+        NODE_DOWN came late (its restart's SUBSCRIBE first: dropping that restart would leave
+        this server answering workers with no copy kept anywhere)."""
+        dead = self.po.dead_incarnation.get(node_id)
+        return backup.node == node_id and (dead is None or dead >= backup.incarnation)
+
     def _on_node(self, node_id: int, up: bool) -> None:
         if not self.enabled:
             return
         if not up:
-            if self.subscriber is not None and node_id == self.subscriber[0]:
+            if self.subscriber is not None and self._died(self.subscriber, node_id):
                 self._drop_subscriber()
             elif node_id == self.backup and self._first_copy:
                 self._end_first_copy()      # no copy to wait for until it is back
-            if self._wanted is not None and self._wanted[0] == node_id:
+            if self._wanted is not None and self._died(self._wanted, node_id):
                 self._wanted = None
             return
         if node_id == self.primary:        # the primary is back: keep its copy again
             try:
-                self.po.send(Message(Command.SUBSCRIBE, recver=node_id))
+                self.po.send(Message(Command.SUBSCRIBE, recver=node_id, body={"incarnation": self.po.restarted}))
             except PSError:
                 pass

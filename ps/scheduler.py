@@ -51,6 +51,7 @@ class Recovery:
     # first messages could reach a node before the news of the death, which then wipes them)
     unacked: set[int] = field(default_factory=set)
     parked: tuple[Member, bytes | None, float] | None = None   # a restart waiting for those
+    death: int = 0      # which declared death this is: an acknowledgement names the one it acts on
 
 
 class Awaited(NamedTuple):
@@ -89,6 +90,7 @@ class Member:
     hostname: str = ""
     rank: int = -1
     last_seen: float = 0.0
+    incarnation: int = 0        # the job's restart count when it was admitted (0: formed with the job)
     # before formation: the id its connection is watched under (0: not watched), when it
     # registered, whether the watch ever connected, since when it is down (None: up)
     watch_id: int = 0
@@ -146,6 +148,7 @@ class Scheduler:
         self._down_since: dict[int, float] = {}    # node id -> when its connection dropped
         self._recovering: dict[int, Recovery] = {}  # node id -> its awaited restart
         self.restarts = 0                           # restarted nodes that registered
+        self._deaths = itertools.count(1)           # numbers each declared death (Recovery.death)
         self._passed: dict[int, dict[str, int]] = {}  # node id -> group -> barriers it passed
         self._replays: dict[int, Replay] = {}       # restarted nodes still replaying barriers
 
@@ -580,7 +583,7 @@ class Scheduler:
     def _node_down(self, node_id: int, reason: str) -> None:
         """A node died and may come back: everyone else waits for it instead of failing."""
         node = self._nodes[node_id]
-        self._recovering[node_id] = Recovery(self.clock(), reason)
+        self._recovering[node_id] = Recovery(self.clock(), reason, death=next(self._deaths))
         for barrier in self._barriers.values():
             # its restart asks again (answered at once if its dead self passed the barrier):
             # completed on the dead arrival, the answer would reach a restart not yet waiting
@@ -590,8 +593,8 @@ class Scheduler:
             self.van.forget(node.route)
         logger.warning("scheduler: %s; waiting up to %gs for its restart (PS_MAX_RESTARTS=%d, %d used)",
                        reason, self.config.connect_timeout, self.config.max_restarts, self.restarts)
-        body = {"id": node_id, "reason": reason}
         rec = self._recovering[node_id]
+        body = {"id": node_id, "reason": reason, "death": rec.death, "incarnation": node.incarnation}
         for other in self._nodes:
             if other != node_id and not self._gone(other) and self._reachable(other):
                 self._send_to(other, Command.NODE_DOWN, body)
@@ -605,7 +608,7 @@ class Scheduler:
         """A node acted on a NODE_DOWN (forgot the dead node's channels and rounds)."""
         node_id = msg.body.get("id") if isinstance(msg.body, dict) else None
         rec = self._recovering.get(node_id) if isinstance(node_id, int) else None
-        if rec is not None:
+        if rec is not None and msg.body.get("death") == rec.death:     # not a late one for an earlier death
             rec.unacked.discard(msg.sender)
             self._admit_if_acked(node_id)
 
@@ -673,6 +676,7 @@ class Scheduler:
         self._nodes[node_id] = info
         self._recovering[node_id].replaced = True
         self.restarts += 1
+        info.incarnation = self.restarts            # its NODE_TABLE's "restart", which it says it is
         self._replays[node_id] = Replay(dict(self._passed.get(node_id, {})), {})
         table = [n.node(i).to_row() for i, n in sorted(self._nodes.items())]
         down = {str(i): r.reason for i, r in self._recovering.items() if i != node_id}

@@ -141,7 +141,13 @@ def test_a_restart_gets_its_table_only_once_the_others_acted_on_its_death(cluste
     time.sleep(1.0)
     assert Command.NODE_TABLE not in restart.cmds(), "the restart was admitted before the others knew"
     for n in (live, server):
-        n.van.send(Message(Command.NODE_DOWN, ids[n], SCHEDULER, {"id": ids[dead]}, request=False))
+        death = next(m.body["death"] for m in n.got if m.cmd == Command.NODE_DOWN)
+        n.van.send(Message(Command.NODE_DOWN, ids[n], SCHEDULER, {"id": ids[dead], "death": death - 1}, request=False))
+    time.sleep(0.5)
+    assert Command.NODE_TABLE not in restart.cmds(), "an acknowledgement of another death admitted the restart"
+    for n in (live, server):
+        death = next(m.body["death"] for m in n.got if m.cmd == Command.NODE_DOWN)
+        n.van.send(Message(Command.NODE_DOWN, ids[n], SCHEDULER, {"id": ids[dead], "death": death}, request=False))
     wait_for(lambda: Command.NODE_TABLE in restart.cmds(), 3, what="the restart's node table after the acks")
     table = next(m.body for m in restart.got if m.cmd == Command.NODE_TABLE)
     assert table["you"] == ids[dead] and table["restart"] == 1
@@ -177,10 +183,13 @@ def test_the_replica_ring_puts_neighbours_on_different_hosts_and_a_restart_gets_
     dead.van.stop()
     for n in (*servers[1:], worker):
         wait_for(lambda n=n: Command.NODE_DOWN in n.cmds(), 10, what=f"the NODE_DOWN at {n.addr}")
-        n.van.send(Message(Command.NODE_DOWN, tables[n]["you"], SCHEDULER, {"id": dead_id}, request=False))
+        down = next(m.body for m in n.got if m.cmd == Command.NODE_DOWN)
+        assert down["incarnation"] == 0
+        n.van.send(Message(Command.NODE_DOWN, tables[n]["you"], SCHEDULER, {"id": dead_id, "death": down["death"]},
+                           request=False))
     restart = FakeNode(port, Role.SERVER, host="127.0.0.4")
     nodes.append(restart)
     restart.register()
-    wait_for(lambda: Command.NODE_TABLE in restart.cmds(), 10, what="the restart's node table")
+    wait_for(lambda: Command.NODE_TABLE in restart.cmds(), 3, what="the restart's node table")
     table = next(m.body for m in restart.got if m.cmd == Command.NODE_TABLE)
     assert table["you"] == dead_id and table["ring"] == ring

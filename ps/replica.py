@@ -86,11 +86,14 @@ def updater_events(updater: Updater | None, multi_precision: bool, compression: 
     return events
 
 
-def workers_event(replaying: set[int], applied: collections.Counter, replayed: collections.Counter) -> Event:
-    """Restarted workers: who still replays its script, and the settings counted per worker."""
+def workers_event(replaying: set[int], applied: collections.Counter, replayed: collections.Counter,
+                  last: dict[int, int]) -> Event:
+    """Restarted workers: who still replays its script, the settings counted per worker, and
+    the id of the last one counted (a resend of it is not counted again)."""
     return Event("workers", 0, 0, {"replaying": sorted(replaying),
                                    "applied": [[w, cmd, n] for (w, cmd), n in applied.items()],
-                                   "replayed": [[w, cmd, n] for (w, cmd), n in replayed.items()]})
+                                   "replayed": [[w, cmd, n] for (w, cmd), n in replayed.items()],
+                                   "last": [[w, cid] for w, cid in last.items()]})
 
 
 def _counts(rows: Any) -> collections.Counter:
@@ -100,7 +103,8 @@ def _counts(rows: Any) -> collections.Counter:
 def snapshot(store: Store) -> list[Event]:
     """Everything a backup needs to mirror ``store`` (call between rounds: see half_applied)."""
     events = updater_events(store.updater, store.multi_precision, store.compression)
-    events.append(workers_event(store.replaying, store.settings_applied, store.settings_replayed))
+    events.append(workers_event(store.replaying, store.settings_applied, store.settings_replayed,
+                                store.settings_last))
     for ks in store.keys.values():
         if ks.ready:
             events.append(Event("key", ks.key, 0, [ks.dtype_code, ks.closed, list(ks.applied.items())],
@@ -125,6 +129,7 @@ def restore(store: Store, events: list[Event]) -> None:
             store.replaying = {int(w) for w in ev.info["replaying"]}
             store.settings_applied = _counts(ev.info["applied"])
             store.settings_replayed = _counts(ev.info["replayed"])
+            store.settings_last = {int(w): int(cid) for w, cid in ev.info["last"]}
     store.set_updater(updater, multi)
 
 
@@ -152,6 +157,7 @@ class Mirror:
         self.replaying: set[int] = set()
         self.settings_applied: collections.Counter[tuple[int, str]] = collections.Counter()
         self.settings_replayed: collections.Counter[tuple[int, str]] = collections.Counter()
+        self.settings_last: dict[int, int] = {}
 
     def apply(self, events: list[Event]) -> None:
         for ev in events:
@@ -168,7 +174,8 @@ class Mirror:
             events += updater_events(self.updater, self.multi_precision, None)
         if self.compression is not None:
             events.append(Event("compression", 0, 0, self.compression))
-        events.append(workers_event(self.replaying, self.settings_applied, self.settings_replayed))
+        events.append(workers_event(self.replaying, self.settings_applied, self.settings_replayed,
+                                    self.settings_last))
         for key, mk in self.keys.items():
             events.append(Event("key", key, 0, [mk.dtype_code, mk.closed, list(mk.applied.items())], (mk.value,)))
         return events
@@ -260,20 +267,24 @@ class Mirror:
         self.replaying = {int(w) for w in ev.info["replaying"]}
         self.settings_applied = _counts(ev.info["applied"])
         self.settings_replayed = _counts(ev.info["replayed"])
+        self.settings_last = {int(w): int(cid) for w, cid in ev.info["last"]}
 
     def _on_died(self, ev: Event) -> None:
         worker = int(ev.info)
         self.replaying.add(worker)
         for key in [k for k in self.settings_replayed if k[0] == worker]:
             del self.settings_replayed[key]
+        self.settings_last.pop(worker, None)
 
     def _on_caught_up(self, ev: Event) -> None:
         self.replaying.discard(int(ev.info))
 
     def _on_setting(self, ev: Event) -> None:
-        worker, cmd, how = ev.info
+        worker, cmd, how, cid = ev.info
         counts = self.settings_applied if how == "applied" else self.settings_replayed
         counts[(int(worker), str(cmd))] += 1
+        if isinstance(cid, int):
+            self.settings_last[int(worker)] = max(cid, self.settings_last.get(int(worker), 0))
 
     def _updater(self) -> optim.Updater:
         if self.updater is None:

@@ -149,6 +149,7 @@ class Scheduler:
         self._recovering: dict[int, Recovery] = {}  # node id -> its awaited restart
         self.restarts = 0                           # restarted nodes that registered
         self._deaths = itertools.count(1)           # numbers each declared death (Recovery.death)
+        self._fenced_routes: set[bytes | None] = set()  # processes told they no longer belong to the job
         self._passed: dict[int, dict[str, int]] = {}  # node id -> group -> barriers it passed
         self._replays: dict[int, Replay] = {}       # restarted nodes still replaying barriers
 
@@ -357,6 +358,8 @@ class Scheduler:
                 return
             node = self._nodes.get(msg.sender)
             if node is not None:
+                if self._fenced(msg, node):
+                    return
                 node.last_seen = self.clock()
                 node.route = msg.route
             handler = self._HANDLERS.get(msg.cmd)
@@ -364,6 +367,25 @@ class Scheduler:
                 logger.warning("scheduler: unexpected %r", msg)
                 return
             handler(self, msg)
+
+    def _fenced(self, msg: Message, node: Member) -> bool:
+        """A message from a process the job no longer counts as this node: one declared dead
+        (its place kept for its restart), or another incarnation than the one admitted (each
+        process has its own identity, its route). Not heard: its heartbeats would keep it from
+        noticing, and its route would take its restart's messages. A live one is told to stop."""
+        rec = self._recovering.get(msg.sender)
+        if not ((rec is not None and not rec.replaced)
+                or (msg.route is not None and node.route is not None and msg.route != node.route)):
+            return False
+        if msg.route is not None and msg.route not in self._fenced_routes:
+            self._fenced_routes.add(msg.route)
+            why = f"it was declared dead ({rec.reason})" if rec is not None and not rec.replaced else \
+                "its restart has taken its place"
+            logger.warning("scheduler: a message from a process that was %s %s: not heard; it is told to stop",
+                           self._describe(msg.sender), why)
+            self._reply(msg.route, Command.ABORT, {
+                "reason": f"this process was {self._describe(msg.sender)}, but {why}: it must stop"})
+        return True
 
     def _reply(self, route: bytes | None, cmd: Command, body: Any = None, recver: int = 0) -> None:
         self.van.send(Message(cmd, SCHEDULER, recver, body, request=False, route=route))

@@ -259,13 +259,17 @@ class KVServer:
             if handler is None:
                 raise ValueError(f"unknown server command {cmd!r}")
             store = self._store()
-            if setting and store.setting_made_before(msg.sender, cmd):
+            cid = body.get("id")
+            if setting and store.setting_resent(msg.sender, cid):
+                logger.info("%s: %s from %s sent again (its answer died with this server's dead self): "
+                            "not applied twice", self.name, cmd, node_name(msg.sender))
+            elif setting and store.setting_made_before(msg.sender, cmd, cid):
                 # a restarted worker re-running its script: its dead self set this already
                 logger.info("%s: %s from restarted %s ignored (it replays)", self.name, cmd, node_name(msg.sender))
             else:
                 reply["result"] = handler(self, store, body)
                 if setting:
-                    store.setting_applied(msg.sender, cmd)
+                    store.setting_applied(msg.sender, cmd, cid)
         except Exception as exc:  # noqa: BLE001 - reported to the worker, server goes on
             reply["error"] = [type(exc).__name__, f"{self.name}: {exc}"]
         self.replication.after(lambda: self.po.send(Message(Command.SERVER_CMD, recver=msg.sender, body=reply,

@@ -188,6 +188,7 @@ class Store:
         # replica with the rest, so a server restart judges a replayed setting as its dead self would
         self.settings_applied: collections.Counter[tuple[int, str]] = collections.Counter()
         self.settings_replayed: collections.Counter[tuple[int, str]] = collections.Counter()
+        self.settings_last: dict[int, int] = {}  # worker -> id of the last setting counted from it
         # keep each key's value from before its latest round (a copy per round; on when
         # workers may restart): a worker that died between pushing one key of a step and
         # the next must get the weights its dead self had, not one round newer
@@ -681,19 +682,31 @@ class Store:
         return found
 
     # -- workers restarting (PS_MAX_RESTARTS) -----------------------------------------------
-    def setting_made_before(self, worker: int, cmd: str) -> bool:
+    def setting_resent(self, worker: int, cid: Any) -> bool:
+        """The worker sent this setting (command id ``cid``) again: this server's dead self
+        counted it, and died before its answer left (the count came with the replica).
+        A worker's commands are numbered from 1 in each incarnation, one at a time."""
+        return isinstance(cid, int) and cid <= self.settings_last.get(worker, 0)
+
+    def setting_made_before(self, worker: int, cmd: str, cid: Any = None) -> bool:
         """(Counts it.) A restarted worker's n-th ``cmd`` while it replays its script was made
         by its dead self if that one made n or more. Not "the store has it": a worker killed
         between kv.init and set_optimizer, or before a step's set_params, left them unmade."""
         if worker not in self.replaying:
             return False
         self.settings_replayed[(worker, cmd)] += 1
-        self._record(Event("setting", 0, 0, [worker, cmd, "replayed"]))
+        self._counted(worker, cid)
+        self._record(Event("setting", 0, 0, [worker, cmd, "replayed", cid]))
         return self.settings_replayed[(worker, cmd)] <= self.settings_applied[(worker, cmd)]
 
-    def setting_applied(self, worker: int, cmd: str) -> None:
+    def setting_applied(self, worker: int, cmd: str, cid: Any = None) -> None:
         self.settings_applied[(worker, cmd)] += 1
-        self._record(Event("setting", 0, 0, [worker, cmd, "applied"]))
+        self._counted(worker, cid)
+        self._record(Event("setting", 0, 0, [worker, cmd, "applied", cid]))
+
+    def _counted(self, worker: int, cid: Any) -> None:
+        if isinstance(cid, int):
+            self.settings_last[worker] = max(cid, self.settings_last.get(worker, 0))
 
     def _caught_up(self, worker: int) -> None:
         """It pushed something new: what it sends from now on is no replay."""
@@ -712,6 +725,7 @@ class Store:
         self.replaying.add(worker)
         for key in [k for k in self.settings_replayed if k[0] == worker]:
             del self.settings_replayed[key]         # its restart replays from its script's start
+        self.settings_last.pop(worker, None)        # and numbers its commands from 1 again
         self._record(Event("died", 0, 0, worker))
         for ks in self.keys.values():
             for key in [k for k in ks.partial if k[0] == worker]:   # async: half-received pushes

@@ -232,3 +232,23 @@ def test_restarted_workers_and_their_settings_are_in_the_copy():
     store.worker_died(W[0])                                           # died again: replays from the start
     replayed(store, mirror)
     assert mirror.replaying == {W[0]} and mirror.settings_replayed == {}
+
+
+def test_a_setting_sent_again_to_a_restarted_server_is_not_counted_twice():
+    """The server counted worker 0's setting (the count reached its backup) and died before its
+    answer left; worker 0 sends the same command (same id) to the restart, which must neither
+    apply nor count it again. Else a replayed set_optimizer, ignored once, was applied on its
+    resend (the recovered Adam moments replaced), or a later replayed set_params was ignored."""
+    store, mirror = make(opt=optim.SGD(learning_rate=0.1))
+    store.setting_applied(W[0], "set_optimizer", 3)
+    store.worker_died(W[0])
+    assert not store.setting_resent(W[0], 2)                    # its restart numbers from 1 again
+    assert store.setting_made_before(W[0], "set_optimizer", 2)  # the replay: ignored, counted
+    replayed(store, mirror)
+    body, frames = encode_events(mirror.snapshot())
+    fresh = Store(len(W), chunk_bytes=4096)
+    restore(fresh, decode_events(body, frames))
+    assert fresh.setting_resent(W[0], 2)                        # the same command again: answered only
+    assert not fresh.setting_resent(W[0], 4) and not fresh.setting_resent(W[1], 1)
+    fresh.setting_applied(W[0], "set_params", 4)
+    assert fresh.setting_resent(W[0], 4) and fresh.settings_applied[(W[0], "set_params")] == 1

@@ -69,6 +69,17 @@ def _registered(node: FakeNode) -> FakeNode:
     return node
 
 
+def _formed(nodes: list[FakeNode]) -> dict[FakeNode, int]:
+    """Register ``nodes``, wait for each one's node table; their node ids."""
+    for n in nodes:
+        _registered(n)
+    ids = {}
+    for n in nodes:
+        wait_for(lambda n=n: Command.NODE_TABLE in n.cmds(), 10, what=f"the node table at {n.addr}")
+        ids[n] = next(m.body["you"] for m in n.got if m.cmd == Command.NODE_TABLE)
+    return ids
+
+
 def _reason(node: FakeNode) -> str:
     wait_for(lambda: Command.ABORT in node.cmds(), 15, what=f"an ABORT to {node.addr}")
     return next(m.body["reason"] for m in node.got if m.cmd == Command.ABORT)
@@ -126,12 +137,7 @@ def test_a_restart_gets_its_table_only_once_the_others_acted_on_its_death(cluste
     port, nodes = cluster(PS_MAX_RESTARTS="2")
     dead, live, server = FakeNode(port, Role.WORKER), FakeNode(port, Role.WORKER), FakeNode(port, Role.SERVER)
     nodes += [dead, live, server]
-    for n in (dead, live, server):
-        _registered(n)
-    ids = {}
-    for n in (dead, live, server):
-        wait_for(lambda n=n: Command.NODE_TABLE in n.cmds(), 10, what=f"the node table at {n.addr}")
-        ids[n] = next(m.body["you"] for m in n.got if m.cmd == Command.NODE_TABLE)
+    ids = _formed([dead, live, server])
     dead.van.stop()                                      # the scheduler's watch sees it close
     for n in (live, server):
         wait_for(lambda n=n: Command.NODE_DOWN in n.cmds(), 10, what=f"the NODE_DOWN at {n.addr}")
@@ -193,3 +199,52 @@ def test_the_replica_ring_puts_neighbours_on_different_hosts_and_a_restart_gets_
     wait_for(lambda: Command.NODE_TABLE in restart.cmds(), 3, what="the restart's node table")
     table = next(m.body for m in restart.got if m.cmd == Command.NODE_TABLE)
     assert table["you"] == dead_id and table["ring"] == ring
+
+
+@pytest.mark.timeout(60)
+def test_a_process_declared_dead_is_told_to_stop_and_never_heard_again(cluster):
+    """A worker stops beating (a long pause, a partition) and is declared dead; when it speaks
+    again it is told to stop (ABORT naming the reason), once, and its messages are not heard:
+    its heartbeats would have been answered as if nothing happened, and after its restart was
+    admitted one of them would have taken the restart's route, so news meant for the restart
+    (here: another worker's death) went to the old process instead."""
+    port, nodes = cluster(PS_MAX_RESTARTS="2", PS_HEARTBEAT_INTERVAL="0.2", PS_HEARTBEAT_TIMEOUT="1.5")
+    old, other, server = FakeNode(port, Role.WORKER), FakeNode(port, Role.WORKER), FakeNode(port, Role.SERVER)
+    nodes += [old, other, server]
+    ids = _formed([old, other, server])
+    beating = {other, server}
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(0.2):
+            for n in list(beating):
+                n.van.send(Message(Command.HEARTBEAT, ids[n], SCHEDULER))
+    threading.Thread(target=beat, daemon=True).start()
+    try:
+        wait_for(lambda: Command.NODE_DOWN in other.cmds(), 10, what="the silent worker declared dead")
+        for n in (other, server):
+            death = next(m.body["death"] for m in n.got if m.cmd == Command.NODE_DOWN)
+            n.van.send(Message(Command.NODE_DOWN, ids[n], SCHEDULER, {"id": ids[old], "death": death}, request=False))
+        old.van.send(Message(Command.HEARTBEAT, ids[old], SCHEDULER))
+        wait_for(lambda: Command.ABORT in old.cmds(), 5, what="the old process told to stop")
+        reason = next(m.body["reason"] for m in old.got if m.cmd == Command.ABORT)
+        assert "declared dead" in reason and "sent no heartbeat" in reason and "must stop" in reason, reason
+        assert Command.HEARTBEAT not in old.cmds()          # not answered as if nothing happened
+
+        restart = FakeNode(port, Role.WORKER)
+        nodes.append(restart)
+        restart.register()
+        wait_for(lambda: Command.NODE_TABLE in restart.cmds(), 10, what="the restart's node table")
+        ids[restart] = ids[old]
+        beating.add(restart)
+        for _ in range(3):
+            old.van.send(Message(Command.HEARTBEAT, ids[old], SCHEDULER))
+        time.sleep(0.5)
+        assert sum(m.cmd == Command.ABORT for m in old.got) == 1
+        beating.discard(other)                               # now the other worker goes silent
+        wait_for(lambda: sum(m.cmd == Command.NODE_DOWN for m in restart.got) >= 1, 10,
+                 what="the other worker's death told to the restart, not to the old process")
+        assert [m.body["id"] for m in restart.got if m.cmd == Command.NODE_DOWN] == [ids[other]]
+        assert sum(m.cmd == Command.NODE_DOWN for m in old.got) == 0
+    finally:
+        stop.set()

@@ -1,9 +1,9 @@
 """A backup server's copy of another server's state, kept by replaying its changes.
 
 With ``PS_MAX_RESTARTS`` > 0 each server is the backup of the one before it in a ring
-(its *primary*; ps/ring.py). The primary records every change of its store as :class:`ps.store.Event`s: the sums
-a round applied, never the workers' pushes, so a backup receives one push's worth of bytes
-per round, not one per worker. The backup replays them with the same optimizer code on the
+(its *primary*; ps/ring.py). The primary records every change of its store as
+:class:`ps.store.Event`s: the sums a round applied, never the workers' pushes, so a backup
+receives one push's worth of bytes per round, not one per worker. The backup replays them with the same optimizer code on the
 same inputs, so its copy is bit-identical to the primary's as of the last closed round.
 A round's chunk sums are held until its close event and then applied together: a copy
 never holds half a round, whatever moment the primary dies at.
@@ -13,7 +13,6 @@ unpickled: events are msgpack metadata plus raw arrays whose dtype and size are 
 """
 from __future__ import annotations
 
-import collections
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +21,7 @@ import numpy as np
 from . import optim
 from .errors import ProtocolError
 from .message import DTYPES
-from .store import Event, Store, Updater, apply_rows
+from .store import Event, Replays, Store, Updater, apply_rows
 
 # dtypes an event array may have: the key dtypes plus int64 row ids
 _ARRAY_DTYPES = (*DTYPES, np.dtype("<i8"), np.dtype("<u4"))
@@ -86,25 +85,10 @@ def updater_events(updater: Updater | None, multi_precision: bool, compression: 
     return events
 
 
-def workers_event(replaying: set[int], applied: collections.Counter, replayed: collections.Counter,
-                  last: dict[int, int]) -> Event:
-    """Restarted workers: who still replays its script, the settings counted per worker, and
-    the id of the last one counted (a resend of it is not counted again)."""
-    return Event("workers", 0, 0, {"replaying": sorted(replaying),
-                                   "applied": [[w, cmd, n] for (w, cmd), n in applied.items()],
-                                   "replayed": [[w, cmd, n] for (w, cmd), n in replayed.items()],
-                                   "last": [[w, cid] for w, cid in last.items()]})
-
-
-def _counts(rows: Any) -> collections.Counter:
-    return collections.Counter({(int(w), str(cmd)): int(n) for w, cmd, n in rows})
-
-
 def snapshot(store: Store) -> list[Event]:
     """Everything a backup needs to mirror ``store`` (call between rounds: see half_applied)."""
     events = updater_events(store.updater, store.multi_precision, store.compression)
-    events.append(workers_event(store.replaying, store.settings_applied, store.settings_replayed,
-                                store.settings_last))
+    events.append(Event("workers", 0, 0, store.replays.info()))
     for ks in store.keys.values():
         if ks.ready:
             events.append(Event("key", ks.key, 0, [ks.dtype_code, ks.closed, list(ks.applied.items())],
@@ -126,10 +110,7 @@ def restore(store: Store, events: list[Event]) -> None:
         elif ev.kind == "compression":
             store.compression = ev.info
         elif ev.kind == "workers":
-            store.replaying = {int(w) for w in ev.info["replaying"]}
-            store.settings_applied = _counts(ev.info["applied"])
-            store.settings_replayed = _counts(ev.info["replayed"])
-            store.settings_last = {int(w): int(cid) for w, cid in ev.info["last"]}
+            store.replays = Replays.from_info(ev.info)
     store.set_updater(updater, multi)
 
 
@@ -154,10 +135,7 @@ class Mirror:
         self.compression: Any = None
         self.events = 0
         self.broken: str | None = None      # a change it cannot replay arrived (the copy is useless)
-        self.replaying: set[int] = set()
-        self.settings_applied: collections.Counter[tuple[int, str]] = collections.Counter()
-        self.settings_replayed: collections.Counter[tuple[int, str]] = collections.Counter()
-        self.settings_last: dict[int, int] = {}
+        self.replays = Replays()            # the primary's restarted workers (ps/store.py)
 
     def apply(self, events: list[Event]) -> None:
         for ev in events:
@@ -174,8 +152,7 @@ class Mirror:
             events += updater_events(self.updater, self.multi_precision, None)
         if self.compression is not None:
             events.append(Event("compression", 0, 0, self.compression))
-        events.append(workers_event(self.replaying, self.settings_applied, self.settings_replayed,
-                                    self.settings_last))
+        events.append(Event("workers", 0, 0, self.replays.info()))
         for key, mk in self.keys.items():
             events.append(Event("key", key, 0, [mk.dtype_code, mk.closed, list(mk.applied.items())], (mk.value,)))
         return events
@@ -262,29 +239,11 @@ class Mirror:
     def _on_unreplicable(self, ev: Event) -> None:
         self.broken = str(ev.info)
 
-    # -- restarted workers: the same bookkeeping as Store.worker_died / setting_* -----------
     def _on_workers(self, ev: Event) -> None:
-        self.replaying = {int(w) for w in ev.info["replaying"]}
-        self.settings_applied = _counts(ev.info["applied"])
-        self.settings_replayed = _counts(ev.info["replayed"])
-        self.settings_last = {int(w): int(cid) for w, cid in ev.info["last"]}
+        self.replays = Replays.from_info(ev.info)
 
-    def _on_died(self, ev: Event) -> None:
-        worker = int(ev.info)
-        self.replaying.add(worker)
-        for key in [k for k in self.settings_replayed if k[0] == worker]:
-            del self.settings_replayed[key]
-        self.settings_last.pop(worker, None)
-
-    def _on_caught_up(self, ev: Event) -> None:
-        self.replaying.discard(int(ev.info))
-
-    def _on_setting(self, ev: Event) -> None:
-        worker, cmd, how, cid = ev.info
-        counts = self.settings_applied if how == "applied" else self.settings_replayed
-        counts[(int(worker), str(cmd))] += 1
-        if isinstance(cid, int):
-            self.settings_last[int(worker)] = max(cid, self.settings_last.get(int(worker), 0))
+    def _on_replays(self, ev: Event) -> None:
+        self.replays.apply(ev)
 
     def _updater(self) -> optim.Updater:
         if self.updater is None:
@@ -295,7 +254,7 @@ class Mirror:
         "init": _on_init, "key": _on_key, "chunk": _on_chunk, "close": _on_close, "whole": _on_whole,
         "dense": _on_dense, "rows": _on_rows, "async": _on_async, "arows": _on_arows, "opt": _on_opt,
         "states": _on_states, "params": _on_params, "compression": _on_compression,
-        "unreplicable": _on_unreplicable, "workers": _on_workers, "died": _on_died, "caught_up": _on_caught_up,
-        "setting": _on_setting,
+        "unreplicable": _on_unreplicable, "workers": _on_workers, "died": _on_replays,
+        "caught_up": _on_replays, "setting": _on_replays,
     }
 

@@ -2,8 +2,8 @@
 ps/replica.py's copy.
 
 Servers form a ring (ps/ring.py: rank order, or hosts interleaved): each keeps the copy of
-the server before it (its *primary*), and the one after it keeps its own (its *backup*). A backup asks its primary for a snapshot (SUBSCRIBE); from then on
-the primary streams every change of its store (REPLICA) and holds each reply until the
+the server before it (its *primary*), and the one after it keeps its own (its *backup*). A
+backup asks its primary for a snapshot (SUBSCRIBE); from then on the primary streams every change of its store (REPLICA) and holds each reply until the
 backup has acknowledged the changes made before it. So whatever a worker was answered is
 in the copy: a primary that dies loses nothing its workers do not still hold and resend.
 A restarted server fetches its state from its backup (FETCH) before the scheduler tells
@@ -91,8 +91,12 @@ class Replication:
             if error is not None:
                 return error
         self.po.connect(self.primary)
-        self.po.send(Message(Command.SUBSCRIBE, recver=self.primary, body={"incarnation": self.po.restarted}))
+        self._subscribe(self.primary)
         return None
+
+    def _subscribe(self, primary: int) -> None:
+        """Ask for its snapshot and changes, naming which incarnation of this server asks."""
+        self.po.send(Message(Command.SUBSCRIBE, recver=primary, body={"incarnation": self.po.restarted}))
 
     def _fetch(self) -> str | None:
         backup = self.backup
@@ -308,6 +312,6 @@ class Replication:
             return
         if node_id == self.primary:        # the primary is back: keep its copy again
             try:
-                self.po.send(Message(Command.SUBSCRIBE, recver=node_id, body={"incarnation": self.po.restarted}))
+                self._subscribe(node_id)
             except PSError:
                 pass

@@ -50,8 +50,16 @@ class Recovery:
     # its node table only once they have (else, with lost messages resent late, the restart's
     # first messages could reach a node before the news of the death, which then wipes them)
     unacked: set[int] = field(default_factory=set)
-    parked: tuple[Member, bytes | None, float] | None = None   # a restart waiting for those
+    parked: Parked | None = None      # a restart waiting for those
     death: int = 0      # which declared death this is: an acknowledgement names the one it acts on
+
+
+class Parked(NamedTuple):
+    """A restart that registered, waiting for the live nodes to act on its dead self's death."""
+
+    info: Member
+    route: bytes | None
+    since: float
 
 
 class Awaited(NamedTuple):
@@ -222,7 +230,7 @@ class Scheduler:
                 return
             self._warn_stalled_barriers(now)
             for node_id, rec in list(self._recovering.items()):
-                if rec.parked is not None and now - rec.parked[2] > ACK_WAIT:
+                if rec.parked is not None and now - rec.parked.since > ACK_WAIT:
                     self._admit_if_acked(node_id, force=True)
                 if now - rec.since > cfg.connect_timeout:
                     state = "did not finish recovering" if rec.replaced else "was not restarted"
@@ -374,13 +382,12 @@ class Scheduler:
         process has its own identity, its route). Not heard: its heartbeats would keep it from
         noticing, and its route would take its restart's messages. A live one is told to stop."""
         rec = self._recovering.get(msg.sender)
-        if not ((rec is not None and not rec.replaced)
-                or (msg.route is not None and node.route is not None and msg.route != node.route)):
+        declared = rec is not None and not rec.replaced
+        if not declared and (msg.route is None or node.route is None or msg.route == node.route):
             return False
         if msg.route is not None and msg.route not in self._fenced_routes:
             self._fenced_routes.add(msg.route)
-            why = f"it was declared dead ({rec.reason})" if rec is not None and not rec.replaced else \
-                "its restart has taken its place"
+            why = f"it was declared dead ({rec.reason})" if declared else "its restart has taken its place"
             logger.warning("scheduler: a message from a process that was %s %s: not heard; it is told to stop",
                            self._describe(msg.sender), why)
             self._reply(msg.route, Command.ABORT, {
@@ -448,10 +455,9 @@ class Scheduler:
                 info.rank, info.last_seen = rank, now
                 self._nodes[to_id(rank)] = info
         self._ring = ring.order([self._nodes[server_id(r)].host for r in range(self.config.num_servers)])
-        table = [n.node(i).to_row() for i, n in sorted(self._nodes.items())]
+        table = self._table()
         for node_id, info in self._nodes.items():
-            self._send_to(node_id, Command.NODE_TABLE, {"you": node_id, "nodes": table, "sync": self._sync,
-                                                        "ring": self._ring})
+            self._send_to(node_id, Command.NODE_TABLE, {**table, "you": node_id})
             if info.addr.startswith(("tcp://", "ipc://")):
                 self.van.watch(node_id, info.addr, self._on_connection)
         self._carried = {n.watch_id: i for i, n in self._nodes.items() if n.watch_id}
@@ -460,6 +466,11 @@ class Scheduler:
         logger.info("scheduler: cluster formed in %.2fs: %d servers, %d workers (%s)",
                     now - self._started_at, self.config.num_servers, self.config.num_workers,
                     "dist_sync" if self._sync else "dist_async")
+
+    def _table(self) -> dict[str, Any]:
+        """What every NODE_TABLE holds: the nodes, the kvstore type, the replica ring."""
+        return {"nodes": [n.node(i).to_row() for i, n in sorted(self._nodes.items())], "sync": self._sync,
+                "ring": self._ring}
 
     def _on_barrier(self, msg: Message) -> None:
         group = msg.body.get("group") if isinstance(msg.body, dict) else None
@@ -645,9 +656,8 @@ class Scheduler:
             logger.warning("scheduler: %s did not acknowledge the death of %s within %gs; its restart "
                            "joins anyway", ", ".join(self._describe(i) for i in sorted(rec.unacked)),
                            node_name(node_id), ACK_WAIT)
-        info, route, _ = rec.parked
-        rec.parked = None
-        self._admit(node_id, info, route)
+        parked, rec.parked = rec.parked, None
+        self._admit(node_id, parked.info, parked.route)
 
     def awaiting_restart(self) -> list[Awaited]:
         """The nodes declared dead whose restart has not registered (thread-safe)."""
@@ -687,7 +697,7 @@ class Scheduler:
         hinted = [i for i in free if info.rank_hint is not None and self._nodes[i].rank == info.rank_hint]
         same_host = [i for i in free if self._nodes[i].hostname == info.hostname]
         node_id = (hinted or same_host or free)[0]
-        self._recovering[node_id].parked = (info, route, self.clock())
+        self._recovering[node_id].parked = Parked(info, route, self.clock())
         self._admit_if_acked(node_id)
 
     def _admit(self, node_id: int, info: Member, route: bytes | None) -> None:
@@ -700,11 +710,10 @@ class Scheduler:
         self.restarts += 1
         info.incarnation = self.restarts            # its NODE_TABLE's "restart", which it says it is
         self._replays[node_id] = Replay(dict(self._passed.get(node_id, {})), {})
-        table = [n.node(i).to_row() for i, n in sorted(self._nodes.items())]
         down = {str(i): r.reason for i, r in self._recovering.items() if i != node_id}
         self._reply(route, Command.ADD_NODE, {"have": self._have()})
-        self._send_to(node_id, Command.NODE_TABLE, {"you": node_id, "nodes": table, "sync": self._sync,
-                                                    "ring": self._ring, "restart": self.restarts, "down": down})
+        self._send_to(node_id, Command.NODE_TABLE, {**self._table(), "you": node_id, "restart": self.restarts,
+                                                    "down": down})
         if info.addr.startswith(("tcp://", "ipc://")):
             self.van.watch(node_id, info.addr, self._on_connection)
         logger.warning("scheduler: %s registered from %s as the restart of %s (restart %d of %d); "

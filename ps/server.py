@@ -275,15 +275,10 @@ class KVServer:
         self.replication.after(lambda: self.po.send(Message(Command.SERVER_CMD, recver=msg.sender, body=reply,
                                                             request=False, route=msg.route)))
 
-    @staticmethod
-    def _journal(store: Store, event: Event) -> None:
-        if store.journal is not None:
-            store.journal.append(event)
-
     def _set_optimizer(self, store: Store, body: dict[str, Any]) -> None:
         opt = optim.from_spec(body["spec"])
         store.set_updater(optim.Updater(opt), opt.multi_precision)
-        self._journal(store, Event("opt", 0, 0, [opt.to_spec(), opt.multi_precision]))
+        store.record(Event("opt", 0, 0, [opt.to_spec(), opt.multi_precision]))
 
     def _set_optimizer_pickle(self, store: Store, body: dict[str, Any]) -> None:
         from . import _security
@@ -296,7 +291,7 @@ class KVServer:
             raise PermissionError(f"this job has no signing key, so its servers unpickle nothing: {_security.NO_KEY}")
         opt = pickled.load_optimizer(body["payload"], body["signature"], key)
         store.set_updater(pickled.MXNetUpdater(opt), bool(opt.multi_precision))
-        self._journal(store, Event("unreplicable", 0, 0, f"a pickled MXNet optimizer ({type(opt).__name__}) "
+        store.record(Event("unreplicable", 0, 0, f"a pickled MXNet optimizer ({type(opt).__name__}) "
                                                         "cannot be replicated; use one ps has in numpy"))
 
     def _set_params(self, store: Store, body: dict[str, Any]) -> None:
@@ -305,7 +300,7 @@ class KVServer:
             opt.set_learning_rate(float(body["learning_rate"]))   # ps's and MXNet's optimizers alike
         if "rescale_grad" in body:
             opt.rescale_grad = float(body["rescale_grad"])
-        self._journal(store, Event("params", 0, 0, {k: float(body[k]) for k in ("learning_rate", "rescale_grad")
+        store.record(Event("params", 0, 0, {k: float(body[k]) for k in ("learning_rate", "rescale_grad")
                                                     if k in body}))
 
     def _get_states(self, store: Store, body: dict[str, Any]) -> bytes:
@@ -313,11 +308,11 @@ class KVServer:
 
     def _set_states(self, store: Store, body: dict[str, Any]) -> None:
         self._updater(store).set_states(body["states"])
-        self._journal(store, Event("states", 0, 0, body["states"]))
+        store.record(Event("states", 0, 0, body["states"]))
 
     def _set_compression(self, store: Store, body: dict[str, Any]) -> None:
         store.compression = compression.parse(body["params"])
-        self._journal(store, Event("compression", 0, 0, store.compression))
+        store.record(Event("compression", 0, 0, store.compression))
 
     def _stats(self, store: Store, body: dict[str, Any]) -> dict[str, Any]:
         return store.stats()

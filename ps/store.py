@@ -29,9 +29,9 @@ server only has to send what the store returns. Rules (design §5, MXNet's where
 from __future__ import annotations
 
 import collections
-
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Protocol
 
 import numpy as np
@@ -80,6 +80,52 @@ class Event(NamedTuple):
     offset: int = 0
     info: Any = None
     arrays: tuple = ()
+
+
+@dataclass
+class Replays:
+    """Restarted workers re-running their scripts, as one server sees them: who still replays
+    (until it pushes something new), and per (worker, setting command) how many were applied
+    from it and how many its restart sent again, with the id of the last one counted (a
+    resend of that one is not counted twice). A store keeps one and a backup's copy of it
+    another (ps/replica.py), both moved by the same events: died, caught_up, setting."""
+
+    replaying: set[int] = field(default_factory=set)
+    applied: collections.Counter[tuple[int, str]] = field(default_factory=collections.Counter)
+    replayed: collections.Counter[tuple[int, str]] = field(default_factory=collections.Counter)
+    last: dict[int, int] = field(default_factory=dict)
+
+    def apply(self, ev: Event) -> None:
+        if ev.kind == "died":           # its restart replays from its script's start, ids from 1
+            worker = int(ev.info)
+            self.replaying.add(worker)
+            for key in [k for k in self.replayed if k[0] == worker]:
+                del self.replayed[key]
+            self.last.pop(worker, None)
+        elif ev.kind == "caught_up":
+            self.replaying.discard(int(ev.info))
+        elif ev.kind == "setting":
+            worker, cmd, how, cid = ev.info
+            counts = self.applied if how == "applied" else self.replayed
+            counts[(int(worker), str(cmd))] += 1
+            if isinstance(cid, int):
+                self.last[int(worker)] = max(cid, self.last.get(int(worker), 0))
+        else:
+            raise ValueError(f"not an event about restarted workers: {ev.kind!r}")
+
+    def info(self) -> dict[str, Any]:
+        """As the "workers" event of a snapshot carries it (msgpack: no tuple keys)."""
+        return {"replaying": sorted(self.replaying),
+                "applied": [[w, cmd, n] for (w, cmd), n in self.applied.items()],
+                "replayed": [[w, cmd, n] for (w, cmd), n in self.replayed.items()],
+                "last": [[w, cid] for w, cid in self.last.items()]}
+
+    @classmethod
+    def from_info(cls, info: dict[str, Any]) -> Replays:
+        def counts(rows: Any) -> collections.Counter[tuple[int, str]]:
+            return collections.Counter({(int(w), str(cmd)): int(n) for w, cmd, n in rows})
+        return cls({int(w) for w in info["replaying"]}, counts(info["applied"]), counts(info["replayed"]),
+                   {int(w): int(cid) for w, cid in info["last"]})
 
 
 class Reply(NamedTuple):
@@ -182,13 +228,9 @@ class Store:
         self.compression: dict[str, Any] | None = None
         self.closed_workers: set[int] = set()
         self.journal: list[Event] | None = None  # recorded changes, for a backup (ps/replica.py)
-        self.replaying: set[int] = set()         # restarted workers re-running steps their dead self did
-        # settings (set_optimizer, set_params, ...) per (worker, command): how many were applied
-        # from it, and how many its restart has sent again while replaying its script; in the
-        # replica with the rest, so a server restart judges a replayed setting as its dead self would
-        self.settings_applied: collections.Counter[tuple[int, str]] = collections.Counter()
-        self.settings_replayed: collections.Counter[tuple[int, str]] = collections.Counter()
-        self.settings_last: dict[int, int] = {}  # worker -> id of the last setting counted from it
+        # restarted workers re-running steps their dead self did, and their settings counted;
+        # in the replica with the rest, so a server restart judges them as its dead self would
+        self.replays = Replays()
         # keep each key's value from before its latest round (a copy per round; on when
         # workers may restart): a worker that died between pushing one key of a step and
         # the next must get the weights its dead self had, not one round newer
@@ -240,7 +282,7 @@ class Store:
             ks = self.keys[key] = KeyState(key, code, total, (sender, ts))
             if self.multi_precision and DTYPES[code] == np.float16:
                 ks.merge_dtype = np.dtype(np.float32)
-        elif ks.ready and (ks.init_src[0] < 0 or sender in self.replaying):  # restored, or replayed
+        elif ks.ready and (ks.init_src[0] < 0 or sender in self.replays.replaying):  # restored, or replayed
             return [Reply(sender, Entry(ts, entry.op, key, 0, 0, total, code), None)] if off + n == total else []
         elif ks.init_src != (sender, ts):
             raise StoreError("ValueError", f"key {key} is already initialized; a key can be "
@@ -686,35 +728,31 @@ class Store:
         """The worker sent this setting (command id ``cid``) again: this server's dead self
         counted it, and died before its answer left (the count came with the replica).
         A worker's commands are numbered from 1 in each incarnation, one at a time."""
-        return isinstance(cid, int) and cid <= self.settings_last.get(worker, 0)
+        return isinstance(cid, int) and cid <= self.replays.last.get(worker, 0)
 
     def setting_made_before(self, worker: int, cmd: str, cid: Any = None) -> bool:
         """(Counts it.) A restarted worker's n-th ``cmd`` while it replays its script was made
         by its dead self if that one made n or more. Not "the store has it": a worker killed
         between kv.init and set_optimizer, or before a step's set_params, left them unmade."""
-        if worker not in self.replaying:
+        if worker not in self.replays.replaying:
             return False
-        self.settings_replayed[(worker, cmd)] += 1
-        self._counted(worker, cid)
-        self._record(Event("setting", 0, 0, [worker, cmd, "replayed", cid]))
-        return self.settings_replayed[(worker, cmd)] <= self.settings_applied[(worker, cmd)]
+        self._replays_event(Event("setting", 0, 0, [worker, cmd, "replayed", cid]))
+        return self.replays.replayed[(worker, cmd)] <= self.replays.applied[(worker, cmd)]
 
     def setting_applied(self, worker: int, cmd: str, cid: Any = None) -> None:
-        self.settings_applied[(worker, cmd)] += 1
-        self._counted(worker, cid)
-        self._record(Event("setting", 0, 0, [worker, cmd, "applied", cid]))
-
-    def _counted(self, worker: int, cid: Any) -> None:
-        if isinstance(cid, int):
-            self.settings_last[worker] = max(cid, self.settings_last.get(worker, 0))
+        self._replays_event(Event("setting", 0, 0, [worker, cmd, "applied", cid]))
 
     def _caught_up(self, worker: int) -> None:
         """It pushed something new: what it sends from now on is no replay."""
-        if worker in self.replaying:
-            self.replaying.discard(worker)
-            self._record(Event("caught_up", 0, 0, worker))
+        if worker in self.replays.replaying:
+            self._replays_event(Event("caught_up", 0, 0, worker))
 
-    def _record(self, event: Event) -> None:
+    def _replays_event(self, event: Event) -> None:
+        self.replays.apply(event)
+        self.record(event)
+
+    def record(self, event: Event) -> None:
+        """Journal a change for the backup, if one subscribed."""
         if self.journal is not None:
             self.journal.append(event)
 
@@ -722,11 +760,7 @@ class Store:
         """A worker died and its restart is awaited: the pushes it had begun stay (their
         chunks may be summed already) and its restart sends only the rest (``Round.skip``);
         until it pushes something new, it replays what its dead self did."""
-        self.replaying.add(worker)
-        for key in [k for k in self.settings_replayed if k[0] == worker]:
-            del self.settings_replayed[key]         # its restart replays from its script's start
-        self.settings_last.pop(worker, None)        # and numbers its commands from 1 again
-        self._record(Event("died", 0, 0, worker))
+        self._replays_event(Event("died", 0, 0, worker))
         for ks in self.keys.values():
             for key in [k for k in ks.partial if k[0] == worker]:   # async: half-received pushes
                 del ks.partial[key]

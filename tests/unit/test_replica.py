@@ -174,10 +174,10 @@ def test_a_restarted_worker_finishes_the_push_its_dead_self_began():
     seq_push(plain, W[1], 20, grads(0, W[1]), 1)
     seq_push(store, W[1], 20, grads(0, W[1]), 1, offs=(0, 1000))     # two chunks, then it dies
     store.worker_died(W[1])
-    assert store.replaying == {W[1]}
+    assert store.replays.replaying == {W[1]}
     replies = seq_push(store, W[1], 5, grads(0, W[1]), 1)              # its restart sends it all again
     np.testing.assert_array_equal(store.keys[3].value, plain.keys[3].value)
-    assert store.keys[3].closed == 1 and not store.replaying
+    assert store.keys[3].closed == 1 and not store.replays.replaying
     assert {r.dest for r in replies} == {W[0], W[1]}                   # the round closed: both answered
 
 
@@ -215,23 +215,23 @@ def test_restarted_workers_and_their_settings_are_in_the_copy():
     store.worker_died(W[0])
     assert store.setting_made_before(W[0], "set_optimizer")     # its restart's first: made before
     replayed(store, mirror)
-    assert mirror.replaying == {W[0]}
-    assert mirror.settings_applied == {(W[0], "set_optimizer"): 1, (W[0], "set_params"): 1}
-    assert mirror.settings_replayed == {(W[0], "set_optimizer"): 1}
+    assert mirror.replays.replaying == {W[0]}
+    assert mirror.replays.applied == {(W[0], "set_optimizer"): 1, (W[0], "set_params"): 1}
+    assert mirror.replays.replayed == {(W[0], "set_optimizer"): 1}
     for source in (mirror.snapshot(), snapshot(store)):
         body, frames = encode_events(source)
         fresh = Store(len(W), chunk_bytes=4096)
         restore(fresh, decode_events(body, frames))
-        assert fresh.replaying == {W[0]}
+        assert fresh.replays.replaying == {W[0]}
         assert fresh.setting_made_before(W[0], "set_params")           # the 1st: its dead self made it
         assert not fresh.setting_made_before(W[0], "set_params")       # the 2nd: new, applied
         assert not fresh.setting_made_before(W[1], "set_params")       # not restarted
     push(store, 3, W[0], 7, grads(0, W[0]), 1)                        # something new: caught up
     replayed(store, mirror)
-    assert mirror.replaying == set() and store.replaying == set()
+    assert mirror.replays.replaying == set() and store.replays.replaying == set()
     store.worker_died(W[0])                                           # died again: replays from the start
     replayed(store, mirror)
-    assert mirror.replaying == {W[0]} and mirror.settings_replayed == {}
+    assert mirror.replays.replaying == {W[0]} and mirror.replays.replayed == {}
 
 
 def test_a_setting_sent_again_to_a_restarted_server_is_not_counted_twice():
@@ -251,4 +251,4 @@ def test_a_setting_sent_again_to_a_restarted_server_is_not_counted_twice():
     assert fresh.setting_resent(W[0], 2)                        # the same command again: answered only
     assert not fresh.setting_resent(W[0], 4) and not fresh.setting_resent(W[1], 1)
     fresh.setting_applied(W[0], "set_params", 4)
-    assert fresh.setting_resent(W[0], 4) and fresh.settings_applied[(W[0], "set_params")] == 1
+    assert fresh.setting_resent(W[0], 4) and fresh.replays.applied[(W[0], "set_params")] == 1

@@ -177,12 +177,18 @@ class KVStore:
         return self._po.server_ids
 
     @property
+    def worker_hosts(self) -> list[str]:
+        """Each worker's host (its announced address), by rank: what Horovod's local and
+        cross ranks are computed from."""
+        hosts = {n.rank: n.host for n in self._po.nodes.values() if n.role == Role.WORKER}
+        return [hosts.get(r, "") for r in range(self.num_workers)]
+
+    @property
     def local_workers(self) -> list[int]:
         """Ranks of the workers on this worker's host (same announced address), in rank
         order: Horovod's local_rank is this worker's index in it, local_size its length."""
-        hosts = {n.rank: n.host for n in self._po.nodes.values() if n.role == Role.WORKER}
-        mine = hosts.get(self.rank)
-        return sorted(r for r, host in hosts.items() if host == mine)
+        hosts = self.worker_hosts
+        return [r for r, host in enumerate(hosts) if host == hosts[self.rank]]
 
     def call_soon(self, fn: Any) -> None:
         """Run ``fn`` on this worker's I/O thread (an adapter hands work over without waiting)."""

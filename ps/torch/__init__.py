@@ -6,13 +6,28 @@ job of N workers makes the updates one process makes on the N batches together; 
 ``torch.optim`` optimizer steps as under Horovod. docs/torch.md has the call-by-call table.
 """
 from .compression import Compression
-from .ops import (Average, Sum, allreduce, allreduce_, allreduce_async, broadcast, broadcast_object,
-                  broadcast_optimizer_state, broadcast_parameters, poll, synchronize)
+from .gather import (allgather, allgather_async, allgather_object, alltoall, alltoall_async, grouped_allgather,
+                     grouped_allgather_async, grouped_reducescatter, grouped_reducescatter_async, reducescatter,
+                     reducescatter_async)
+from .ops import (Adasum, Average, Max, Min, Product, Sum, allreduce, allreduce_, allreduce_async, allreduce_async_,
+                  broadcast, broadcast_, broadcast_async, broadcast_async_, broadcast_object,
+                  broadcast_optimizer_state, broadcast_parameters, grouped_allreduce, grouped_allreduce_,
+                  grouped_allreduce_async, grouped_allreduce_async_, poll, synchronize)
 from .optimizer import DistributedOptimizer
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .server_optimizer import ServerOptimizer
-from .runtime import init, is_initialized, join, local_rank, local_size, rank, shutdown, size
+from .runtime import (barrier, ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
+                      init, is_homogeneous, is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
+                      mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 
-__all__ = ["Average", "Sum", "Compression", "DistributedOptimizer", "allreduce", "allreduce_", "allreduce_async",
-           "broadcast", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
-           "ServerOptimizer", "init", "is_initialized", "join", "local_rank", "local_size", "poll", "rank", "shutdown",
-           "size", "synchronize"]
+__all__ = ["Adasum", "Average", "Compression", "DistributedOptimizer", "Max", "Min", "ProcessSet", "Product",
+           "ServerOptimizer", "Sum", "add_process_set", "allgather", "allgather_async", "allgather_object",
+           "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
+           "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
+           "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "cross_rank", "cross_size", "cuda_built",
+           "ddl_built", "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather",
+           "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+           "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async", "init",
+           "is_homogeneous", "is_initialized", "join", "local_rank", "local_size", "mpi_built", "mpi_enabled",
+           "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async",
+           "remove_process_set", "rocm_built", "shutdown", "size", "synchronize"]

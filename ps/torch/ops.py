@@ -4,6 +4,7 @@ A name is a key. Its first use is a collective ``init`` (every worker, same orde
 Horovod collective), after which each call is one pushpull: the servers sum the workers'
 tensors and send the sum back (no optimizer runs there). Broadcast is the same sum with
 zeros from every rank but the root, so it costs one round trip and needs no other message.
+Min, Max and Product, which a sum cannot give, reduce an allgather (ps/torch/gather.py).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 
 from . import runtime
 from .compression import Compression
+from .process_sets import check as check_process_set
 
 
 class ReduceOp(NamedTuple):
@@ -25,7 +27,12 @@ class ReduceOp(NamedTuple):
 
 Average = ReduceOp("Average")
 Sum = ReduceOp("Sum")
-_OPS = {"average": Average, "sum": Sum}
+Adasum = ReduceOp("Adasum")
+Min = ReduceOp("Min")
+Max = ReduceOp("Max")
+Product = ReduceOp("Product")
+_OPS = {op.name.lower(): op for op in (Average, Sum, Min, Max, Product)}
+GATHERED = (Min, Max, Product)        # reduced on the workers, from an allgather
 _WIRE_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int32, torch.int64, torch.uint8, torch.int8}
 
 _keys: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
@@ -38,8 +45,8 @@ def reduce_op(op: Any, average: bool | None = None) -> ReduceOp:
     name = op.name if isinstance(op, ReduceOp) else op
     found = _OPS.get(name.lower()) if isinstance(name, str) else None
     if found is None:
-        raise ValueError(f"op {op!r} is not supported: ps.torch reduces with ps.torch.Average or ps.torch.Sum "
-                         "(no Adasum, Min, Max or Product)")
+        raise ValueError(f"op {name if isinstance(name, str) else op!r} is not supported: ps.torch reduces with "
+                         "Average, Sum, Min, Max or Product (no Adasum: the servers sum)")
     return found
 
 
@@ -78,7 +85,8 @@ def ensure_keys(items: list[tuple[str, tuple[int, ...], np.dtype]]) -> None:
         _keys[name] = (shape, dtype)
 
 
-def _fingerprint(text: str) -> float:
+def fingerprint(text: str) -> float:
+    """40 bits of a hash of ``text``, exact as a float64 (a sum over the workers stays exact)."""
     return float(int.from_bytes(hashlib.blake2b(text.encode(), digest_size=5).digest(), "little"))
 
 
@@ -86,8 +94,8 @@ def check_same_everywhere(kv: Any, items: list[tuple[str, tuple[int, ...], np.dt
     """Sum each key's fingerprint (and the count) over the workers: equal everywhere iff the
     sum is size x our own (exact in float64: 40-bit fingerprints)."""
     probe = f"ps.torch.check.{next(_unnamed)}"
-    mine = np.array([len(items), _fingerprint(repr([(n, s, str(d)) for n, s, d in items]))]
-                    + [_fingerprint(f"{n}{s}{d}") for n, s, d in items[:64]], np.float64)
+    mine = np.array([len(items), fingerprint(repr([(n, s, str(d)) for n, s, d in items]))]
+                    + [fingerprint(f"{n}{s}{d}") for n, s, d in items[:64]], np.float64)
     head = f"{probe}.head"
     kv.init(head, np.zeros(2, np.float64))
     total = kv.pushpull(head, mine[:2])
@@ -119,8 +127,9 @@ class Handle:
     """What ``allreduce_async`` returns; ``synchronize(handle)`` gives the result."""
 
     def __init__(self, pending: Any, out: torch.Tensor, result: np.ndarray, divide: int,
-                 target: torch.Tensor | None):
+                 target: torch.Tensor | None, scale: float = 1.0):
         self._pending, self._out, self._result, self._divide, self._target = pending, out, result, divide, target
+        self._scale = scale
 
     def done(self) -> bool:
         return self._pending is None or self._pending.done
@@ -132,6 +141,8 @@ class Handle:
             res = torch.from_numpy(self._result).view(self._out.shape)
             if self._divide > 1:          # true division: an integer tensor's mean, then cast back
                 res = torch.true_divide(res, self._divide)
+            if self._scale != 1.0:
+                res = res * self._scale
             self._out.copy_(res)
             if self._target is not None:
                 self._target.copy_(self._out)
@@ -139,10 +150,17 @@ class Handle:
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
-                    op: Any = None, compression: Any = Compression.none, _target: torch.Tensor | None = None
-                    ) -> Handle:
-    """Start summing (averaging) ``tensor`` over every worker; ``synchronize`` the handle."""
+                    op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: Any = None, *, compression: Any = Compression.none,
+                    _target: torch.Tensor | None = None) -> Any:
+    """Start summing (averaging, ...) ``tensor`` over every worker; ``synchronize`` the handle."""
+    check_process_set(process_set)
     reduce = reduce_op(op, average)
+    if reduce in GATHERED:
+        from .gather import reduce_gathered
+        return reduce_gathered(tensor, reduce, name, prescale_factor, postscale_factor, _target)
+    if prescale_factor != 1.0:
+        tensor = tensor * prescale_factor
     sent = compression.compress(tensor) if isinstance(tensor, torch.Tensor) else tensor
     flat = as_array(sent, f"allreduce of {name!r}" if name else "allreduce")
     # unnamed: one key per shape and dtype, reused call after call (a new key per call would
@@ -151,24 +169,102 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     out = torch.empty_like(tensor)
     kv = runtime.store()
     if kv is None:
-        out.copy_(tensor)
+        out.copy_(tensor * postscale_factor if postscale_factor != 1.0 else tensor)
         if _target is not None:
             _target.copy_(out)
         return Handle(None, out, flat, 1, None)
     ensure_keys([(name, tuple(tensor.shape), flat.dtype)])
     result = np.empty_like(flat)
     pending = kv.pushpull(name, flat, out=result, block=False)
-    return Handle(pending, out, result, kv.num_workers if reduce is Average else 1, _target)
+    return Handle(pending, out, result, kv.num_workers if reduce is Average else 1, _target, postscale_factor)
 
 
-def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: Any = None,
-              compression: Any = Compression.none) -> torch.Tensor:
-    """The sum (``op=Sum``) or mean (default) of ``tensor`` over every worker, as a new tensor."""
-    return allreduce_async(tensor, average, name, op, compression).wait()
+class _Allreduce(torch.autograd.Function):
+    """Horovod's allreduce is differentiable: the gradient is the same allreduce of the
+    output's gradient (every worker runs backward, as every worker ran forward)."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, prescale, postscale, compression):    # noqa: ANN001
+        ctx.args = (average, op, prescale, postscale)
+        return allreduce_async(tensor, average, name, op, prescale, postscale, compression=compression).wait()
+
+    @staticmethod
+    def backward(ctx, grad):    # noqa: ANN001
+        average, op, prescale, postscale = ctx.args
+        return (allreduce_async(grad, average, None, op, prescale, postscale).wait(),
+                None, None, None, None, None, None)
 
 
-def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: Any = None) -> torch.Tensor:
-    return allreduce_async(tensor, average, name, op, _target=tensor).wait()
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+              compression: Any = Compression.none, op: Any = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, process_set: Any = None) -> torch.Tensor:
+    """The mean (default), sum, min, max or product of ``tensor`` over every worker, as a new
+    tensor; differentiable, as Horovod's."""
+    check_process_set(process_set)
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+        return _Allreduce.apply(tensor, average, name, op, prescale_factor, postscale_factor, compression)
+    return allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
+                           compression=compression).wait()
+
+
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: Any = None,
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0, process_set: Any = None) -> Any:
+    """``allreduce_async`` whose result is written back into ``tensor`` by ``synchronize``."""
+    return allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set, _target=tensor)
+
+
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: Any = None,
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0, process_set: Any = None) -> torch.Tensor:
+    return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set).wait()
+
+
+class Group:
+    """The handle of a grouped call: ``synchronize`` gives the list of results."""
+
+    def __init__(self, handles: list[Any]) -> None:
+        self._handles = handles
+
+    def done(self) -> bool:
+        return all(h.done() for h in self._handles)
+
+    def wait(self) -> list[torch.Tensor]:
+        return [h.wait() for h in self._handles]
+
+
+def _member(name: str | None, i: int, tensor: torch.Tensor) -> str:
+    """A group's tensors are keys of their own: named after the group, else after their place
+    and shape (the unnamed rule of one key per shape would put two of them in one key)."""
+    return f"{name}.{i}" if name is not None else f"noname.group.{i}.{tuple(tensor.shape)}"
+
+
+def grouped_allreduce_async(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
+                            op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: Any = None, *, compression: Any = Compression.none,
+                            _inplace: bool = False) -> Group:
+    return Group([allreduce_async(t, average, _member(name, i, t), op, prescale_factor, postscale_factor, process_set,
+                                  compression=compression, _target=t if _inplace else None)
+                  for i, t in enumerate(tensors)])
+
+
+def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
+                      compression: Any = Compression.none, op: Any = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0, process_set: Any = None) -> list[torch.Tensor]:
+    """Every tensor of the list allreduced, all in flight together."""
+    return grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor, process_set,
+                                   compression=compression).wait()
+
+
+def grouped_allreduce_async_(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
+                             op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: Any = None) -> Group:
+    return grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor, process_set,
+                                   _inplace=True)
+
+
+def grouped_allreduce_(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
+                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: Any = None) -> list[torch.Tensor]:
+    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set).wait()
 
 
 def synchronize(handle: Handle) -> torch.Tensor:
@@ -179,12 +275,28 @@ def poll(handle: Handle) -> bool:
     return handle.done()
 
 
-def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> torch.Tensor:
-    """Rank ``root_rank``'s ``tensor`` on every worker (a new tensor)."""
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = None,
+                    _target: torch.Tensor | None = None) -> Handle:
+    check_process_set(process_set)
     _check_root(root_rank)
-    send = tensor if runtime.rank() == root_rank else torch.zeros_like(tensor)
+    send = tensor.detach() if runtime.rank() == root_rank else torch.zeros_like(tensor)
     key = f"broadcast.{name}" if name is not None else None
-    return allreduce_async(send, name=key, op=Sum).wait()
+    return allreduce_async(send, name=key, op=Sum, _target=_target)
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = None) -> torch.Tensor:
+    """Rank ``root_rank``'s ``tensor`` on every worker (a new tensor)."""
+    return broadcast_async(tensor, root_rank, name, process_set).wait()
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = None) -> Handle:
+    """``broadcast_async`` into ``tensor`` itself (at ``synchronize``)."""
+    return broadcast_async(tensor, root_rank, name, process_set, _target=tensor)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = None) -> torch.Tensor:
+    with torch.no_grad():
+        return broadcast_async_(tensor, root_rank, name, process_set).wait()
 
 
 def broadcast_parameters(params: Any, root_rank: int = 0) -> None:
@@ -261,5 +373,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
             group[k] = tuple(v) if isinstance(group.get(k), tuple) else v
 
 
-__all__ = ["Average", "Sum", "ReduceOp", "allreduce", "allreduce_", "allreduce_async", "broadcast",
-           "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "poll", "synchronize"]
+__all__ = ["Adasum", "Average", "Max", "Min", "Product", "Sum", "ReduceOp", "allreduce", "allreduce_",
+           "allreduce_async", "allreduce_async_", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+           "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "grouped_allreduce",
+           "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "poll", "synchronize"]

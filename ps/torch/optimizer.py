@@ -16,7 +16,7 @@ import torch
 
 from . import runtime
 from .compression import Compression
-from .ops import Average, as_array, ensure_keys, reduce_op
+from .ops import Average, Sum, as_array, ensure_keys, reduce_op
 
 
 class _Distributed:
@@ -26,6 +26,9 @@ class _Distributed:
         if not isinstance(passes, int) or passes < 1:
             raise ValueError(f"backward_passes_per_step must be a positive integer, got {passes!r}")
         self._ps_op = reduce_op(op)
+        if self._ps_op not in (Average, Sum):
+            raise ValueError(f"DistributedOptimizer(op={self._ps_op.name}) is not supported: gradients are "
+                             "averaged (hvd.Average) or summed (hvd.Sum)")
         self._ps_compression = compression
         self._ps_passes = passes
         params = [p for group in self.param_groups for p in group["params"]]

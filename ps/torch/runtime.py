@@ -57,27 +57,102 @@ def size() -> int:
     return 1 if kv is None else kv.num_workers
 
 
-def _local_workers() -> list[int]:
+def _hosts() -> list[str]:
     kv = store()
-    return [0] if kv is None else kv.local_workers
+    return [""] if kv is None else kv.worker_hosts
 
 
 def local_rank() -> int:
-    return _local_workers().index(rank())
+    hosts = _hosts()
+    return hosts[:rank()].count(hosts[rank()])
 
 
 def local_size() -> int:
-    return len(_local_workers())
+    hosts = _hosts()
+    return hosts.count(hosts[rank()])
 
 
-def join() -> int:
-    """Wait for every worker to get here; returns the last rank to join (Horovod returns the
-    last one too). Workers that still have steps to run must not call it: ps has no uneven
-    data support, and a sync round missing this worker fails with its rank named."""
+def _peers() -> list[int]:
+    """The ranks with this process's local rank, one per host, in rank order (Horovod's
+    cross communicator)."""
+    hosts = _hosts()
+    return [r for r in range(len(hosts)) if hosts[:r].count(hosts[r]) == local_rank()]
+
+
+def cross_rank() -> int:
+    """Which host this is, counting the hosts that run a worker of this local rank."""
+    return _peers().index(rank())
+
+
+def cross_size() -> int:
+    return len(_peers())
+
+
+def is_homogeneous() -> bool:
+    """Every host runs the same number of workers."""
+    hosts = _hosts()
+    return len({hosts.count(h) for h in hosts}) == 1
+
+
+def barrier(process_set: Any = None) -> None:
+    """Wait for every worker to get here."""
+    from .process_sets import check
+    check(process_set)
     kv = store()
     if kv is not None:
         kv.barrier()
+
+
+def join(device: int = -1) -> int:
+    """Wait for every worker to get here; returns the last rank to join (Horovod returns the
+    last one too). Workers that still have steps to run must not call it: ps has no uneven
+    data support, and a sync round missing this worker fails with its rank named.
+    ``device`` (where Horovod makes its zero tensors) does not matter on CPU."""
+    barrier()
     return size() - 1
+
+
+# What this build has, asked by scripts written for Horovod to choose a code path: ps moves
+# CPU tensors over its own transport, with none of Horovod's MPI, Gloo, NCCL, DDL or oneCCL.
+def mpi_threads_supported() -> bool:
+    return False
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+def mpi_built() -> bool:
+    return False
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def nccl_built() -> int:
+    """Horovod returns the NCCL version it was built with, 0 without."""
+    return 0
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return False
+
+
+def rocm_built() -> bool:
+    return False
 
 
 def shutdown() -> None:

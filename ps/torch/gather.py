@@ -1,0 +1,307 @@
+"""allgather, alltoall and reducescatter, and the reductions a sum cannot give (Min, Max,
+Product), all made of the servers' sums.
+
+The servers only add. A gather is still a sum: every rank writes its rows into its own
+place of a buffer of zeros, and the sum of the buffers is the concatenation (x + 0 is x
+exactly, in every dtype). The first dimensions differ from rank to rank, so a small sum
+first tells every rank all of them (and a fingerprint of the rest of the shape and the
+dtype, so a mismatch is named on every rank instead of a round that never closes). The
+buffer's first dimension is rounded up to a power of two, so varying sizes reuse a few keys.
+
+Costs, against Horovod's: a gather moves the whole buffer to and from every worker (N times a
+rank's rows each way, where Horovod's ring moves N - 1 times); alltoall is a gather of every
+rank's whole tensor, each rank keeping its part; reducescatter is an allreduce, each rank
+keeping its part. Fine for metrics, embeddings and routing tables; not a fast path.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from . import runtime
+from .compression import Compression
+from .ops import Average, Group, Max, Min, Product, Sum, allreduce, allreduce_async, fingerprint, reduce_op
+from .process_sets import check as check_process_set
+
+
+class Deferred:
+    """A handle whose result is ``finish(inner result)``; ``synchronize`` gives it."""
+
+    def __init__(self, inner: Any, finish: Callable[[Any], Any]) -> None:
+        self._inner, self._finish, self._value, self._ready = inner, finish, None, False
+
+    def done(self) -> bool:
+        return self._ready or self._inner is None or self._inner.done()
+
+    def wait(self) -> Any:
+        if not self._ready:
+            self._value = self._finish(None if self._inner is None else self._inner.wait())
+            self._ready = True
+        return self._value
+
+
+def _tag(kind: str, name: str | None) -> str:
+    return f"{kind}.{name}" if name is not None else f"{kind}.noname"
+
+
+def _shape_print(tensor: torch.Tensor) -> float:
+    return fingerprint(f"{tuple(tensor.shape[1:])}{tensor.dtype}")
+
+
+def _table(tag: str, row: list[float], what: str, tensor: torch.Tensor) -> np.ndarray:
+    """Every rank's ``row`` (its last entry the fingerprint of ``tensor``'s shape past the
+    first dimension and dtype), as one (size, len(row)) array."""
+    n, me = runtime.size(), runtime.rank()
+    mine = torch.zeros((n, len(row)), dtype=torch.float64)
+    mine[me] = torch.tensor(row, dtype=torch.float64)
+    table = allreduce_async(mine, name=f"{tag}.table.{len(row)}", op=Sum).wait().numpy()
+    differ = [r for r in range(n) if table[r, -1] != row[-1]]
+    if differ:
+        raise ValueError(f"{what}: rank {me} has a tensor of shape {tuple(tensor.shape)} and dtype {tensor.dtype}, "
+                         f"but rank {differ[0]} has another shape past the first dimension or another dtype "
+                         "(only the first dimension may differ between workers)")
+    return table
+
+
+def _need_dims(tensor: Any, what: str) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dim() == 0:
+        raise ValueError(f"{what}: a 0-d tensor has no first dimension to concatenate or split on")
+
+
+def _gather_rows(tensor: torch.Tensor, tag: str, sizes: list[int]) -> Deferred:
+    """The concatenation of every rank's ``tensor`` (rank r's has ``sizes[r]`` rows)."""
+    total, me = sum(sizes), runtime.rank()
+    rows = 1 << max(total - 1, 0).bit_length()
+    buf = torch.zeros((rows, *tensor.shape[1:]), dtype=tensor.dtype)
+    start = sum(sizes[:me])
+    buf[start:start + sizes[me]] = tensor.detach()
+    key = f"{tag}.{rows}x{tuple(tensor.shape[1:])}.{tensor.dtype}"
+    return Deferred(allreduce_async(buf, name=key, op=Sum), lambda out: out[:total])
+
+
+def _gather(tensor: torch.Tensor, name: str | None, kind: str = "allgather") -> tuple[Deferred, list[int]]:
+    what = f"{kind} of {name!r}" if name is not None else kind
+    _need_dims(tensor, what)
+    if runtime.store() is None:
+        return Deferred(None, lambda _: tensor.detach().clone()), [tensor.shape[0]]
+    tag = _tag(kind, name)
+    table = _table(tag, [tensor.shape[0], _shape_print(tensor)], what, tensor)
+    sizes = [int(x) for x in table[:, 0]]
+    return _gather_rows(tensor, tag, sizes), sizes
+
+
+def _own_rows(sizes: list[int]) -> tuple[int, int]:
+    me = runtime.rank()
+    return sum(sizes[:me]), sizes[me]
+
+
+class _Allgather(torch.autograd.Function):
+    """Horovod's gradient: the average of the output's gradient over the workers, this
+    rank's rows of it."""
+
+    @staticmethod
+    def forward(ctx, tensor, name):    # noqa: ANN001
+        handle, ctx.sizes = _gather(tensor, name)
+        return handle.wait()
+
+    @staticmethod
+    def backward(ctx, grad):    # noqa: ANN001
+        start, rows = _own_rows(ctx.sizes)
+        return allreduce(grad, op=Average).narrow(0, start, rows), None
+
+
+def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: Any = None) -> Deferred:
+    check_process_set(process_set)
+    return _gather(tensor, name)[0]
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = None) -> torch.Tensor:
+    """Every worker's ``tensor`` concatenated on the first dimension, in rank order (the
+    first dimensions may differ between workers, nothing else may)."""
+    check_process_set(process_set)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _Allgather.apply(tensor, name)
+    return _gather(tensor, name)[0].wait()
+
+
+def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None, process_set: Any = None) -> Group:
+    check_process_set(process_set)
+    return Group([_gather(t, f"{name}.{i}" if name is not None else f"noname.group.{i}")[0]
+                  for i, t in enumerate(tensors)])
+
+
+def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None, process_set: Any = None) -> list:
+    return grouped_allgather_async(tensors, name, process_set).wait()
+
+
+def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list:
+    """Every worker's JSON-serializable ``obj``, in rank order. JSON, not pickle (as
+    ``broadcast_object``): nothing that came through the servers is unpickled."""
+    check_process_set(process_set)
+    data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
+    handle, sizes = _gather(data, name, "allgather_object")
+    raw = handle.wait().numpy().tobytes()
+    starts = np.cumsum([0, *sizes])
+    return [json.loads(raw[starts[r]:starts[r + 1]].decode()) for r in range(len(sizes))]
+
+
+def reduce_gathered(tensor: torch.Tensor, op: Any, name: str | None, prescale: float, postscale: float,
+                    target: torch.Tensor | None) -> Deferred:
+    """Min, Max or Product over the workers: gather every rank's tensor, reduce here."""
+    sent = tensor.detach() * prescale if prescale != 1.0 else tensor.detach()
+    handle, _ = _gather(sent.reshape(1, *sent.shape), name, f"allreduce.{op.name.lower()}")
+
+    def finish(every: torch.Tensor) -> torch.Tensor:
+        if every.dtype == torch.bool:
+            every = every.to(torch.uint8)
+        out = {Min: every.amin, Max: every.amax, Product: every.prod}[op](0).to(tensor.dtype)
+        if postscale != 1.0:
+            out = (out * postscale).to(tensor.dtype)
+        if target is not None:
+            target.copy_(out)
+        return out
+    return Deferred(handle, finish)
+
+
+# -- alltoall --------------------------------------------------------------------------
+def _splits(tensor: torch.Tensor, splits: Any, what: str) -> list[int]:
+    n, rows = runtime.size(), tensor.shape[0]
+    if splits is None:
+        if rows % n:
+            raise ValueError(f"{what}: the first dimension ({rows}) does not split evenly over {n} workers; "
+                             "pass splits")
+        return [rows // n] * n
+    got = splits.tolist() if isinstance(splits, torch.Tensor) else list(splits)
+    if len(got) != n or any(not float(s).is_integer() or s < 0 for s in got) or sum(got) != rows:
+        raise ValueError(f"{what}: splits {got} must be {n} non-negative integers (one per worker) that add up "
+                         f"to the first dimension, {rows}")
+    return [int(s) for s in got]
+
+
+def _alltoall(tensor: torch.Tensor, splits: Any, name: str | None) -> tuple[torch.Tensor, list[int]]:
+    what = f"alltoall of {name!r}" if name is not None else "alltoall"
+    _need_dims(tensor, what)
+    mine = _splits(tensor, splits, what)
+    if runtime.store() is None:
+        return tensor.detach().clone(), mine
+    tag, n, me = _tag("alltoall", name), runtime.size(), runtime.rank()
+    table = _table(tag, [*mine, _shape_print(tensor)], what, tensor)
+    sent = [[int(x) for x in table[r, :n]] for r in range(n)]      # sent[i][j]: rows rank i sends rank j
+    sizes = [sum(row) for row in sent]
+    every = _gather_rows(tensor, tag, sizes).wait()
+    parts, base = [], 0
+    for i in range(n):
+        start = base + sum(sent[i][:me])
+        parts.append(every[start:start + sent[i][me]])
+        base += sizes[i]
+    return torch.cat(parts), [sent[i][me] for i in range(n)]
+
+
+class _Alltoall(torch.autograd.Function):
+    """The gradient goes back the way the rows came: an alltoall by the received splits."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name):    # noqa: ANN001
+        out, ctx.received = _alltoall(tensor, splits, name)
+        received = torch.tensor(ctx.received, dtype=torch.int64)
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx, grad, _received):    # noqa: ANN001
+        return _alltoall(grad, ctx.received, None)[0], None, None
+
+
+def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: Any = None) -> Any:
+    """Rank r sends ``splits[j]`` rows of ``tensor`` (in order) to each rank j and gets the
+    rows every rank sent it, in rank order. Returns them, and with ``splits`` given also
+    how many came from each rank, as Horovod does."""
+    check_process_set(process_set)
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+        out, got = _Alltoall.apply(tensor, splits, name)
+        received = got.tolist()
+    else:
+        out, received = _alltoall(tensor, splits, name)
+    if splits is None:
+        return out
+    return out, torch.tensor(received, dtype=splits.dtype if isinstance(splits, torch.Tensor) else torch.int32)
+
+
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: Any = None) -> Deferred:
+    result = alltoall(tensor, splits, name, process_set)
+    return Deferred(None, lambda _: result)
+
+
+# -- reducescatter ---------------------------------------------------------------------
+def _share(rows: int) -> tuple[int, int]:
+    """This rank's rows of ``rows``: the first ``rows % size`` ranks get one more (Horovod)."""
+    n, me = runtime.size(), runtime.rank()
+    return me * (rows // n) + min(me, rows % n), rows // n + (1 if me < rows % n else 0)
+
+
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any = Average, process_set: Any = None,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
+                        compression: Any = Compression.none) -> Deferred:
+    check_process_set(process_set)
+    reduce = reduce_op(op)
+    what = f"reducescatter of {name!r}" if name is not None else "reducescatter"
+    if reduce not in (Average, Sum):
+        raise ValueError(f"{what}: op {reduce.name} is not supported (Average or Sum)")
+    _need_dims(tensor, what)
+    start, rows = _share(tensor.shape[0])
+    key = f"reducescatter.{name}" if name is not None else None
+    handle = allreduce_async(tensor.detach(), None, key, reduce, prescale_factor, postscale_factor,
+                             compression=compression)
+    return Deferred(handle, lambda full: full.narrow(0, start, rows).clone())
+
+
+class _Reducescatter(torch.autograd.Function):
+    """Horovod's gradient: the allgather of the output's gradient (times the worker count
+    for Sum, and the scale factors)."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale, postscale, compression):    # noqa: ANN001
+        ctx.args = (reduce_op(op), prescale, postscale)
+        return reducescatter_async(tensor, name, op, None, prescale, postscale, compression=compression).wait()
+
+    @staticmethod
+    def backward(ctx, grad):    # noqa: ANN001
+        op, prescale, postscale = ctx.args
+        grad = grad * (runtime.size() if op is Sum else 1) * prescale * postscale
+        return allgather(grad), None, None, None, None, None
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: Any = Compression.none,
+                  op: Any = Average, process_set: Any = None, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> torch.Tensor:
+    """The average (or sum) over the workers, split on the first dimension: each rank keeps
+    its part (the first ``rows % size`` ranks one row more)."""
+    check_process_set(process_set)
+    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+        return _Reducescatter.apply(tensor, name, op, prescale_factor, postscale_factor, compression)
+    return reducescatter_async(tensor, name, op, None, prescale_factor, postscale_factor,
+                               compression=compression).wait()
+
+
+def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = None, op: Any = Average,
+                                process_set: Any = None, prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> Group:
+    return Group([reducescatter_async(t, f"{name}.{i}" if name is not None else f"noname.group.{i}.{tuple(t.shape)}",
+                                      op, process_set, prescale_factor, postscale_factor)
+                  for i, t in enumerate(tensors)])
+
+
+def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None, compression: Any = Compression.none,
+                          op: Any = Average, process_set: Any = None, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list:
+    return grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor, postscale_factor).wait()
+
+
+__all__ = ["allgather", "allgather_async", "allgather_object", "alltoall", "alltoall_async", "grouped_allgather",
+           "grouped_allgather_async", "grouped_reducescatter", "grouped_reducescatter_async", "reducescatter",
+           "reducescatter_async"]

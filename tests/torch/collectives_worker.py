@@ -1,0 +1,72 @@
+"""Horovod's collectives beyond allreduce (allgather, alltoall, reducescatter, Min/Max/Product,
+grouped and in-place forms, autograd through them) on every rank; prints one RESULT line
+of JSON that tests/torch/test_collectives.py checks against numpy."""
+import json
+
+import torch
+
+import ps.torch as hvd
+
+
+def rows(rank, k, cols=3, dtype=torch.float32):
+    return (torch.arange(k * cols, dtype=torch.float64).reshape(k, cols) + 100 * rank).to(dtype)
+
+
+def main():
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    out = {"rank": r, "size": n, "cross_rank": hvd.cross_rank(), "cross_size": hvd.cross_size(),
+           "local_rank": hvd.local_rank(), "homogeneous": hvd.is_homogeneous()}
+    out["ag"] = hvd.allgather(rows(r, r + 1)).tolist()
+    out["ag_named"] = [hvd.allgather(rows(r, (r + s) % 3), name="vary").tolist() for s in range(3)]
+    out["ag_bool"] = hvd.allgather(torch.tensor([r % 2 == 0, True])).tolist()
+    out["ag_int"] = hvd.allgather(torch.tensor([[r, -r, 2 ** 40 + r]], dtype=torch.int64)).tolist()
+    out["ag_half"] = hvd.allgather(torch.full((2,), 0.1 * (r + 1), dtype=torch.float16)).float().tolist()
+    out["ag_obj"] = hvd.allgather_object({"rank": r, "s": "x" * r})
+    out["ag_async"] = hvd.synchronize(hvd.allgather_async(rows(r, 1), name="async")).tolist()
+    out["gag"] = [t.tolist() for t in hvd.grouped_allgather([rows(r, 1), rows(r, 2, cols=2)])]
+
+    splits = [(r + j) % 3 for j in range(n)]
+    got, received = hvd.alltoall(rows(r, sum(splits)), splits=torch.tensor(splits, dtype=torch.int64))
+    out["a2a"], out["a2a_recv"], out["a2a_recv_dtype"] = got.tolist(), received.tolist(), str(received.dtype)
+    out["a2a_even"] = hvd.alltoall(rows(r, 2 * n)).tolist()
+
+    out["rs_avg"] = hvd.reducescatter(rows(r, 7)).tolist()
+    out["rs_sum"] = hvd.reducescatter(rows(r, 7), op=hvd.Sum, name="rs").tolist()
+
+    v = torch.tensor([float(r), -float(r), 2.0 + r])
+    out["min"] = hvd.allreduce(v, op=hvd.Min).tolist()
+    out["max"] = hvd.allreduce(v, op=hvd.Max, name="mx").tolist()
+    out["prod"] = hvd.allreduce(v, op=hvd.Product).tolist()
+    out["scaled"] = hvd.allreduce(torch.ones(2) * (r + 1), op=hvd.Sum, prescale_factor=2.0,
+                                  postscale_factor=0.5).tolist()
+    group = [torch.ones(2) * (r + 1), torch.ones(2) * (r + 1) * 10]     # one shape twice, unnamed
+    hvd.grouped_allreduce_(group, op=hvd.Sum)
+    out["gar"] = [t.tolist() for t in group]
+
+    b = torch.full((3,), float(r))
+    hvd.broadcast_(b, root_rank=2)
+    out["bcast_"] = b.tolist()
+    b2 = torch.full((2,), float(r))
+    hvd.synchronize(hvd.broadcast_async_(b2, root_rank=1, name="b2"))
+    out["bcast_async_"] = b2.tolist()
+
+    w = torch.full((r + 1, 2), 1.0, requires_grad=True)
+    g = hvd.allgather(w)
+    (g * torch.arange(g.shape[0], dtype=torch.float32).unsqueeze(1)).sum().backward()
+    out["ag_grad"] = w.grad.tolist()
+    w2 = torch.full((2,), float(r + 1), requires_grad=True)
+    (hvd.allreduce(w2, op=hvd.Sum) * (r + 1)).sum().backward()
+    out["ar_grad"] = w2.grad.tolist()
+    hvd.barrier()
+    try:
+        hvd.allgather(torch.zeros(1, 4 if r == 1 else 3), name="bad")
+        out["mismatch"] = None
+    except ValueError as exc:
+        out["mismatch"] = str(exc)
+    print("RESULT " + json.dumps(out), flush=True)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Horovod's collectives beyond allreduce, made of the servers' sums (ps/torch/gather.py):
+three real workers with different first dimensions, every result checked against numpy."""
+import numpy as np
+import pytest
+
+from tests.helpers import ROOT
+
+from .test_torch import launch, results
+
+torch = pytest.importorskip("torch")
+hvd = pytest.importorskip("ps.torch")
+
+SCRIPT = str(ROOT / "tests" / "torch" / "collectives_worker.py")
+N = 3
+
+
+def rows(rank, k, cols=3):
+    return np.arange(k * cols, dtype=np.float64).reshape(k, cols) + 100 * rank
+
+
+def cat(parts, cols=3):
+    return np.concatenate(parts) if parts else np.zeros((0, cols))
+
+
+@pytest.mark.timeout(200)
+def test_allgather_alltoall_reducescatter_and_min_max_product_on_three_workers(procs):
+    out = launch(procs, script=SCRIPT, workers=N)
+    got = sorted(results(out), key=lambda r: r["rank"])
+    assert [g["rank"] for g in got] == list(range(N)), out
+    for r, g in enumerate(got):
+        assert (g["size"], g["local_rank"], g["cross_rank"], g["cross_size"], g["homogeneous"]) == (N, r, 0, 1, True)
+        np.testing.assert_array_equal(g["ag"], cat([rows(k, k + 1) for k in range(N)]))
+        for s, each in enumerate(g["ag_named"]):       # one name, three sizes (one rank has none)
+            np.testing.assert_array_equal(np.reshape(each, (-1, 3)), cat([rows(k, (k + s) % 3) for k in range(N)]))
+        assert g["ag_bool"] == [True, True, False, True, True, True]
+        assert g["ag_int"] == [[k, -k, 2 ** 40 + k] for k in range(N)]
+        np.testing.assert_allclose(g["ag_half"], np.repeat(np.float16([0.1, 0.2, 0.3]), 2), rtol=0, atol=0)
+        assert g["ag_obj"] == [{"rank": k, "s": "x" * k} for k in range(N)]
+        np.testing.assert_array_equal(g["ag_async"], cat([rows(k, 1) for k in range(N)]))
+        np.testing.assert_array_equal(g["gag"][1], cat([rows(k, 2, cols=2) for k in range(N)], cols=2))
+
+        # alltoall: rank i sends (i + j) % 3 rows to rank j, in order
+        expect, received = [], []
+        for i in range(N):
+            splits = [(i + j) % 3 for j in range(N)]
+            start = sum(splits[:r])
+            expect.append(rows(i, sum(splits))[start:start + splits[r]])
+            received.append(splits[r])
+        np.testing.assert_array_equal(np.reshape(g["a2a"], (-1, 3)), cat(expect))
+        assert g["a2a_recv"] == received and g["a2a_recv_dtype"] == "torch.int64"
+        np.testing.assert_array_equal(g["a2a_even"], cat([rows(i, 2 * N)[2 * r:2 * r + 2] for i in range(N)]))
+
+        # reducescatter of 7 rows over 3 ranks: 3, 2, 2 (the first ranks get the extra row)
+        start, count = [(0, 3), (3, 2), (5, 2)][r]
+        total = sum(rows(k, 7) for k in range(N))
+        np.testing.assert_allclose(g["rs_avg"], (total / N)[start:start + count], rtol=1e-6)
+        np.testing.assert_allclose(g["rs_sum"], total[start:start + count], rtol=1e-6)
+
+        assert g["min"] == [0.0, -2.0, 2.0] and g["max"] == [2.0, 0.0, 4.0] and g["prod"] == [0.0, 0.0, 24.0]
+        assert g["scaled"] == [6.0, 6.0]                   # (sum of 2 x (r + 1)) x 0.5
+        assert g["gar"] == [[6.0, 6.0], [60.0, 60.0]]
+        assert g["bcast_"] == [2.0] * 3 and g["bcast_async_"] == [1.0] * 2
+        # Horovod's gradients: allgather -> this rank's rows of the averaged output gradient
+        # (row k weighted k everywhere); allreduce(Sum) -> the allreduce of the output's
+        # gradient (r + 1 on rank r: 6)
+        first = sum(k + 1 for k in range(r))
+        assert g["ag_grad"] == [[float(first + k)] * 2 for k in range(r + 1)]
+        assert g["ar_grad"] == [6.0, 6.0]
+        assert "rank 1 has another shape past the first dimension" in g["mismatch"] or \
+            (r == 1 and "rank 0 has another shape" in g["mismatch"]), g["mismatch"]
+
+
+def test_the_rest_of_horovods_api_alone():
+    """Alone (size 1) every call is the identity, and what ps cannot do is refused by name."""
+    hvd.init()
+    assert hvd.allgather(torch.arange(3)).tolist() == [0, 1, 2]
+    assert hvd.allgather_object({"a": 1}) == [{"a": 1}]
+    assert hvd.alltoall(torch.arange(4.0)).tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert hvd.reducescatter(torch.ones(3, 2)).shape == (3, 2)
+    assert hvd.allreduce(torch.tensor([3.0, 1.0]), op=hvd.Min).tolist() == [3.0, 1.0]
+    assert (hvd.cross_rank(), hvd.cross_size(), hvd.nccl_built(), hvd.mpi_threads_supported()) == (0, 1, 0, False)
+    assert hvd.global_process_set.size() == 1 and hvd.join() == 0
+    with pytest.raises(ValueError, match="op 'Adasum' is not supported"):
+        hvd.allreduce(torch.ones(2), op=hvd.Adasum)
+    with pytest.raises(ValueError, match=r"DistributedOptimizer\(op=Min\) is not supported"):
+        hvd.DistributedOptimizer(torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1), op=hvd.Min)
+    with pytest.raises(ValueError, match="a 0-d tensor has no first dimension"):
+        hvd.allgather(torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"splits \[1, 2\] must be 1 non-negative integers"):
+        hvd.alltoall(torch.ones(3), splits=[1, 2])
+    with pytest.raises(ValueError, match="process_set ProcessSet\\(ranks=\\[0\\]\\) is not supported"):
+        hvd.allreduce(torch.ones(1), process_set=hvd.ProcessSet([0]))
+    with pytest.raises(NotImplementedError, match="no process sets other than hvd.global_process_set"):
+        hvd.add_process_set([0])

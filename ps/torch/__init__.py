@@ -14,9 +14,9 @@ from .ops import (Adasum, Average, Max, Min, Product, Sum, allreduce, allreduce_
                   broadcast_optimizer_state, broadcast_parameters, grouped_allreduce, grouped_allreduce_,
                   grouped_allreduce_async, grouped_allreduce_async_, poll, synchronize)
 from .optimizer import DistributedOptimizer
-from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .process_sets import ProcessSet, add_process_set, barrier, global_process_set, remove_process_set
 from .server_optimizer import ServerOptimizer
-from .runtime import (barrier, ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
+from .runtime import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
                       init, is_homogeneous, is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
                       mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 

@@ -23,7 +23,7 @@ import torch
 
 from . import runtime
 from .compression import Compression
-from .ops import Average, Group, Max, Min, Product, Sum, allreduce, allreduce_async, fingerprint, reduce_op
+from .sums import Average, Group, Max, Min, Product, Sum, fingerprint, reduce_op, sum_async
 from .process_sets import check as check_process_set
 
 
@@ -57,7 +57,7 @@ def _table(tag: str, row: list[float], what: str, tensor: torch.Tensor) -> np.nd
     n, me = runtime.size(), runtime.rank()
     mine = torch.zeros((n, len(row)), dtype=torch.float64)
     mine[me] = torch.tensor(row, dtype=torch.float64)
-    table = allreduce_async(mine, name=f"{tag}.table.{len(row)}", op=Sum).wait().numpy()
+    table = sum_async(mine, f"{tag}.table.{len(row)}", Sum).wait().numpy()
     differ = [r for r in range(n) if table[r, -1] != row[-1]]
     if differ:
         raise ValueError(f"{what}: rank {me} has a tensor of shape {tuple(tensor.shape)} and dtype {tensor.dtype}, "
@@ -81,7 +81,7 @@ def _gather_rows(tensor: torch.Tensor, tag: str, sizes: list[int]) -> Deferred:
     start = sum(sizes[:me])
     buf[start:start + sizes[me]] = tensor.detach()
     key = f"{tag}.{rows}x{tuple(tensor.shape[1:])}.{tensor.dtype}"
-    return Deferred(allreduce_async(buf, name=key, op=Sum), lambda out: out[:total])
+    return Deferred(sum_async(buf, key, Sum), lambda out: out[:total])
 
 
 def _gather(tensor: torch.Tensor, name: str | None, kind: str = "allgather") -> tuple[Deferred, list[int]]:
@@ -112,7 +112,7 @@ class _Allgather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):    # noqa: ANN001
         start, rows = _own_rows(ctx.sizes)
-        return allreduce(grad, op=Average).narrow(0, start, rows), None
+        return sum_async(grad, None, Average).wait().narrow(0, start, rows), None
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: Any = None) -> Deferred:
@@ -255,8 +255,7 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any =
     _need_dims(tensor, what)
     start, rows = _share(tensor.shape[0])
     key = f"reducescatter.{name}" if name is not None else None
-    handle = allreduce_async(tensor.detach(), None, key, reduce, prescale_factor, postscale_factor,
-                             compression=compression)
+    handle = sum_async(tensor.detach(), key, reduce, prescale_factor, postscale_factor, compression)
     return Deferred(handle, lambda full: full.narrow(0, start, rows).clone())
 
 

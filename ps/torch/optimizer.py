@@ -16,7 +16,7 @@ import torch
 
 from . import runtime
 from .compression import Compression
-from .ops import Average, Sum, as_array, ensure_keys, reduce_op
+from .sums import Average, Sum, as_array, ensure_keys, reduce_op
 
 
 class _Distributed:

@@ -46,6 +46,12 @@ def check(process_set: Any) -> None:
                      "workers (hvd.global_process_set)")
 
 
+def barrier(process_set: Any = None) -> None:
+    """Wait for every worker of ``process_set`` (the global one) to get here."""
+    check(process_set)
+    runtime.join()
+
+
 def add_process_set(process_set: Any) -> ProcessSet:
     raise NotImplementedError(f"add_process_set({process_set!r}): ps.torch has no process sets other than "
                               "hvd.global_process_set")

@@ -94,21 +94,14 @@ def is_homogeneous() -> bool:
     return len({hosts.count(h) for h in hosts}) == 1
 
 
-def barrier(process_set: Any = None) -> None:
-    """Wait for every worker to get here."""
-    from .process_sets import check
-    check(process_set)
-    kv = store()
-    if kv is not None:
-        kv.barrier()
-
-
 def join(device: int = -1) -> int:
     """Wait for every worker to get here; returns the last rank to join (Horovod returns the
     last one too). Workers that still have steps to run must not call it: ps has no uneven
     data support, and a sync round missing this worker fails with its rank named.
     ``device`` (where Horovod makes its zero tensors) does not matter on CPU."""
-    barrier()
+    kv = store()
+    if kv is not None:
+        kv.barrier()
     return size() - 1
 
 

@@ -15,7 +15,7 @@ import torch
 
 from .. import optim
 from . import runtime
-from .ops import as_array, check_same_everywhere
+from .sums import as_array, check_same_everywhere
 
 
 def _spec(optimizer: torch.optim.Optimizer) -> optim.Optimizer:

@@ -56,10 +56,14 @@ ALLOWED = {
     "mxnet.autoload.sitecustomize": {"config", "mxnet"},   # python startup hook: imports ps.mxnet lazily
     # the PyTorch adapter (Horovod's API): the public KVStore only
     "torch.compression": set(), "torch.runtime": {"__init__", "selfstart"},
-    "torch.ops": {"torch.compression", "torch.runtime"},
-    "torch.optimizer": {"torch.compression", "torch.ops", "torch.runtime"},
-    "torch.server_optimizer": {"optim", "torch.ops", "torch.runtime"},
-    "torch": {"torch.compression", "torch.ops", "torch.optimizer", "torch.runtime", "torch.server_optimizer"},
+    "torch.process_sets": {"torch.runtime"},
+    "torch.sums": {"torch.compression", "torch.runtime"},
+    "torch.gather": {"torch.compression", "torch.process_sets", "torch.runtime", "torch.sums"},
+    "torch.ops": {"torch.compression", "torch.gather", "torch.process_sets", "torch.runtime", "torch.sums"},
+    "torch.optimizer": {"torch.compression", "torch.runtime", "torch.sums"},
+    "torch.server_optimizer": {"optim", "torch.runtime", "torch.sums"},
+    "torch": {"torch.compression", "torch.gather", "torch.ops", "torch.optimizer", "torch.process_sets",
+              "torch.runtime", "torch.server_optimizer"},
     # benchmarks: drive real processes; only their workers import ps
     "bench": set(), "bench.measure": set(), "bench.report": set(),
     "bench.cluster": {"launcher.process", "netutil"},

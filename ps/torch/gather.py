@@ -23,7 +23,7 @@ import torch
 
 from . import runtime
 from .compression import Compression
-from .sums import Average, Group, Max, Min, Product, Sum, fingerprint, reduce_op, sum_async
+from .sums import Average, Group, Max, Min, Product, Sum, differentiable, fingerprint, member, reduce_op, sum_async
 from .process_sets import check as check_process_set
 
 
@@ -45,6 +45,11 @@ class Deferred:
 
 def _tag(kind: str, name: str | None) -> str:
     return f"{kind}.{name}" if name is not None else f"{kind}.noname"
+
+
+def _what(kind: str, name: str | None) -> str:
+    """How an error names the call."""
+    return f"{kind} of {name!r}" if name is not None else kind
 
 
 def _shape_print(tensor: torch.Tensor) -> float:
@@ -75,17 +80,17 @@ def _need_dims(tensor: Any, what: str) -> None:
 
 def _gather_rows(tensor: torch.Tensor, tag: str, sizes: list[int]) -> Deferred:
     """The concatenation of every rank's ``tensor`` (rank r's has ``sizes[r]`` rows)."""
-    total, me = sum(sizes), runtime.rank()
+    total = sum(sizes)
     rows = 1 << max(total - 1, 0).bit_length()
     buf = torch.zeros((rows, *tensor.shape[1:]), dtype=tensor.dtype)
-    start = sum(sizes[:me])
-    buf[start:start + sizes[me]] = tensor.detach()
+    start, count = _own_rows(sizes)
+    buf[start:start + count] = tensor.detach()
     key = f"{tag}.{rows}x{tuple(tensor.shape[1:])}.{tensor.dtype}"
     return Deferred(sum_async(buf, key, Sum), lambda out: out[:total])
 
 
 def _gather(tensor: torch.Tensor, name: str | None, kind: str = "allgather") -> tuple[Deferred, list[int]]:
-    what = f"{kind} of {name!r}" if name is not None else kind
+    what = _what(kind, name)
     _need_dims(tensor, what)
     if runtime.store() is None:
         return Deferred(None, lambda _: tensor.detach().clone()), [tensor.shape[0]]
@@ -124,15 +129,14 @@ def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = 
     """Every worker's ``tensor`` concatenated on the first dimension, in rank order (the
     first dimensions may differ between workers, nothing else may)."""
     check_process_set(process_set)
-    if tensor.requires_grad and torch.is_grad_enabled():
+    if differentiable(tensor):
         return _Allgather.apply(tensor, name)
     return _gather(tensor, name)[0].wait()
 
 
 def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None, process_set: Any = None) -> Group:
     check_process_set(process_set)
-    return Group([_gather(t, f"{name}.{i}" if name is not None else f"noname.group.{i}")[0]
-                  for i, t in enumerate(tensors)])
+    return Group([_gather(t, member(name, i, t))[0] for i, t in enumerate(tensors)])
 
 
 def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None, process_set: Any = None) -> list:
@@ -184,7 +188,7 @@ def _splits(tensor: torch.Tensor, splits: Any, what: str) -> list[int]:
 
 
 def _alltoall(tensor: torch.Tensor, splits: Any, name: str | None) -> tuple[torch.Tensor, list[int]]:
-    what = f"alltoall of {name!r}" if name is not None else "alltoall"
+    what = _what("alltoall", name)
     _need_dims(tensor, what)
     mine = _splits(tensor, splits, what)
     if runtime.store() is None:
@@ -222,7 +226,7 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None, 
     rows every rank sent it, in rank order. Returns them, and with ``splits`` given also
     how many came from each rank, as Horovod does."""
     check_process_set(process_set)
-    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+    if differentiable(tensor):
         out, got = _Alltoall.apply(tensor, splits, name)
         received = got.tolist()
     else:
@@ -249,7 +253,7 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any =
                         compression: Any = Compression.none) -> Deferred:
     check_process_set(process_set)
     reduce = reduce_op(op)
-    what = f"reducescatter of {name!r}" if name is not None else "reducescatter"
+    what = _what("reducescatter", name)
     if reduce not in (Average, Sum):
         raise ValueError(f"{what}: op {reduce.name} is not supported (Average or Sum)")
     _need_dims(tensor, what)
@@ -281,7 +285,7 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: An
     """The average (or sum) over the workers, split on the first dimension: each rank keeps
     its part (the first ``rows % size`` ranks one row more)."""
     check_process_set(process_set)
-    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+    if differentiable(tensor):
         return _Reducescatter.apply(tensor, name, op, prescale_factor, postscale_factor, compression)
     return reducescatter_async(tensor, name, op, None, prescale_factor, postscale_factor,
                                compression=compression).wait()
@@ -289,16 +293,17 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: An
 
 def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = None, op: Any = Average,
                                 process_set: Any = None, prescale_factor: float = 1.0,
-                                postscale_factor: float = 1.0) -> Group:
-    return Group([reducescatter_async(t, f"{name}.{i}" if name is not None else f"noname.group.{i}.{tuple(t.shape)}",
-                                      op, process_set, prescale_factor, postscale_factor)
+                                postscale_factor: float = 1.0, *, compression: Any = Compression.none) -> Group:
+    return Group([reducescatter_async(t, member(name, i, t), op, process_set, prescale_factor, postscale_factor,
+                                      compression=compression)
                   for i, t in enumerate(tensors)])
 
 
 def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None, compression: Any = Compression.none,
                           op: Any = Average, process_set: Any = None, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list:
-    return grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor, postscale_factor).wait()
+    return grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor, postscale_factor,
+                                       compression=compression).wait()
 
 
 __all__ = ["allgather", "allgather_async", "allgather_object", "alltoall", "alltoall_async", "grouped_allgather",

@@ -1,10 +1,8 @@
-"""Collectives on tensors: allreduce and broadcast through the servers' sync rounds.
+"""Horovod's allreduce and broadcast, each one of ``sums``' sums (ps/torch/sums.py).
 
-A name is a key. Its first use is a collective ``init`` (every worker, same order, as every
-Horovod collective), after which each call is one pushpull: the servers sum the workers'
-tensors and send the sum back (no optimizer runs there). Broadcast is the same sum with
-zeros from every rank but the root, so it costs one round trip and needs no other message.
-Min, Max and Product, which a sum cannot give, reduce an allgather (ps/torch/gather.py).
+Broadcast is the sum with zeros from every rank but the root, so it costs one round trip and
+needs no other message. Min, Max and Product, which a sum cannot give, reduce an allgather
+(ps/torch/gather.py).
 """
 from __future__ import annotations
 
@@ -20,7 +18,7 @@ from .compression import Compression
 from .gather import reduce_gathered
 from .process_sets import check as check_process_set
 from .sums import (GATHERED, Adasum, Average, Group, Handle, Max, Min, Product, ReduceOp, Sum, as_array,
-                   ensure_keys, reduce_op, sum_async)
+                   differentiable, ensure_keys, member, reduce_op, sum_async)
 
 _objects = itertools.count()        # unnamed broadcast_object calls, in the workers' common order
 
@@ -58,10 +56,10 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
               postscale_factor: float = 1.0, process_set: Any = None) -> torch.Tensor:
     """The mean (default), sum, min, max or product of ``tensor`` over every worker, as a new
     tensor; differentiable, as Horovod's."""
-    check_process_set(process_set)
-    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled():
+    if differentiable(tensor):
+        check_process_set(process_set)
         return _Allreduce.apply(tensor, average, name, op, prescale_factor, postscale_factor, compression)
-    return allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
+    return allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
                            compression=compression).wait()
 
 
@@ -76,17 +74,11 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
     return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set).wait()
 
 
-def _member(name: str | None, i: int, tensor: torch.Tensor) -> str:
-    """A group's tensors are keys of their own: named after the group, else after their place
-    and shape (the unnamed rule of one key per shape would put two of them in one key)."""
-    return f"{name}.{i}" if name is not None else f"noname.group.{i}.{tuple(tensor.shape)}"
-
-
 def grouped_allreduce_async(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
                             op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: Any = None, *, compression: Any = Compression.none,
                             _inplace: bool = False) -> Group:
-    return Group([allreduce_async(t, average, _member(name, i, t), op, prescale_factor, postscale_factor, process_set,
+    return Group([allreduce_async(t, average, member(name, i, t), op, prescale_factor, postscale_factor, process_set,
                                   compression=compression, _target=t if _inplace else None)
                   for i, t in enumerate(tensors)])
 

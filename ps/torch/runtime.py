@@ -75,8 +75,8 @@ def local_size() -> int:
 def _peers() -> list[int]:
     """The ranks with this process's local rank, one per host, in rank order (Horovod's
     cross communicator)."""
-    hosts = _hosts()
-    return [r for r in range(len(hosts)) if hosts[:r].count(hosts[r]) == local_rank()]
+    hosts, mine = _hosts(), local_rank()
+    return [r for r in range(len(hosts)) if hosts[:r].count(hosts[r]) == mine]
 
 
 def cross_rank() -> int:
@@ -105,47 +105,19 @@ def join(device: int = -1) -> int:
     return size() - 1
 
 
+def _absent() -> bool:
+    return False
+
+
 # What this build has, asked by scripts written for Horovod to choose a code path: ps moves
 # CPU tensors over its own transport, with none of Horovod's MPI, Gloo, NCCL, DDL or oneCCL.
-def mpi_threads_supported() -> bool:
-    return False
-
-
-def mpi_enabled() -> bool:
-    return False
-
-
-def mpi_built() -> bool:
-    return False
-
-
-def gloo_enabled() -> bool:
-    return False
-
-
-def gloo_built() -> bool:
-    return False
+mpi_threads_supported = mpi_enabled = mpi_built = gloo_enabled = gloo_built = _absent
+ddl_built = ccl_built = cuda_built = rocm_built = _absent
 
 
 def nccl_built() -> int:
     """Horovod returns the NCCL version it was built with, 0 without."""
     return 0
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
-    return False
-
-
-def cuda_built() -> bool:
-    return False
-
-
-def rocm_built() -> bool:
-    return False
 
 
 def shutdown() -> None:

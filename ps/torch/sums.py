@@ -170,6 +170,19 @@ def sum_async(tensor: torch.Tensor, name: str | None, reduce: ReduceOp, prescale
     return Handle(pending, out, result, kv.num_workers if reduce is Average else 1, target, postscale_factor)
 
 
+def differentiable(tensor: Any) -> bool:
+    """Whether a collective on ``tensor`` must go through its autograd function (Horovod's
+    collectives are differentiable)."""
+    return isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled()
+
+
+def member(name: str | None, i: int, tensor: torch.Tensor) -> str:
+    """The name of a group's ``i``-th tensor: each is a key of its own, named after the group,
+    else after its place and shape (the unnamed rule of one key per shape would put two of
+    them in one key)."""
+    return f"{name}.{i}" if name is not None else f"noname.group.{i}.{tuple(tensor.shape)}"
+
+
 class Group:
     """The handle of a grouped call: ``synchronize`` gives the list of results."""
 

@@ -218,6 +218,7 @@ class KVStore:
     def _info(self, key: Any) -> KeyInfo:
         info = self._keys.get(key)
         if info is None:
+            keys_mod.to_int_key(key)    # a key of a wrong type is named as that, not as missing
             raise KeyError(f"key {key!r} is not initialized; call kv.init({key!r}, value) first")
         return info
 
@@ -447,8 +448,9 @@ class KVStore:
         return [(key, value)]
 
     # -- cluster-wide --------------------------------------------------------------------
-    def set_optimizer(self, optimizer: Any) -> None:
-        """Collective: run ``optimizer`` (a ``ps.optim`` optimizer or its spec) on the servers.
+    def set_optimizer(self, optimizer: Any, namespace: int = 0) -> None:
+        """Collective: run ``optimizer`` (a ``ps.optim`` optimizer or its spec) on the servers,
+        for the keys of ``namespace`` (:meth:`set_namespace`; 0: every other key).
 
         Sent once, by rank 0; every worker then waits at a barrier so none pushes early.
         """
@@ -456,15 +458,24 @@ class KVStore:
         spec = optimizer.to_spec() if hasattr(optimizer, "to_spec") else dict(optimizer)
         spec = _int_keyed(spec)
         if self.rank == 0:
-            self._worker.command("set_optimizer", {"spec": spec})
+            self._worker.command("set_optimizer", {"spec": spec, **_ns(namespace)})
         self._po.barrier("workers", what="every worker to set the optimizer")
 
-    def set_pickled_optimizer(self, payload: bytes, signature: bytes) -> None:
+    def set_pickled_optimizer(self, payload: bytes, signature: bytes, namespace: int = 0) -> None:
         """Collective, opt-in (PS_ALLOW_PICKLE on the servers): see ps/optim/pickled.py."""
         self._check_open()
         if self.rank == 0:
-            self._worker.command("set_optimizer_pickle", {"payload": payload, "signature": signature})
+            self._worker.command("set_optimizer_pickle", {"payload": payload, "signature": signature,
+                                                          **_ns(namespace)})
         self._po.barrier("workers", what="every worker to set the optimizer")
+
+    def set_namespace(self, keys: Any, namespace: int) -> None:
+        """Give initialized ``keys`` the optimizer of ``namespace`` (a number > 0) instead of
+        the store's own: two MXNet Trainers in one process (a GAN) each have theirs. Every
+        worker may call it (it is idempotent); it returns when every server knows."""
+        self._check_open()
+        ints = [self._info(k).key for k in (keys if isinstance(keys, (list, tuple)) else [keys])]
+        self._worker.command("set_namespace", {"keys": ints, **_ns(namespace)})
 
     def set_gradient_compression(self, params: dict[str, Any]) -> None:
         """Collective: compress float32 keys' pushes (``{'type': '2bit', 'threshold': 0.5}`` as
@@ -479,11 +490,12 @@ class KVStore:
         self._residuals = {}
 
     def server_command(self, cmd: str, payload: dict[str, Any] | None = None,
-                       servers: list[int] | None = None) -> dict[int, Any]:
+                       servers: list[int] | None = None, namespace: int = 0) -> dict[int, Any]:
         """Run a server command (``stats``, ``get_states``, ...) on ``servers`` (default all)
-        and wait for every answer: {server id: result}. Raises RemoteError if one fails."""
+        and wait for every answer: {server id: result}. Raises RemoteError if one fails.
+        ``namespace``: whose optimizer ``set_params``/``get_states``/``set_states`` mean."""
         self._check_open()
-        return self._worker.command(cmd, payload, servers=servers)
+        return self._worker.command(cmd, {**(payload or {}), **_ns(namespace)}, servers=servers)
 
     def barrier(self, timeout: float | None = None) -> None:
         """Block until every worker reaches its barrier."""
@@ -515,6 +527,13 @@ class KVStore:
             self._worker.fail_all(ClosedError("the store was closed before this request was answered"))
             self._po.announce_close()
             self._po.close(linger=1.0)
+
+
+def _ns(namespace: int) -> dict[str, int]:
+    """A server command's namespace field: none for namespace 0 (what older servers know)."""
+    if not isinstance(namespace, int) or isinstance(namespace, bool) or namespace < 0:
+        raise ValueError(f"namespace must be an int >= 0, got {namespace!r}")
+    return {"ns": namespace} if namespace else {}
 
 
 def _int_keyed(spec: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import numpy as np
 from . import optim
 from .errors import ProtocolError
 from .message import DTYPES
-from .store import Event, Replays, Store, Updater, apply_rows
+from .store import Event, Optimizers, Replays, Store, apply_rows
 
 # dtypes an event array may have: the key dtypes plus int64 row ids
 _ARRAY_DTYPES = (*DTYPES, np.dtype("<i8"), np.dtype("<u4"))
@@ -70,16 +70,19 @@ def decode_events(body: Any, frames: list[Any]) -> list[Event]:
 
 
 # -- what a snapshot holds -------------------------------------------------------------------
-def updater_events(updater: Updater | None, multi_precision: bool, compression: Any) -> list[Event]:
-    """The optimizer (spec and states) and compression, as events. Raises ValueError for an
-    optimizer ps cannot replicate (MXNet's own, pickled)."""
+def updater_events(opts: Optimizers, compression: Any) -> list[Event]:
+    """The optimizers (spec and states, per namespace), which keys are in which namespace,
+    and compression, as events. Raises ValueError for an optimizer ps cannot replicate
+    (MXNet's own, pickled)."""
     events = []
-    if updater is not None:
+    for ns, updater in sorted(opts.updaters.items()):
         if not isinstance(updater, optim.Updater):
             raise ValueError(f"the servers run a pickled MXNet optimizer ({type(updater.optimizer).__name__}), "
                              "which ps cannot replicate; use one ps has in numpy (docs/optimizers.md)")
-        events.append(Event("opt", 0, 0, [updater.optimizer.to_spec(), multi_precision]))
-        events.append(Event("states", 0, 0, updater.get_states()))
+        events.append(Event("opt", ns, 0, [updater.optimizer.to_spec(), opts.multi.get(ns, False)]))
+        events.append(Event("states", ns, 0, updater.get_states()))
+    for ns, keys in sorted(opts.by_namespace().items()):
+        events.append(Event("ns", ns, 0, keys))
     if compression is not None:
         events.append(Event("compression", 0, 0, compression))
     return events
@@ -87,7 +90,7 @@ def updater_events(updater: Updater | None, multi_precision: bool, compression: 
 
 def snapshot(store: Store) -> list[Event]:
     """Everything a backup needs to mirror ``store`` (call between rounds: see half_applied)."""
-    events = updater_events(store.updater, store.multi_precision, store.compression)
+    events = updater_events(store.opts, store.compression)
     events.append(Event("workers", 0, 0, store.replays.info()))
     for ks in store.keys.values():
         if ks.ready:
@@ -98,20 +101,23 @@ def snapshot(store: Store) -> list[Event]:
 
 def restore(store: Store, events: list[Event]) -> None:
     """Fill a restarted server's empty store from its backup's snapshot."""
-    updater, multi = None, False
+    opts = Optimizers()
     for ev in events:
         if ev.kind == "key":
             code, closed, applied = ev.info
             store.restore_key(ev.key, code, ev.arrays[0].copy(), closed, {int(w): int(s) for w, s in applied})
         elif ev.kind == "opt":
-            updater, multi = optim.Updater(optim.from_spec(ev.info[0])), bool(ev.info[1])
-        elif ev.kind == "states" and updater is not None:
-            updater.set_states(ev.info)
+            opts.set(ev.key, optim.Updater(optim.from_spec(ev.info[0])), bool(ev.info[1]))
+        elif ev.kind == "states" and ev.key in opts.updaters:
+            opts.updaters[ev.key].set_states(ev.info)
+        elif ev.kind == "ns":
+            store.set_namespace(list(ev.info), ev.key)
         elif ev.kind == "compression":
             store.compression = ev.info
         elif ev.kind == "workers":
             store.replays = Replays.from_info(ev.info)
-    store.set_updater(updater, multi)
+    for ns, updater in opts.updaters.items():
+        store.set_updater(updater, opts.multi[ns], ns)
 
 
 # -- the backup's copy -------------------------------------------------------------------------
@@ -130,8 +136,7 @@ class Mirror:
     def __init__(self, primary: int):
         self.primary = primary
         self.keys: dict[int, MirrorKey] = {}
-        self.updater: optim.Updater | None = None
-        self.multi_precision = False
+        self.opts = Optimizers()
         self.compression: Any = None
         self.events = 0
         self.broken: str | None = None      # a change it cannot replay arrived (the copy is useless)
@@ -147,9 +152,7 @@ class Mirror:
 
     def snapshot(self) -> list[Event]:
         """This copy as the events :func:`restore` reads (the open rounds' sums left out)."""
-        events = []
-        if self.updater is not None:
-            events += updater_events(self.updater, self.multi_precision, None)
+        events = updater_events(self.opts, None)
         if self.compression is not None:
             events.append(Event("compression", 0, 0, self.compression))
         events.append(Event("workers", 0, 0, self.replays.info()))
@@ -181,53 +184,57 @@ class Mirror:
     def _on_close(self, ev: Event) -> None:
         mk = self._key(ev)
         chunks, mk.chunks = mk.chunks, []
-        if chunks and self.updater is not None:
-            self.updater.begin(ev.key, mk.value)
+        updater = self.opts.updater(ev.key)
+        if chunks and updater is not None:
+            updater.begin(ev.key, mk.value)
         for off, total in chunks:
-            if self.updater is None:
+            if updater is None:
                 np.copyto(mk.value[off:off + total.size], total, casting="unsafe")
             else:
-                self.updater.update_chunk(ev.key, off, total, mk.value)
+                updater.update_chunk(ev.key, off, total, mk.value)
         mk.closed = ev.info
 
     def _on_whole(self, ev: Event) -> None:
-        self._updater()(ev.key, ev.arrays[0], self._key(ev).value)
+        self._updater(ev.key)(ev.key, ev.arrays[0], self._key(ev).value)
 
     def _on_dense(self, ev: Event) -> None:
-        mk = self._key(ev)
-        if self.updater is None:
+        mk, updater = self._key(ev), self.opts.updater(ev.key)
+        if updater is None:
             np.copyto(mk.value, ev.arrays[0], casting="unsafe")
         else:
-            self.updater(ev.key, ev.arrays[0], mk.value)
+            updater(ev.key, ev.arrays[0], mk.value)
 
     def _on_rows(self, ev: Event) -> None:
         mk, row_len = self._key(ev), ev.info
-        apply_rows(self.updater, ev.key, mk.value.reshape(-1, row_len), ev.arrays[0], ev.arrays[1].reshape(-1, row_len))
+        apply_rows(self.opts.updater(ev.key), ev.key, mk.value.reshape(-1, row_len), ev.arrays[0],
+                   ev.arrays[1].reshape(-1, row_len))
 
     def _on_async(self, ev: Event) -> None:
         mk = self._key(ev)
         worker, seq, _ = ev.info
-        self._updater()(ev.key, ev.arrays[0], mk.value)
+        self._updater(ev.key)(ev.key, ev.arrays[0], mk.value)
         if seq:
             mk.applied[worker] = seq
 
     def _on_arows(self, ev: Event) -> None:
         mk = self._key(ev)
         worker, seq, row_len = ev.info
-        self._updater().update_rows(ev.key, ev.arrays[0], ev.arrays[1].reshape(-1, row_len),
-                                    mk.value.reshape(-1, row_len))
+        self._updater(ev.key).update_rows(ev.key, ev.arrays[0], ev.arrays[1].reshape(-1, row_len),
+                                          mk.value.reshape(-1, row_len))
         if seq:
             mk.applied[worker] = seq
 
-    def _on_opt(self, ev: Event) -> None:
-        self.updater = optim.Updater(optim.from_spec(ev.info[0]))
-        self.multi_precision = bool(ev.info[1])
+    def _on_opt(self, ev: Event) -> None:        # key: the namespace
+        self.opts.set(ev.key, optim.Updater(optim.from_spec(ev.info[0])), bool(ev.info[1]))
 
     def _on_states(self, ev: Event) -> None:
-        self._updater().set_states(ev.info)
+        self._optimizer_of(ev.key).set_states(ev.info)
+
+    def _on_ns(self, ev: Event) -> None:
+        self.opts.assign(ev.info, ev.key)
 
     def _on_params(self, ev: Event) -> None:
-        opt = self._updater().optimizer
+        opt = self._optimizer_of(ev.key).optimizer
         if "learning_rate" in ev.info:
             opt.set_learning_rate(float(ev.info["learning_rate"]))
         if "rescale_grad" in ev.info:
@@ -245,15 +252,19 @@ class Mirror:
     def _on_replays(self, ev: Event) -> None:
         self.replays.apply(ev)
 
-    def _updater(self) -> optim.Updater:
-        if self.updater is None:
-            raise ProtocolError("replica event needs an optimizer the replica does not have")
-        return self.updater
+    def _updater(self, key: int) -> Any:
+        return self._optimizer_of(self.opts.namespace(key))
+
+    def _optimizer_of(self, ns: int) -> Any:
+        updater = self.opts.updaters.get(ns)
+        if updater is None:
+            raise ProtocolError(f"replica event needs an optimizer (namespace {ns}) the replica does not have")
+        return updater
 
     _HANDLERS = {
         "init": _on_init, "key": _on_key, "chunk": _on_chunk, "close": _on_close, "whole": _on_whole,
         "dense": _on_dense, "rows": _on_rows, "async": _on_async, "arows": _on_arows, "opt": _on_opt,
-        "states": _on_states, "params": _on_params, "compression": _on_compression,
+        "states": _on_states, "ns": _on_ns, "params": _on_params, "compression": _on_compression,
         "unreplicable": _on_unreplicable, "workers": _on_workers, "died": _on_replays,
         "caught_up": _on_replays, "setting": _on_replays,
     }

@@ -260,6 +260,8 @@ class KVServer:
                 raise ValueError(f"unknown server command {cmd!r}")
             store = self._store()
             cid = body.get("id")
+            if setting and _namespace(body):    # a second kvstore's settings are counted apart
+                cmd = f"{cmd}@{_namespace(body)}"
             if setting and store.setting_resent(msg.sender, cid):
                 logger.info("%s: %s from %s sent again (its answer died with this server's dead self): "
                             "not applied twice", self.name, cmd, node_name(msg.sender))
@@ -276,9 +278,9 @@ class KVServer:
                                                             request=False, route=msg.route)))
 
     def _set_optimizer(self, store: Store, body: dict[str, Any]) -> None:
-        opt = optim.from_spec(body["spec"])
-        store.set_updater(optim.Updater(opt), opt.multi_precision)
-        store.record(Event("opt", 0, 0, [opt.to_spec(), opt.multi_precision]))
+        opt, ns = optim.from_spec(body["spec"]), _namespace(body)
+        store.set_updater(optim.Updater(opt), opt.multi_precision, ns)
+        store.record(Event("opt", ns, 0, [opt.to_spec(), opt.multi_precision]))
 
     def _set_optimizer_pickle(self, store: Store, body: dict[str, Any]) -> None:
         from . import _security
@@ -290,25 +292,28 @@ class KVServer:
         if key is None:
             raise PermissionError(f"this job has no signing key, so its servers unpickle nothing: {_security.NO_KEY}")
         opt = pickled.load_optimizer(body["payload"], body["signature"], key)
-        store.set_updater(pickled.MXNetUpdater(opt), bool(opt.multi_precision))
+        store.set_updater(pickled.MXNetUpdater(opt), bool(opt.multi_precision), _namespace(body))
         store.record(Event("unreplicable", 0, 0, f"a pickled MXNet optimizer ({type(opt).__name__}) "
                                                         "cannot be replicated; use one ps has in numpy"))
 
     def _set_params(self, store: Store, body: dict[str, Any]) -> None:
-        opt = self._updater(store).optimizer
+        opt = self._updater(store, body).optimizer
         if "learning_rate" in body:
             opt.set_learning_rate(float(body["learning_rate"]))   # ps's and MXNet's optimizers alike
         if "rescale_grad" in body:
             opt.rescale_grad = float(body["rescale_grad"])
-        store.record(Event("params", 0, 0, {k: float(body[k]) for k in ("learning_rate", "rescale_grad")
-                                                    if k in body}))
+        changed = {k: float(body[k]) for k in ("learning_rate", "rescale_grad") if k in body}
+        store.record(Event("params", _namespace(body), 0, changed))
 
     def _get_states(self, store: Store, body: dict[str, Any]) -> bytes:
-        return self._updater(store).get_states()
+        return self._updater(store, body).get_states()
 
     def _set_states(self, store: Store, body: dict[str, Any]) -> None:
-        self._updater(store).set_states(body["states"])
-        store.record(Event("states", 0, 0, body["states"]))
+        self._updater(store, body).set_states(body["states"])
+        store.record(Event("states", _namespace(body), 0, body["states"]))
+
+    def _set_namespace(self, store: Store, body: dict[str, Any]) -> None:
+        store.set_namespace([int(k) for k in body["keys"]], _namespace(body))
 
     def _set_compression(self, store: Store, body: dict[str, Any]) -> None:
         store.compression = compression.parse(body["params"])
@@ -327,15 +332,19 @@ class KVServer:
         "get_states": _get_states,
         "set_states": _set_states,
         "set_compression": _set_compression,
+        "set_namespace": _set_namespace,
         "stats": _stats,
         "pushed": _pushed,
     }
 
     @staticmethod
-    def _updater(store: Store) -> Updater:
-        if store.updater is None:
-            raise RuntimeError("no optimizer is set on the servers (kv.set_optimizer)")
-        return store.updater
+    def _updater(store: Store, body: dict[str, Any]) -> Updater:
+        ns = _namespace(body)
+        updater = store.opts.updaters.get(ns)
+        if updater is None:
+            raise RuntimeError("no optimizer is set on the servers (kv.set_optimizer)"
+                               + (f" for namespace {ns} (this process's kvstore number {ns + 1})" if ns else ""))
+        return updater
 
     # -- lifecycle messages ---------------------------------------------------------------
     def _on_worker_closed(self, msg: Message) -> None:
@@ -366,6 +375,14 @@ class KVServer:
 
 
 _SETTINGS = ("set_optimizer", "set_optimizer_pickle", "set_params", "set_states", "set_compression")
+
+
+def _namespace(body: dict[str, Any]) -> int:
+    """The namespace a command is for (ps/store.py Optimizers): 0 unless it names one."""
+    ns = body.get("ns", 0)
+    if not isinstance(ns, int) or isinstance(ns, bool) or ns < 0:
+        raise ValueError(f"bad namespace {ns!r} in a server command")
+    return ns
 
 
 def _keys(stalls: list[Stall]) -> str:

@@ -73,7 +73,9 @@ class Event(NamedTuple):
     """One change of this store, as a backup replays it (ps/replica.py): ``kind`` is
     init, chunk (a chunk sum of the open round, applied at its close), close, whole (a
     non-elementwise round's full sum), rows, dense, async, arows; and, for restarted
-    workers, died, caught_up and setting (their settings counted)."""
+    workers, died, caught_up and setting (their settings counted). The optimizer's events
+    (opt, states, params) carry its namespace in ``key``; ns (keys moved to a namespace)
+    carries the namespace there and the keys in ``info``."""
 
     kind: str
     key: int
@@ -212,6 +214,48 @@ class StoreError(Exception):
         self.kind = kind
 
 
+class Optimizers:
+    """Which optimizer each key goes through. Keys are in namespace 0 unless told otherwise:
+    every ``dist_*`` kvstore of an MXNet process is one ps store, and a second one that
+    initializes keys (a GAN's second Trainer) gets namespace 1, 2, ... with an optimizer
+    (and hyper-parameters, states) of its own. A Store and its backup's Mirror both hold one."""
+
+    def __init__(self) -> None:
+        self.updaters: dict[int, Updater] = {}
+        self.multi: dict[int, bool] = {}
+        self.of_key: dict[int, int] = {}      # only keys outside namespace 0
+
+    def namespace(self, key: int) -> int:
+        return self.of_key.get(key, 0)
+
+    def updater(self, key: int) -> Updater | None:
+        return self.updaters.get(self.namespace(key))
+
+    def multi_precision(self, key: int) -> bool:
+        return self.multi.get(self.namespace(key), False)
+
+    def assign(self, keys: list[int], ns: int) -> None:
+        for key in keys:
+            if ns:
+                self.of_key[key] = ns
+            else:
+                self.of_key.pop(key, None)
+
+    def set(self, ns: int, updater: Updater | None, multi_precision: bool) -> None:
+        if updater is None:
+            self.updaters.pop(ns, None)
+        else:
+            self.updaters[ns] = updater
+        self.multi[ns] = multi_precision
+
+    def by_namespace(self) -> dict[int, list[int]]:
+        """{namespace: its keys} for the keys placed outside namespace 0."""
+        found: dict[int, list[int]] = {}
+        for key, n in self.of_key.items():
+            found.setdefault(n, []).append(key)
+        return found
+
+
 class Store:
     def __init__(self, num_workers: int, sync: bool = True, name: str = "server",
                  guard: BufferGuard | None = None, chunk_bytes: int = CHUNK_BYTES,
@@ -223,8 +267,7 @@ class Store:
         self.guard = guard or BufferGuard()
         self.chunk_bytes = chunk_bytes
         self.keys: dict[int, KeyState] = {}
-        self.updater: Updater | None = None
-        self.multi_precision = False
+        self.opts = Optimizers()
         self.compression: dict[str, Any] | None = None
         self.closed_workers: set[int] = set()
         self.journal: list[Event] | None = None  # recorded changes, for a backup (ps/replica.py)
@@ -280,7 +323,7 @@ class Store:
         ks = self.keys.get(key)
         if ks is None:
             ks = self.keys[key] = KeyState(key, code, total, (sender, ts))
-            if self.multi_precision and DTYPES[code] == np.float16:
+            if self.opts.multi_precision(key) and DTYPES[code] == np.float16:
                 ks.merge_dtype = np.dtype(np.float32)
         elif ks.ready and (ks.init_src[0] < 0 or sender in self.replays.replaying):  # restored, or replayed
             return [Reply(sender, Entry(ts, entry.op, key, 0, 0, total, code), None)] if off + n == total else []
@@ -402,7 +445,8 @@ class Store:
         return self._count(ks, rnd, sender, entry, entry.total)    # rows entries count rows
 
     def _push_rows_async(self, sender: int, entry: Entry, data: Rows, ks: KeyState) -> list[Reply]:
-        if self.updater is None:
+        updater = self.opts.updater(ks.key)
+        if updater is None:
             raise StoreError("RuntimeError", "dist_async needs an optimizer on the servers: call "
                                              "kv.set_optimizer(...) before the first push")
         if entry.length != entry.total:
@@ -416,7 +460,7 @@ class Store:
         row_len = entry.row_len
         self._writable(ks)
         values = data.values.reshape(-1, row_len).astype(ks.merge_dtype, copy=False)
-        self.updater.update_rows(ks.key, data.ids, values, ks.value.reshape(-1, row_len))
+        updater.update_rows(ks.key, data.ids, values, ks.value.reshape(-1, row_len))
         self._applied_async(ks, sender, entry, "arows", (data.ids.copy(), values.copy()), row_len)
         return self._answer(ks, Waiter(sender, entry))
 
@@ -439,6 +483,7 @@ class Store:
     def _apply_rows(self, ks: KeyState, rnd: Round) -> None:
         """Close a round that holds row-sparse pushes (see the module docstring)."""
         row_len = rnd.row_len
+        updater = self.opts.updater(ks.key)
         if rnd.frames:                          # some workers pushed dense: sum dense
             grad = np.zeros(ks.total, ks.merge_dtype)
             for off, pend in rnd.frames.items():
@@ -449,10 +494,10 @@ class Store:
             for data in _by_worker(rnd.rows):
                 by_row[data.ids] += data.values.reshape(-1, row_len)
             self._writable(ks)
-            if self.updater is None:
+            if updater is None:
                 np.copyto(ks.value, grad, casting="unsafe")
             else:
-                self.updater(ks.key, grad, ks.value)
+                updater(ks.key, grad, ks.value)
             if self.journal is not None:
                 self.journal.append(Event("dense", ks.key, 0, None, (grad,)))
             return
@@ -462,7 +507,7 @@ class Store:
         for data in pushes:                     # in rank order, as dense sums; ids distinct per push
             summed[np.searchsorted(rows, data.ids)] += data.values.reshape(-1, row_len)
         self._writable(ks)
-        apply_rows(self.updater, ks.key, ks.value.reshape(-1, row_len), rows, summed)
+        apply_rows(updater, ks.key, ks.value.reshape(-1, row_len), rows, summed)
         if self.journal is not None:
             self.journal.append(Event("rows", ks.key, 0, row_len, (rows, summed.reshape(-1))))
 
@@ -497,13 +542,14 @@ class Store:
         elif pend[0][1].size != n:
             raise StoreError("ProtocolError", f"key {ks.key}: workers cut the value into different chunks")
         pend.append((sender, data))
-        if len(pend) >= self.num_workers and (rnd is ks.rounds[0] or self._whole_key()):
+        if len(pend) >= self.num_workers and (rnd is ks.rounds[0] or self._whole_key(ks)):
             return self._reduce(ks, rnd, off, rnd.frames.pop(off))
         return []
 
-    def _whole_key(self) -> bool:
+    def _whole_key(self, ks: KeyState) -> bool:
         """The optimizer needs the whole gradient at once (LAMB's norms, MXNet's own updater)."""
-        return self.updater is not None and not self.updater.elementwise
+        updater = self.opts.updater(ks.key)
+        return updater is not None and not updater.elementwise
 
     def _reduce(self, ks: KeyState, rnd: Round, off: int, frames: list) -> list[Reply]:
         """Sum one chunk's frames and use the sum right away: assign it to the value (no
@@ -519,24 +565,25 @@ class Store:
         pushpulls get it now (:meth:`_stream`) instead of at the close."""
         frames = _by_worker(frames)
         n = frames[0].size
-        if self._whole_key():
+        updater = self.opts.updater(ks.key)
+        if self._whole_key(ks):
             _sum(frames, self._merge_buffer(ks, rnd)[off:off + n])
             return []
         if not rnd.started:                    # once per round: copy-on-write, count the update
             self._before_write(ks, ks.closed)
-            if self.updater is not None:
-                self.updater.begin(ks.key, ks.value)
+            if updater is not None:
+                updater.begin(ks.key, ks.value)
             rnd.started = True
         dst = ks.value[off:off + n]
-        if self.updater is None and ks.merge_dtype == ks.value.dtype:
+        if updater is None and ks.merge_dtype == ks.value.dtype:
             total = _sum(frames, dst)
         else:   # journaled: a buffer of its own, which the event keeps (the scratch is reused)
             total = _sum(frames, self._scratch_for(n, ks.merge_dtype) if self.journal is None
                          else np.empty(n, ks.merge_dtype))
-            if self.updater is None:
+            if updater is None:
                 np.copyto(dst, total, casting="unsafe")
             else:
-                self.updater.update_chunk(ks.key, off, total, ks.value)
+                updater.update_chunk(ks.key, off, total, ks.value)
         if self.journal is not None:
             self.journal.append(Event("chunk", ks.key, off, None, (total if total.base is None else total.copy(),)))
         # with a backup subscribed (journal), even since the round's pushpulls asked, nothing
@@ -612,7 +659,7 @@ class Store:
         if merged is None:                     # used chunk by chunk already
             return
         self._before_write(ks, ks.closed - 1)
-        self.updater(ks.key, merged, ks.value)
+        self.opts.updater(ks.key)(ks.key, merged, ks.value)
         if self.journal is not None:
             self.journal.append(Event("whole", ks.key, 0, None, (merged.copy(),)))
         ks.spare = merged if merged.nbytes <= SPARE_MAX_BYTES else None
@@ -634,7 +681,8 @@ class Store:
 
     def _push_async(self, sender: int, entry: Entry, data: np.ndarray, ks: KeyState) -> list[Reply]:
         ts, key, off, n, total = entry.ts, entry.key, entry.offset, entry.length, entry.total
-        if self.updater is None:
+        updater = self.opts.updater(key)
+        if updater is None:
             raise StoreError("RuntimeError", "dist_async needs an optimizer on the servers: call "
                                              "kv.set_optimizer(...) before the first push")
         if n != total:
@@ -646,7 +694,7 @@ class Store:
             data = ks.partial.pop((sender, ts))[0]
         self._writable(ks)
         grad = data.astype(ks.value.dtype, copy=False)
-        self.updater(key, grad, ks.value)
+        updater(key, grad, ks.value)
         self._applied_async(ks, sender, entry, "async", (grad.copy(),))
         return self._answer(ks, Waiter(sender, entry))
 
@@ -811,17 +859,33 @@ class Store:
         return f"worker {id_to_rank(worker)} ({node_name(worker)})"
 
     # -- server commands -----------------------------------------------------------------
-    def set_updater(self, updater: Updater | None, multi_precision: bool = False) -> None:
+    def set_updater(self, updater: Updater | None, multi_precision: bool = False, ns: int = 0) -> None:
         """Raises RuntimeError while a sync round has been applied in part (chunk by chunk):
         the rest of it would go through a different optimizer."""
-        started = sorted(ks.key for ks in self.keys.values() if any(r.started for r in ks.rounds))
+        started = sorted(k for k in self.half_applied() if self.opts.namespace(k) == ns)
         if started:
             raise RuntimeError(f"cannot change the optimizer while sync rounds of keys {started} are "
                                "half applied; set it before training or between steps")
-        self.updater = updater
-        self.multi_precision = multi_precision
-        for ks in self.keys.values():   # fp16 keys sum in fp32 under multi_precision
-            wide = multi_precision and ks.value.dtype == np.float16
+        self.opts.set(ns, updater, multi_precision)
+        self._merge_dtypes([ks.key for ks in self.keys.values() if self.opts.namespace(ks.key) == ns])
+
+    def set_namespace(self, keys: list[int], ns: int) -> None:
+        """Put ``keys`` in namespace ``ns`` (idempotent: every worker of the store says so)."""
+        new = [k for k in keys if self.opts.namespace(k) != ns]
+        if not new:
+            return
+        started = sorted(set(new) & set(self.half_applied()))
+        if started:
+            raise RuntimeError(f"cannot move keys {started} to namespace {ns} while their sync rounds are "
+                               "half applied; move them before they are pushed")
+        self.opts.assign(new, ns)
+        self._merge_dtypes([k for k in new if k in self.keys])
+        self.record(Event("ns", ns, 0, new))
+
+    def _merge_dtypes(self, keys: list[int]) -> None:
+        for key in keys:                # fp16 keys sum in fp32 under multi_precision
+            ks = self.keys[key]
+            wide = self.opts.multi_precision(key) and ks.value.dtype == np.float16
             ks.merge_dtype = np.dtype(np.float32) if wide else ks.value.dtype
 
     # -- recovery ------------------------------------------------------------------------

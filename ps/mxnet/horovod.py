@@ -3,12 +3,14 @@
 
 The workers' gradients are averaged through the servers (one key per parameter index, summed
 in sync rounds, no optimizer there) before the wrapped optimizer updates the local weights,
-so N workers make one process's update on the N batches together. Uses its own numpy
+so N workers make one process's update on the N batches together. ``hvd.DistributedTrainer``
+(one per network, ``prefix=`` apart) does the same inside a ``gluon.Trainer``. Uses its own numpy
 ``ps.KVStore``: do not also create an MXNet ``dist_*`` kvstore in the same process.
 """
 from __future__ import annotations
 
 import os
+import types
 from typing import Any
 
 import mxnet as mx
@@ -61,10 +63,13 @@ def local_size() -> int:
 
 
 def _sum(names: list[str], arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """The element-wise sum of each array over every worker (collective, same names everywhere)."""
+    """The element-wise sum of each array over every worker (collective, same names everywhere).
+    As in Horovod, a name may come back later with another shape (two trainers' parameter 0):
+    a ps key has one shape, so the key is the name with its shape and dtype."""
     kv = _kv()
     if kv is None:
         return arrays
+    names = [f"{n}:{'x'.join(map(str, a.shape))}:{a.dtype.str}" for n, a in zip(names, arrays)]
     new = [(n, a) for n, a in zip(names, arrays) if n not in _state["keys"]]
     if new:
         kv.init([n for n, _ in new], [np.zeros_like(a) for _, a in new])
@@ -74,6 +79,48 @@ def _sum(names: list[str], arrays: list[np.ndarray]) -> list[np.ndarray]:
     for h in handles:
         h.wait()
     return outs
+
+
+class NoneCompressor:
+    """Send gradients as they are."""
+
+    wire_dtype: Any = None
+
+
+class FP16Compressor:
+    """Send floating-point gradients as float16: half the bytes each way. The servers sum
+    in float16, as Horovod's allreduce of the compressed tensor does."""
+
+    wire_dtype: Any = np.float16
+
+
+class Compression:
+    """Horovod's ``hvd.Compression.none`` / ``.fp16`` for ``DistributedTrainer``."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor
+
+
+def _average(names: list[str], grads: list[np.ndarray], compression: Any = NoneCompressor,
+             predivide: float = 1.0) -> list[np.ndarray]:
+    """Each gradient's mean over the workers: divided by ``predivide`` before the sum and
+    multiplied by ``predivide / size`` after it (Horovod's gradient_predivide_factor, which
+    keeps float16 sums in range), sent as ``compression`` says."""
+    n = size()
+    sends = []
+    for g in grads:
+        wire = compression.wire_dtype if compression.wire_dtype is not None and g.dtype.kind == "f" else g.dtype
+        sends.append((g / predivide if predivide != 1.0 else g).astype(wire, copy=False))
+    return [(total * (predivide / n)).astype(g.dtype, copy=False) for g, total in zip(grads, _sum(names, sends))]
+
+
+def _checked(compression: Any, predivide: Any) -> tuple[Any, float]:
+    compression = NoneCompressor if compression is None else compression
+    if compression not in (NoneCompressor, FP16Compressor):
+        raise ValueError(f"compression={compression!r}: ps.mxnet has hvd.Compression.none and hvd.Compression.fp16")
+    if not isinstance(predivide, (int, float)) or isinstance(predivide, bool) or predivide <= 0:
+        raise ValueError(f"gradient_predivide_factor must be a number > 0, got {predivide!r}")
+    return compression, float(predivide)
 
 
 def allreduce(tensor: mx.nd.NDArray, average: bool = True, name: str | None = None) -> mx.nd.NDArray:
@@ -89,28 +136,50 @@ def allreduce(tensor: mx.nd.NDArray, average: bool = True, name: str | None = No
 
 def broadcast_parameters(params: Any, root_rank: int = 0) -> None:
     """Overwrite ``params`` (a Gluon ``ParameterDict``, or a dict of NDArrays such as
-    ``Module.get_params()[0]``) with rank ``root_rank``'s values, in place."""
+    ``Module.get_params()[0]``) with rank ``root_rank``'s values, in place. A Gluon parameter
+    not initialized yet (deferred: its input size comes with the first forward pass) is
+    broadcast right after it is initialized, as Horovod does; every worker initializes it at
+    the same point of the same script, so the broadcast meets on every worker."""
     if _kv() is None:
         return
     if not isinstance(root_rank, int) or not 0 <= root_rank < size():
         raise ValueError(f"root_rank {root_rank!r} is out of range for a job of {size()} workers")
-    items = sorted(params.items())
-    values = []
-    for name, p in items:
+    items, values = [], []
+    for name, p in sorted(params.items()):
         if isinstance(p, mx.gluon.Parameter):
             try:
                 values.append(p.data().asnumpy())
             except mx.gluon.parameter.DeferredInitializationError:
-                raise ValueError(f"parameter {name!r} is not initialized yet (deferred): run one forward pass "
-                                 "or give the layer its input size before broadcast_parameters") from None
+                _broadcast_once_initialized(p, name, root_rank)
+                continue
         else:
             values.append(p.asnumpy())
-    sends = [v if rank() == root_rank else np.zeros_like(v) for v in values]
-    for (name, p), got in zip(items, _sum([f"hvd.broadcast.{n}" for n, _ in items], sends)):
+        items.append((name, p))
+    for (name, p), got in zip(items, _broadcast_values([n for n, _ in items], values, root_rank)):
         if isinstance(p, mx.gluon.Parameter):
             p.set_data(mx.nd.array(got, dtype=got.dtype))
         else:
             p[:] = got
+
+
+def _broadcast_values(names: list[str], values: list[np.ndarray], root_rank: int) -> list[np.ndarray]:
+    sends = [v if rank() == root_rank else np.zeros_like(v) for v in values]
+    return _sum([f"hvd.broadcast.{n}" for n in names], sends)
+
+
+def _broadcast_once_initialized(param: Any, name: str, root_rank: int) -> None:
+    """Wrap the parameter's own initialization (MXNet's ``_init_impl``, which its deferred
+    initialization calls once the shape is known) with the broadcast."""
+    init_impl = param._init_impl
+
+    def init_then_broadcast(self: Any, *args: Any, **kwargs: Any) -> None:
+        init_impl(*args, **kwargs)
+        (got,) = _broadcast_values([name], [self.list_data()[0].asnumpy()], root_rank)
+        with mx.autograd.pause():           # the first forward pass may be recording
+            for arr in self.list_data():
+                arr[:] = got
+
+    param._init_impl = types.MethodType(init_then_broadcast, param)
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):
@@ -118,12 +187,13 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     Every other attribute (lr, rescale_grad, which ``Trainer.step`` sets, states) is the
     wrapped optimizer's."""
 
-    def __init__(self, optimizer: mx.optimizer.Optimizer, gradient_predivide_factor: float = 1.0):
+    def __init__(self, optimizer: mx.optimizer.Optimizer, gradient_predivide_factor: float = 1.0,
+                 num_groups: int = 0):
         if not isinstance(optimizer, mx.optimizer.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps an mx.optimizer.Optimizer, got {type(optimizer).__name__}")
-        if gradient_predivide_factor != 1.0:
-            raise ValueError("gradient_predivide_factor is not supported by ps.mxnet")
+        _, predivide = _checked(None, gradient_predivide_factor)
         object.__setattr__(self, "_optimizer", optimizer)
+        object.__setattr__(self, "_predivide", predivide)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(object.__getattribute__(self, "_optimizer"), name)
@@ -140,10 +210,12 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     def _average(self, index: Any, grad: Any) -> None:
         indices = index if isinstance(index, (list, tuple)) else [index]
         grads = grad if isinstance(grad, (list, tuple)) else [grad]
-        sums = _sum([f"hvd.grad.{i}" for i in indices], [g.asnumpy() for g in grads])
-        n = size()
-        for g, total in zip(grads, sums):
-            g[:] = total / n if n > 1 else total
+        if size() == 1:
+            return
+        means = _average([f"hvd.grad.{i}" for i in indices], [g.asnumpy() for g in grads],
+                         predivide=self._predivide)
+        for g, mean in zip(grads, means):
+            g[:] = mean
 
     def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
         self._average(index, grad)
@@ -161,3 +233,36 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
 
     def set_wd_mult(self, args_wd_mult: dict) -> None:
         self._optimizer.set_wd_mult(args_wd_mult)
+
+
+class DistributedTrainer(mx.gluon.Trainer):
+    """Horovod's ``hvd.DistributedTrainer``: a ``gluon.Trainer`` without a kvstore whose
+    ``step`` first averages every gradient over the workers. One per network works (a GAN's
+    generator and discriminator): ``prefix`` keeps their gradients' names apart, which a
+    ``dist_*`` kvstore cannot (a Trainer numbers its parameters from 0)."""
+
+    def __init__(self, params: Any, optimizer: Any, optimizer_params: Any = None, compression: Any = NoneCompressor,
+                 gradient_predivide_factor: float = 1.0, prefix: str | None = None, num_groups: int = 0):
+        if isinstance(optimizer, DistributedOptimizer):
+            raise TypeError("DistributedTrainer averages the gradients itself: give it the optimizer, "
+                            "not a DistributedOptimizer")
+        self._ps_compression, self._ps_predivide = _checked(compression, gradient_predivide_factor)
+        super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
+        self._ps_prefix = f"hvd.trainer.{prefix or ''}."
+        self._ps_params = list(params.values()) if hasattr(params, "values") else list(params)
+        _kv()                                    # hvd.init() first, as in Horovod
+
+    def _allreduce_grads(self) -> None:
+        if size() == 1:
+            return
+        live = [(i, p) for i, p in enumerate(self._ps_params) if p.grad_req != "null"]
+        grads = [p.list_grad() for _, p in live]
+        for (_, p), gs in zip(live, grads):
+            if gs[0].stype != "default":
+                raise ValueError(f"parameter {p.name!r} has a {gs[0].stype} gradient: DistributedTrainer "
+                                 "averages dense gradients only (use kvstore='dist_sync' for sparse ones)")
+        means = _average([f"{self._ps_prefix}{i}" for i, _ in live], [sum(g.asnumpy() for g in gs) for gs in grads],
+                         self._ps_compression, self._ps_predivide)
+        for gs, mean in zip(grads, means):
+            for g in gs:
+                g[:] = mean

@@ -5,7 +5,10 @@ import atexit
 import contextlib
 import functools
 import inspect
+import itertools
 import logging
+import numbers
+import pickle
 import threading
 import types
 import weakref
@@ -26,6 +29,9 @@ STATES_FORMAT = "ps-optimizer-states"
 _MKLDNN_BUILD = mx.runtime.Features().is_enabled("MKLDNN")
 _shared: KVStore | None = None
 _live_stores: "weakref.WeakSet[PSKVStore]" = weakref.WeakSet()
+_namespaces = itertools.count()     # handed out in the order stores first init or set an optimizer
+_claimed: "weakref.WeakSet[PSKVStore]" = weakref.WeakSet()     # the stores that took one
+NS_SHIFT = 50                       # a second store's int key k travels as ns << NS_SHIFT | k
 
 
 def _store(kvtype: str) -> KVStore:
@@ -48,11 +54,13 @@ class PSKVStore(mx.kvstore.KVStore):
     one is overridden here.
     """
 
-    _TYPE = "dist_sync"
+    _TYPE = "dist_sync"             # the name the script asked for: what ``type`` reports
 
     def __init__(self) -> None:     # not KVStore.__init__: there is no C kvstore behind it
         self.handle = None
-        self._kv = _store(self._TYPE)
+        self._kv = _store(ps_type(self._TYPE))
+        self._ns: int | None = None         # its namespace on the servers: see _claim
+        self._compression: dict[str, Any] | None = None    # what this store asked for
         self._updater: Any = None           # Trainer.load_states reads ._updater.optimizer
         self._optimizer: Any = None
         self._sent: dict[str, float] = {}
@@ -116,7 +124,47 @@ class PSKVStore(mx.kvstore.KVStore):
     # -- data ------------------------------------------------------------------------------
     def init(self, key: Any, value: Any) -> None:
         self._settle()
-        self._kv.init(key, first(to_numpy(value), key))
+        ns = self._claim()
+        keys = self._keyed(key)
+        taken = [k for k, moved in zip(as_list(key), as_list(keys))
+                 if _is_int(k) and self._kv.key_info(moved) is not None]
+        if taken:
+            raise ValueError(
+                f"key {taken[0]} is already initialized in this kvstore: a gluon.Trainer numbers its "
+                "parameters 0, 1, ..., so two Trainers given the same kvstore object reuse each other's "
+                "keys (MXNet's own dist kvstore hangs there). Give each Trainer its own store "
+                "(kvstore='dist_sync', or one mx.kv.create each: ps keeps their keys and optimizers "
+                "apart), or put every parameter in one Trainer (docs/mxnet.md)")
+        self._kv.init(keys, first(to_numpy(value), key))
+        if ns:
+            self._kv.set_namespace(keys, ns)
+
+    def _claim(self) -> int:
+        """This store's namespace, taken when it first initializes keys or sets an optimizer:
+        the first such store of the process has 0 (its keys are the script's own), a second
+        (a GAN's second Trainer) 1, ... Every worker runs the same script, so every worker
+        numbers its stores alike, and a restarted one again."""
+        if self._ns is None:
+            _same_compression(self, self._compression)
+            self._ns = next(_namespaces)
+            _claimed.add(self)
+        return self._ns
+
+    def _keyed(self, key: Any) -> Any:
+        """The ps key of this store's ``key``: itself in namespace 0; else an int key moved
+        above every key a script uses, a str key suffixed."""
+        if isinstance(key, (list, tuple)):
+            return [self._keyed(k) for k in key]
+        ns = self._ns
+        if not ns:
+            return key
+        if isinstance(key, str):
+            return f"{key}#kvstore{ns}"
+        if _is_int(key):                    # numpy's too, as MXNet takes them
+            if not 0 <= key < 1 << NS_SHIFT:
+                raise ValueError(f"key {key}: a second kvstore of a process takes int keys in [0, 2**{NS_SHIFT})")
+            return ns << NS_SHIFT | int(key)
+        return key                          # the store names the bad key
 
     def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> None:
         self.init(key, value)
@@ -127,7 +175,7 @@ class PSKVStore(mx.kvstore.KVStore):
         self._sync_optimizer_params()
         self._reap()
         with mxnet_errors():
-            self._pending.append((self._kv.push(key, push_values(value), priority), value))
+            self._pending.append((self._kv.push(self._keyed(key), push_values(value), priority), value))
 
     def _reap(self) -> None:
         """Surface errors of finished pushes without waiting for the others."""
@@ -145,7 +193,7 @@ class PSKVStore(mx.kvstore.KVStore):
             raise mx.base.MXNetError(f"pull of key {key!r} into a row_sparse array with ignore_sparse=False: "
                                      "use row_sparse_pull(key, out, row_ids)")
         with mxnet_errors():             # row_sparse outs are left alone (ignore_sparse, as MXNet)
-            self._kv.pull(key, out=to_numpy(out, write=True), priority=priority)
+            self._kv.pull(self._keyed(key), out=to_numpy(out, write=True), priority=priority)
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
         """Push gradients, write the new values into ``out`` (into ``value`` if None).
@@ -163,6 +211,7 @@ class PSKVStore(mx.kvstore.KVStore):
             self.push(key, value, priority)
             self.pull(key, out=targets, priority=priority)
             return
+        key = self._keyed(key)
         if self._engine is not None and self._engine_pushpull(key, value, targets, priority):
             return
         self._settle()
@@ -192,7 +241,7 @@ class PSKVStore(mx.kvstore.KVStore):
                     raise mx.base.MXNetError(f"row_sparse_pull of key {k!r}: out must be a row_sparse "
                                              f"NDArray, got stype {getattr(o, 'stype', type(o).__name__)!r}")
                 with mxnet_errors():
-                    got = self._kv.row_sparse_pull(k, rid.asnumpy() if hasattr(rid, "asnumpy") else rid)
+                    got = self._kv.row_sparse_pull(self._keyed(k), rid.asnumpy() if hasattr(rid, "asnumpy") else rid)
                 with mx.autograd.pause():    # Gluon pulls inside record(); MXNet's C++ pull is not an op
                     mx.nd.sparse.row_sparse_array((got.values, got.rows), shape=o.shape, ctx=o.context,
                                                   dtype=o.dtype).copyto(o)
@@ -338,11 +387,15 @@ class PSKVStore(mx.kvstore.KVStore):
             self._set_pickled(optimizer, unknown)
             return
         idx2name = getattr(optimizer, "idx2name", None) or {}
-        if idx2name and self._kv.key_kind is not int:    # Module: str keys are param names
-            for name in ("lr_mult", "wd_mult"):
-                mult = spec["params"].get(name) or {}
-                spec["params"][name] = {idx2name.get(k, k): v for k, v in mult.items()}
-        self._kv.set_optimizer(spec)
+        ns = self._claim()
+        for name in ("lr_mult", "wd_mult"):
+            if not spec["params"].get(name):
+                continue
+            mult = spec["params"][name]
+            if idx2name and self._kv.key_kind is not int:    # Module: str keys are param names
+                mult = {idx2name.get(k, k): v for k, v in mult.items()}
+            spec["params"][name] = {self._keyed(k): v for k, v in mult.items()}
+        self._kv.set_optimizer(spec, namespace=ns)
         self._optimizer = optimizer
         self._updater = types.SimpleNamespace(optimizer=optimizer)
         self._sent = {"lr": optimizer.lr, "rescale_grad": optimizer.rescale_grad}
@@ -369,7 +422,7 @@ class PSKVStore(mx.kvstore.KVStore):
         payload = cloudpickle.dumps(optimizer)
         signature = pickled.sign(payload, key)
         try:
-            self._kv.set_pickled_optimizer(payload, signature)
+            self._kv.set_pickled_optimizer(payload, signature, namespace=self._claim())
         except RemoteError as refused:
             raise ValueError(f"{unknown}; the servers refused the pickled optimizer: {refused}") from None
         self._optimizer = optimizer
@@ -389,25 +442,43 @@ class PSKVStore(mx.kvstore.KVStore):
             changed["rescale_grad"] = self._sent["rescale_grad"] = opt.rescale_grad
         if changed:
             self._settle()        # earlier steps' pushes still use the old values
-            self._kv.server_command("set_params", changed)
+            self._kv.server_command("set_params", changed, namespace=self._namespace)
 
     def _set_updater(self, updater: Any) -> None:
         raise mx.base.MXNetError(f"{self._TYPE} on ps updates on the servers: use set_optimizer "
                                  "(a worker-side updater would see only this worker's gradients)")
 
     def _send_command_to_servers(self, head: int, body: str) -> None:
-        raise mx.base.MXNetError("ps servers take no MXNet server commands; " + SERVER_PROFILING)
+        """Head 0 is how MXNet's own ``set_optimizer`` reaches its servers (a pickled optimizer);
+        the script's own bytes are unpickled here, in its own process, never on a server."""
+        if head == 0:
+            try:
+                optimizer = pickle.loads(body.encode("latin-1") if isinstance(body, str) else body)
+            except Exception as exc:  # noqa: BLE001 - any unpickling failure: name the command
+                raise mx.base.MXNetError(f"server command 0 (set the optimizer) needs a pickled "
+                                         f"mx.optimizer.Optimizer as its body; unpickling {body[:40]!r} "
+                                         f"failed: {type(exc).__name__}: {exc}") from None
+            if not isinstance(optimizer, mx.optimizer.Optimizer):
+                raise mx.base.MXNetError(f"server command 0 (set the optimizer) needs a pickled "
+                                         f"mx.optimizer.Optimizer, got {type(optimizer).__name__}")
+            self.set_optimizer(optimizer)
+            return
+        raise mx.base.MXNetError(f"ps servers take no MXNet server command {head!r} but 0 (set the "
+                                 f"optimizer; use kv.set_optimizer); for profiling: " + SERVER_PROFILING)
 
     def set_gradient_compression(self, compression_params: dict[str, Any]) -> None:
-        self._kv.set_gradient_compression(compression_params)
+        params = dict(compression_params)
+        _same_compression(self, params)
+        self._kv.set_gradient_compression(params)
+        self._compression = params
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Save the servers' optimizer states (MXNet 1.9 raises here for dist stores)."""
         self._settle()
         self._wait_pending()
-        states = self._kv.server_command("get_states")
+        states = self._kv.server_command("get_states", namespace=self._namespace)
         blob = {"format": STATES_FORMAT, "version": 1, "num_servers": self._kv.num_servers,
-                "servers": {str(sid): data for sid, data in states.items()}}
+                "namespace": self._namespace, "servers": {str(sid): data for sid, data in states.items()}}
         with open(fname, "wb") as f:
             f.write(msgpack.packb(blob, use_bin_type=True))
 
@@ -420,8 +491,19 @@ class PSKVStore(mx.kvstore.KVStore):
         if blob["num_servers"] != self._kv.num_servers:
             raise ValueError(f"{fname} holds states of {blob['num_servers']} servers; this job has "
                              f"{self._kv.num_servers}")
+        saved = blob.get("namespace", 0)
+        if saved != self._namespace:
+            raise ValueError(f"{fname} holds the states of this process's kvstore number {saved + 1} (in the "
+                             "order the stores first initialized keys or set an optimizer), and this is number "
+                             f"{self._namespace + 1}: load each Trainer's states after the Trainers' first "
+                             "steps, or create and first use the stores in the order of the run that saved them")
         for sid, data in blob["servers"].items():
-            self._kv.server_command("set_states", {"states": data}, servers=[int(sid)])
+            self._kv.server_command("set_states", {"states": data}, servers=[int(sid)], namespace=self._namespace)
+
+    @property
+    def _namespace(self) -> int:
+        """Its namespace, 0 until it takes one (see _claim)."""
+        return self._ns or 0
 
     def _barrier(self) -> None:
         self._settle()
@@ -475,16 +557,65 @@ def settle_before_fork() -> None:
             logger.error("before fork: %s", exc)
 
 
+def _same_compression(store: PSKVStore, params: dict[str, Any] | None) -> None:
+    """Gradient compression is one per process (the ps worker's and the servers'): refuse a
+    store whose compression differs from another live store's, which would otherwise have
+    its gradients compressed, or not, behind its back (a GAN's two Trainers)."""
+    for other in list(_claimed):
+        if other is not store and other._compression != params:
+            raise ValueError(f"this kvstore asks for gradient compression {params}, another kvstore of this "
+                             f"process for {other._compression}: ps compresses every store of a process "
+                             "alike; give every Trainer the same compression_params (or none)")
+
+
+def _is_int(key: Any) -> bool:
+    return isinstance(key, numbers.Integral) and not isinstance(key, bool)
+
+
+def ps_type(name: str) -> str:
+    """The ps store for an MXNet kvstore name. MXNet's C++ ``KVStore::Create`` makes a
+    distributed store of any name containing "dist", asynchronous if it also contains
+    "_async" (``dist``, ``dist_device_async``, ... included); ps follows the same reading."""
+    return ("dist_async" if "_async" in name else "dist_sync") + ("_device" if "device" in name else "")
+
+
+def _kvstore_class(name: str) -> type:
+    cls = type(name.title(), (PSKVStore,), {"_TYPE": name, "__module__": "ps.mxnet",
+                                            "__doc__": f"ps-backed MXNet kvstore {name!r}."})
+    mx.kvstore.KVStoreBase.register(cls)
+    return cls
+
+
 def register() -> dict[str, type]:
     """Register ps's kvstores with MXNet (``mx.kv.create`` and Trainer look there first)."""
     classes = {}
     for name in ("dist_sync", "dist_async", "dist_sync_device", "dist_device_sync",
                  "dist_async_device", "dist"):
-        cls = type(name.title(), (PSKVStore,), {"_TYPE": name, "__module__": "ps.mxnet",
-                                                "__doc__": f"ps-backed MXNet kvstore {name!r}."})
-        mx.kvstore.KVStoreBase.register(cls)
+        cls = _kvstore_class(name)
         classes[cls.__name__] = cls
     return classes
+
+
+def patch_create() -> None:
+    """MXNet's ``create`` looks its registry up by exact name and passes any other name to its
+    C++ ``KVStore::Create``, which makes a ps-lite store of every name containing "dist":
+    without this, ``kvstore='dist_device_async'`` would start MXNet's own ps-lite worker
+    against ps's scheduler. Such a name gets a ps store of its own (registered on first use)."""
+    original = mx.kvstore.base.create
+    if getattr(original, "_ps_patched", False):
+        return
+
+    @functools.wraps(original)
+    def create(name: Any = "local") -> Any:
+        if isinstance(name, str):
+            lower = name.lower()
+            if "dist" in lower and lower not in mx.kvstore.KVStoreBase.kv_registry:
+                _kvstore_class(lower)
+        return original(name)
+
+    create._ps_patched = True  # type: ignore[attr-defined]
+    mx.kvstore.base.create = create
+    mx.kvstore.create = create
 
 
 SERVER_PROFILING = ("ps servers do not run MXNet's profiler (profile_process='server'): they are Python "

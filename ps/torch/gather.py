@@ -236,7 +236,8 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None, 
     return out, torch.tensor(received, dtype=splits.dtype if isinstance(splits, torch.Tensor) else torch.int32)
 
 
-def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: Any = None) -> Deferred:
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+                   process_set: Any = None) -> Deferred:
     result = alltoall(tensor, splits, name, process_set)
     return Deferred(None, lambda _: result)
 

@@ -22,13 +22,20 @@ from .sums import Average, Sum, as_array, ensure_keys, reduce_op
 class _Distributed:
     """Mixed in before the wrapped optimizer's own class (see DistributedOptimizer)."""
 
-    def _ps_setup(self, named_parameters: Any, op: Any, compression: Any, passes: int) -> None:
+    def _ps_setup(self, named_parameters: Any, op: Any, compression: Any, passes: int,
+                  predivide: float = 1.0) -> None:
         if not isinstance(passes, int) or passes < 1:
             raise ValueError(f"backward_passes_per_step must be a positive integer, got {passes!r}")
         self._ps_op = reduce_op(op)
         if self._ps_op not in (Average, Sum):
             raise ValueError(f"DistributedOptimizer(op={self._ps_op.name}) is not supported: gradients are "
                              "averaged (hvd.Average) or summed (hvd.Sum)")
+        if not isinstance(predivide, (int, float)) or isinstance(predivide, bool) or predivide <= 0:
+            raise ValueError(f"gradient_predivide_factor must be a number > 0, got {predivide!r}")
+        if predivide != 1.0 and self._ps_op is not Average:
+            raise ValueError("gradient_predivide_factor needs op=hvd.Average (as in Horovod)")
+        # Horovod's split of the average: 1/f before the sum, f/size after (keeps fp16 sums in range)
+        self._ps_predivide = float(predivide)
         self._ps_compression = compression
         self._ps_passes = passes
         params = [p for group in self.param_groups for p in group["params"]]
@@ -81,7 +88,7 @@ class _Distributed:
     def _ps_send(self, p: torch.Tensor) -> None:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        grad = self._ps_compression.compress(p.grad)
+        grad = self._ps_compression.compress(p.grad if self._ps_predivide == 1.0 else p.grad / self._ps_predivide)
         flat = as_array(grad, f"gradient of {self._ps_names[p]!r}")
         self.timeline.append((self._ps_names[p], time.perf_counter()))
         if self._ps_kv is None:
@@ -108,7 +115,9 @@ class _Distributed:
             with torch.no_grad():
                 if summed.data_ptr() != p.grad.data_ptr():
                     p.grad.copy_(summed)
-                if divide > 1:
+                if self._ps_predivide != 1.0:
+                    p.grad.mul_(self._ps_predivide / divide)
+                elif divide > 1:
                     p.grad.div_(divide)
         self._ps_inflight.clear()
         for p in self._ps_counts:
@@ -145,14 +154,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     before each step. Collective: every worker calls it with the same parameters."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    if gradient_predivide_factor != 1.0:
-        raise ValueError("gradient_predivide_factor is not supported by ps.torch (the servers sum in the "
-                         "gradient's own dtype; use op=Sum and scale yourself)")
     if not runtime.is_initialized():
         raise ValueError("call ps.torch.init() before DistributedOptimizer")
     base = type(optimizer)
     cls = type(base.__name__, (_Distributed, base), {"__module__": base.__module__})
     wrapped = base.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)        # same param_groups, state, defaults
-    wrapped._ps_setup(named_parameters, op, compression, backward_passes_per_step)
+    wrapped._ps_setup(named_parameters, op, compression, backward_passes_per_step, gradient_predivide_factor)
     return wrapped

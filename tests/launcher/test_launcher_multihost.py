@@ -84,6 +84,27 @@ def test_an_unmodified_gluon_script_across_shaped_namespace_hosts(launch, sshd, 
             np.testing.assert_allclose(worker["weights"][name], values, atol=1e-5, err_msg=name)
 
 
+@pytest.mark.timeout(300)
+def test_three_trainers_in_one_process_across_shaped_namespace_hosts(launch, sshd, ns_hosts, tmp_path):
+    """A GAN's shape over a real network (100 Mbit/s links, 3 servers on 3 hosts): three
+    Trainers with kvstore='dist_sync' per worker keep their own keys and optimizers on the
+    servers (tests/mxnet/gan_dist.py) and end with MXNet's local-store weights."""
+    pytest.importorskip("mxnet")
+    script = os.path.join(ROOT, "tests", "mxnet", "gan_dist.py")
+    with shaped_links(ns_hosts, "100mbit"):
+        job = launch(["-n", "2", "-s", "3", "-H", ns_hosts["hostfile"], PY, script, str(tmp_path)],
+                     env={"PATH": sshd["PATH"], "PYTHONPATH": ROOT}, prefix=["ip", "netns", "exec", ns_hosts["launcher_ns"]])
+        assert job.wait(200) == 0, job.output
+    workers = [json.loads(line.split("RESULT ", 1)[1]) for line in job.output.splitlines() if "RESULT " in line]
+    assert sorted(w["rank"] for w in workers) == [0, 1], job.output
+    ref = subprocess.run([PY, script, str(tmp_path), "--local"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    (local,) = [json.loads(line.split("RESULT ", 1)[1]) for line in ref.stdout.splitlines() if "RESULT " in line]
+    for worker in workers:
+        for name, values in local["weights"].items():
+            np.testing.assert_allclose(worker["weights"][name], values, atol=1e-5, err_msg=name)
+
+
 def assert_unfaulted(launch, tmp_path, job, args, workers=3):
     """Every worker of the hurt run (``tmp_path/hurt``) ends with the weights of the same job
     run on this host with nobody hurt (``job`` up to the script, then its output dir, ``args``)."""

@@ -1,5 +1,8 @@
 """An ordinary Gluon training loop (no ps import, no restart logic) in which worker 0 kills
 processes of its own job: tests/mxnet/test_restart.py. Data depend on (step, rank) only.
+Two networks with a Trainer each on kvstore='dist_sync' (SGD and Adam, as a GAN has): the
+second store's keys and optimizer live in their own namespace on the servers, and survive
+the kills too.
 
     python gluon_restart.py STEPS OUT_DIR [ROLE:RANK:STEP ...]
 """
@@ -21,7 +24,11 @@ net = gluon.nn.HybridSequential()
 net.add(gluon.nn.Dense(32, activation="relu"), gluon.nn.Dense(4))
 net.initialize(mx.init.Xavier(), ctx=mx.cpu())
 trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4},
-                        kvstore=kv)
+                        kvstore="dist_sync")
+net2 = gluon.nn.HybridSequential()
+net2.add(gluon.nn.Dense(32, activation="relu"), gluon.nn.Dense(4))
+net2.initialize(mx.init.Xavier(), ctx=mx.cpu())
+trainer2 = gluon.Trainer(net2.collect_params(), "adam", {"learning_rate": 0.01}, kvstore="dist_sync")
 loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
 
@@ -53,9 +60,14 @@ for step in range(steps):
         loss = loss_fn(net(x), y)
     loss.backward()
     trainer.step(16)
+    with autograd.record():
+        loss2 = loss_fn(net2(x), y)
+    loss2.backward()
+    trainer2.step(16)
     if kv.rank == 0 and step in kills:
         nd.waitall()
         kill(*kills[step], step)
 nd.waitall()
-np.savez(os.path.join(out, f"w{kv.rank}.npz"), **{k: v.data().asnumpy() for k, v in net.collect_params().items()})
+weights = {k: v.data().asnumpy() for params in (net.collect_params(), net2.collect_params()) for k, v in params.items()}
+np.savez(os.path.join(out, f"w{kv.rank}.npz"), **weights)
 print(f"DONE rank {kv.rank}", flush=True)

@@ -1,5 +1,7 @@
 """`import ps.mxnet`: Gluon, Module and mx.kv on ps give MXNet's numbers (real processes)."""
+import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -173,3 +175,33 @@ def test_dist_async_with_update_on_kvstore_false_is_refused(procs, port, tmp_pat
     assert code != 0 and "update_on_kvstore=True" in err
     for p in others:
         assert procs.finish(p, timeout=30)[0] == 0      # the job still ends cleanly
+
+
+
+def test_three_trainers_on_dist_kvstores_in_one_process_each_keep_their_keys_and_optimizer(procs, tmp_path):
+    """A GAN's shape: Trainers (SGD+momentum with an lr change, Adam with save/load of its
+    states, RMSProp updating on the workers) each with kvstore='dist_sync' in every worker,
+    trained in turns: each equals MXNet's local store on both workers' batches. Native MXNet
+    hangs here; before, ps refused the second Trainer's keys. One store object given to two
+    Trainers is refused, naming the way out; so are one store's states loaded into another;
+    numpy int keys move with the store's others."""
+    script = os.path.join(HERE, "gan_dist.py")
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local", PYTHON, script,
+                            str(tmp_path)], cluster_env(0))
+    code, out, err = procs.finish(launcher, timeout=150)
+    assert code == 0, out + err
+    workers = [json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line]
+    env = {k: v for k, v in cluster_env(0).items() if not k.startswith("DMLC_")}
+    ref = subprocess.run([PYTHON, script, str(tmp_path), "--local"], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    (one,) = [json.loads(line.split("RESULT ", 1)[1]) for line in ref.stdout.splitlines() if "RESULT " in line]
+    assert sorted(w["rank"] for w in workers) == [0, 1]
+    for w in workers:
+        for name, values in one["weights"].items():
+            np.testing.assert_allclose(w["weights"][name], values, rtol=0, atol=1e-5, err_msg=name)
+        assert w["refused"].startswith("key 0 is already initialized in this kvstore"), w
+        assert "kvstore number 1 " in w["states_refused"] and "this is number 2" in w["states_refused"], w
+        assert w["numpy_key"] == [2.0, 2.0], w       # no optimizer there: the sum of both workers' pushes
+        assert w["compression_refused"].startswith("this kvstore asks for gradient compression {'type': '2bit'"), w
+    assert not np.allclose(one["weights"]["G"], one["weights"]["D"])    # each its own optimizer

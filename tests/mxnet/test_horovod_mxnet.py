@@ -1,5 +1,5 @@
 """Horovod's MXNet template on ps (`import ps.mxnet as hvd`): 2 workers x 2 servers equal one
-process on both workers' batches; bad input named."""
+process on both workers' batches, with one trainer or with two (a GAN's); bad input named."""
 import json
 import subprocess
 
@@ -36,14 +36,39 @@ def test_distributed_optimizer_with_trainer_kvstore_none_equals_one_process(proc
     assert workers[0]["mean_loss"] == workers[1]["mean_loss"]     # hvd.allreduce: the same mean everywhere
 
 
+@pytest.mark.timeout(200)
+def test_two_distributed_trainers_a_gans_shape_equal_one_process(procs):
+    script = str(ROOT / "tests" / "mxnet" / "hvd_gan.py")
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local", PYTHON, script],
+                           cluster_env(0))
+    code, out, err = procs.finish(launcher, timeout=150)
+    assert code == 0, out + err
+    workers = results(out)
+    env = {k: v for k, v in cluster_env(0).items() if not k.startswith("DMLC_")}
+    ref = subprocess.run([PYTHON, script, "--local"], capture_output=True, text=True, timeout=120, env=env)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    (one,) = results(ref.stdout)
+    assert len(workers) == 2
+    for r in workers:
+        for name, values in one["weights"].items():
+            atol = 1e-4 if name == "H" else 1e-5        # H's gradients are summed in float16
+            np.testing.assert_allclose(r["weights"][name], values, rtol=0, atol=atol, err_msg=name)
+        assert not np.array_equal(r["weights"]["H"], one["weights"]["H"])   # ... really in float16
+    # G and D really trained apart: the same start, different updates
+    assert not np.allclose(one["weights"]["G"], one["weights"]["D"])
+
+
 def test_bad_input_is_named_alone():
     code = ("import ps.mxnet as hvd, mxnet as mx\n"
             "hvd.init()\n"
             "try:\n    hvd.DistributedOptimizer('sgd')\nexcept TypeError as e:\n    print('E1', e)\n"
+            "try:\n    hvd.DistributedTrainer([], 'sgd', compression='bf16')\nexcept ValueError as e:\n    print('E3', e)\n"
             "net = mx.gluon.nn.Dense(3); net.initialize()\n"
             "try:\n    hvd.broadcast_parameters(net.collect_params())\nexcept ValueError as e:\n    print('E2', e)\n")
     env = {k: v for k, v in cluster_env(0).items() if not k.startswith("DMLC_")}
     res = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert "E1 DistributedOptimizer wraps an mx.optimizer.Optimizer, got str" in res.stdout, res.stdout + res.stderr
+    assert "E3 compression='bf16': ps.mxnet has hvd.Compression.none and hvd.Compression.fp16" in res.stdout, \
+        res.stdout + res.stderr
     # alone, a broadcast is a no-op (size 1), even with deferred parameters
     assert "E2" not in res.stdout

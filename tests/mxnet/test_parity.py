@@ -1,6 +1,7 @@
 """ps.mxnet behaves as MXNet's own dist kvstore where MXNet's nightly tests look: MXNetError for
 a key never initialized, ignore_sparse=False raises, row_sparse_pull rows deduplicated and
-sorted, and server profiling refused with a clear message instead of a null-handle error."""
+sorted, and server profiling refused with a clear message instead of a null-handle error;
+every "dist" name MXNet accepts, and its set-the-optimizer server command, on ps."""
 import json
 
 import pytest
@@ -26,3 +27,12 @@ def test_errors_and_row_sparse_pull_as_mxnet(procs, tmp_path):
     assert found["empty_rows"] == []
     assert found["server_profiling"].startswith("MXNetError: ps servers do not run MXNet's profiler"), found
     assert found["worker_profiling"] == "no error"
+    assert found["none_key"] == "TypeError: keys must be int or str, got NoneType None", found
+    # MXNet's C++ create would have started its own ps-lite worker for these names
+    assert found["dist_sync_mpi"] == ["ps.mxnet", "dist_sync_mpi"], found
+    assert found["dist_device_async"] == ("ValueError: this process already joined the cluster as "
+                                          "'dist_sync'; cannot also create 'dist_async_device'"), found
+    assert found["bad_command_0"].startswith("MXNetError: server command 0 (set the optimizer) needs a "
+                                             "pickled mx.optimizer.Optimizer as its body; unpickling 'hello'"), found
+    assert found["command_5"].startswith("MXNetError: ps servers take no MXNet server command 5"), found
+    assert found["after_command_0"] == [0.5, 0.5], found    # 1 - 0.5 * 1: SGD ran on the servers

@@ -39,10 +39,10 @@ def alone(*args, script=SCRIPT):
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("mode,flags,tol,env", [
-    ("sgd", [], 1e-5, {}), ("adam", [], 1e-5, {}), ("sgd", ["--fp16"], 2e-3, {}),
+    ("sgd", [], 1e-5, {}), ("adam", [], 1e-5, {}), ("sgd", ["--fp16", "--predivide"], 2e-3, {}),
     # over TCP with a send window smaller than the gradients: priority order, credits, same sums
     ("sgd", [], 1e-5, {"PS_LOCAL_IPC": "0", "PS_SEND_WINDOW": "64K"})],
-    ids=["sgd-momentum-wd", "adam", "sgd-fp16-compression", "sgd-tcp-send-window"])
+    ids=["sgd-momentum-wd", "adam", "sgd-fp16-compression-predivide", "sgd-tcp-send-window"])
 def test_two_workers_equal_one_process_on_both_batches(procs, mode, flags, tol, env):
     out = launch(procs, mode, *flags, **env)
     workers = results(out)
@@ -72,6 +72,9 @@ def test_bad_input_is_named_alone():
     with pytest.raises(ValueError, match="device meta is not supported"):
         hvd.allreduce(torch.empty(3, device="meta"), name="m")
     model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="gradient_predivide_factor needs op=hvd.Average"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Sum,
+                                 gradient_predivide_factor=2.0)
     with pytest.raises(ValueError, match="backward_passes_per_step must be a positive integer"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), backward_passes_per_step=0)
     with pytest.raises(ValueError, match="does not name 1 of the optimizer's parameters"):

@@ -34,7 +34,8 @@ def main():
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01)
     compression = hvd.Compression.fp16 if "--fp16" in sys.argv else hvd.Compression.none
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression,
+                                   gradient_predivide_factor=4.0 if "--predivide" in sys.argv else 1.0)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     ranks = range(WORKERS) if local else [hvd.rank()]

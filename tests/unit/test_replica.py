@@ -142,7 +142,49 @@ def test_a_snapshot_taken_by_the_primary_equals_the_copy():
     body, frames = encode_events(snapshot(store))
     other.apply(decode_events(body, frames))
     np.testing.assert_array_equal(other.keys[3].value, mirror.keys[3].value)
-    assert other.updater.get_states() == mirror.updater.get_states()
+    assert other.opts.updaters[0].get_states() == mirror.opts.updaters[0].get_states()
+
+
+def test_two_namespaces_replay_snapshot_and_restore_each_with_its_optimizer():
+    """A second kvstore of an MXNet process (a GAN's Trainer): its key goes through its own
+    optimizer on the primary, in the backup's copy, and in a server restored from either."""
+    store, mirror = make(opt=optim.SGD(learning_rate=0.1, momentum=0.9))
+    store.handle(W[0], Entry(2, Op.INIT, 4, 0, N, N, F32), np.linspace(-1, 1, N).astype(np.float32))
+    adam = optim.Adam(learning_rate=0.01)
+    store.set_updater(optim.Updater(adam), False, ns=1)
+    store.record(Event("opt", 1, 0, [adam.to_spec(), False]))      # as the server records it
+    store.set_namespace([4], 1)
+    for rnd in range(3):
+        for i, w in enumerate(W):
+            for key in (3, 4):
+                push(store, key, w, 100 * rnd + 10 * key + i, grads(rnd, w), rnd + 1)
+        replayed(store, mirror)
+    np.testing.assert_array_equal(mirror.keys[4].value, store.keys[4].value)
+    np.testing.assert_array_equal(mirror.keys[3].value, store.keys[3].value)
+    # the same pushes through one optimizer would have given the keys the same values
+    assert not np.array_equal(store.keys[3].value, store.keys[4].value)
+    restored = Store(len(W), chunk_bytes=4096)
+    body, frames = encode_events(mirror.snapshot())
+    restore(restored, decode_events(body, frames))
+    assert restored.opts.namespace(4) == 1 and restored.opts.namespace(3) == 0
+    for rnd in range(3, 5):                       # both go on exactly like the original
+        for i, w in enumerate(W):
+            for key in (3, 4):
+                push(store, key, w, 100 * rnd + 10 * key + i, grads(rnd, w), rnd + 1)
+                push(restored, key, w, 100 * rnd + 10 * key + i, grads(rnd, w), rnd + 1)
+    for key in (3, 4):
+        np.testing.assert_array_equal(restored.keys[key].value, store.keys[key].value)
+
+
+def test_keys_are_not_moved_between_namespaces_in_the_middle_of_a_round():
+    store, mirror = make(opt=optim.SGD(learning_rate=0.1, momentum=0.9))
+    for w in W[:2]:
+        push(store, 3, w, 7, grads(0, w), 1)
+    store.handle(W[2], Entry(7, Op.PUSH, 3, 0, 1000, N, F32, None, 0, 1), grads(0, W[2])[:1000])
+    assert store.half_applied() == [3]
+    with pytest.raises(RuntimeError, match=r"cannot move keys \[3\] to namespace 1 while their sync rounds"):
+        store.set_namespace([3], 1)
+    assert store.opts.namespace(3) == 0
 
 
 def test_bad_replica_messages_are_refused():

@@ -78,7 +78,7 @@ def train(sp, rounds=4, dtype=np.float32, seed=0):
             got = {w: pulled([x for x in replies if x.dest == w], k) for w in (W0, W1)}
             for w in (W0, W1):
                 np.testing.assert_array_equal(bits(got[w]), bits(want[k]), err_msg=f"round {r} key {k}")
-    assert s.updater.optimizer.index_update_count == ref.optimizer.index_update_count == \
+    assert s.opts.updaters[0].optimizer.index_update_count == ref.optimizer.index_update_count == \
         {k: rounds for k in KEYS}
     for k in KEYS:
         np.testing.assert_array_equal(bits(s.keys[k].value), bits(want[k]))
@@ -162,7 +162,7 @@ def test_a_later_round_waits_for_the_earlier_one():
     by_ts = {ts: pulled([r for r in replies if r.entry[0] == ts], 3) for ts in (10, 11, 20, 21)}
     for ts, want in ((10, first), (20, first), (11, w), (21, w)):
         np.testing.assert_array_equal(bits(by_ts[ts]), bits(want), err_msg=f"ts {ts}")
-    assert s.updater.optimizer.index_update_count == {3: 2}
+    assert s.opts.updaters[0].optimizer.index_update_count == {3: 2}
 
 
 def test_no_optimizer_assigns_the_sum_chunk_by_chunk():

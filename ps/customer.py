@@ -100,6 +100,7 @@ class Customer:
                 continue                      # late reply to a request that already failed, or a repeat
             if error is not None:
                 kind, text = error
+                text = f"{req.what}: {text}"     # the server knows str keys only by their hash
                 exc_type = PeerLostError if kind == "PeerLostError" else None
                 req.error = exc_type(text) if exc_type else RemoteError(text, kind, node_name(msg.sender))
                 self._finish(req)

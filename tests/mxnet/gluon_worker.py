@@ -86,6 +86,12 @@ def train(kvstore, rank, workers, steps, opt, opt_args, update_on_kvstore=None, 
             n.save_parameters(save[2])
     if exit_early and rank == 0:
         return {}
+    if predict:
+        # MXNet's race, not ps's: asnumpy() waits for a weight's queued writes, then reads
+        # its MKL-DNN layout unlocked, while an inference op still queued may push (and run)
+        # the reorder of that weight's layout: SIGSEGV in NDArray::Reorder2Default (seen
+        # here 3 times in 183 runs; docs/mxnet.md). A script reads its predictions first.
+        mx.nd.waitall()
     # by position: Gluon's name prefixes differ between processes
     return {f"p{i}": v.data().asnumpy().astype(np.float32) for i, v in enumerate(n.collect_params().values())}
 

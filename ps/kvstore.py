@@ -48,6 +48,7 @@ class KeyInfo:
     dtype_code: int
     slices: tuple[Slice, ...]
     row_len: int = 1          # elements per row (slices hold whole rows)
+    label: str = ""           # how messages name it: the caller's key (see init's labels)
 
     @property
     def size(self) -> int:
@@ -222,53 +223,59 @@ class KVStore:
             raise KeyError(f"key {key!r} is not initialized; call kv.init({key!r}, value) first")
         return info
 
-    def _new_info(self, key: Any, value: np.ndarray) -> KeyInfo:
+    def _new_info(self, key: Any, value: np.ndarray, label: str | None = None) -> KeyInfo:
         kind = str if isinstance(key, str) else int
         if self._key_kind is not None and kind is not self._key_kind:
-            raise TypeError(f"key {key!r}: one store cannot mix int and str keys")
+            raise TypeError(f"key {label or repr(key)}: one store cannot mix int and str keys")
         if key in self._keys:
-            raise ValueError(f"key {key!r} is already initialized; a key can be initialized only once")
+            raise ValueError(f"key {label or repr(key)} is already initialized; a key can be initialized only once")
         int_key = keys_mod.to_int_key(key)
         self._key_kind = kind
         row_len = max(1, int(np.prod(value.shape[1:], dtype=np.int64))) if value.ndim >= 2 else 1
         return KeyInfo(key, int_key, tuple(value.shape), value.dtype, dtype_code(value.dtype),
                        keys_mod.plan(int_key, value.size, self.num_servers, self._po.config.bigarray_bound, row_len),
-                       row_len)
+                       row_len, label or repr(key))
 
     def _value(self, info: KeyInfo, value: Any, what: str) -> np.ndarray:
         """One contiguous array for ``info``; a list (one per device) is summed first."""
         if isinstance(value, (list, tuple)):
             if not value:
-                raise ValueError(f"{what} key {info.name!r}: empty list of values")
+                raise ValueError(f"{what} key {info.label}: empty list of values")
             arrays = [self._value(info, v, what) for v in value]
             return arrays[0] if len(arrays) == 1 else functools.reduce(np.add, arrays)
         arr = np.asarray(value)
         if arr.shape != info.shape:
-            raise ValueError(f"{what} key {info.name!r}: shape {arr.shape} does not match the "
+            raise ValueError(f"{what} key {info.label}: shape {arr.shape} does not match the "
                              f"initialized shape {info.shape}")
         if arr.dtype != info.dtype:
-            raise TypeError(f"{what} key {info.name!r}: dtype {arr.dtype} does not match the "
+            raise TypeError(f"{what} key {info.label}: dtype {arr.dtype} does not match the "
                             f"initialized dtype {info.dtype}")
         return np.ascontiguousarray(arr)
 
     # -- operations ----------------------------------------------------------------------
-    def init(self, key: Any, value: Any) -> None:
+    def init(self, key: Any, value: Any, labels: Any = None) -> None:
         """Collective: every worker calls it with the same keys; rank 0's value is stored.
 
+        ``labels`` (a str, or one per key): how error messages name the keys, for a caller
+        that moved its users' keys (ps.mxnet's second kvstore of a process) so that errors,
+        the servers' too, name the key the user wrote.
         Raises ValueError for a key initialized twice, RemoteError if a server refuses.
         """
         self._check_open()
         pairs = self._pairs(key, value)
+        labels = [None] * len(pairs) if labels is None else [labels] if isinstance(labels, str) else list(labels)
+        if len(labels) != len(pairs):
+            raise ValueError(f"{len(pairs)} keys but {len(labels)} labels")
         infos = []
-        for k, v in pairs:
+        for (k, v), label in zip(pairs, labels):
             arr = np.asarray(v[0] if isinstance(v, (list, tuple)) else v)
-            infos.append((self._new_info(k, arr), arr))
+            infos.append((self._new_info(k, arr, label), arr))
         requests = []
         for info, arr in infos:
             self._keys[info.name] = info
             if self.rank == 0:
                 flat = np.ascontiguousarray(arr).reshape(-1)
-                requests.append(self._request(Op.INIT, info, flat, None, f"init of key {info.name!r}"))
+                requests.append(self._request(Op.INIT, info, flat, None, f"init of key {info.label}"))
         self._worker.flush()
         error = None
         try:
@@ -288,7 +295,7 @@ class KVStore:
         handles = []
         for k, v in self._pairs(key, value):
             info = self._info(k)
-            what = f"push to key {k!r}"
+            what = f"push to key {info.label}"
             if _is_rows(v):
                 rows, values = self._rows_value(info, v)
                 handles.append(self._worker.request_rows(Op.PUSH, info.key, info.slices, info.dtype_code,
@@ -309,7 +316,7 @@ class KVStore:
         requests = []
         if rows.size:
             requests.append(self._worker.request_rows(Op.PULL, info.key, info.slices, info.dtype_code, info.row_len,
-                                                      rows, None, values.reshape(-1), f"row_sparse_pull of key {key!r}",
+                                                      rows, None, values.reshape(-1), f"row_sparse_pull of key {info.label}",
                                                       priority))
         return self._finish(requests, lambda: RowSparse(rows, values), block)
 
@@ -325,10 +332,10 @@ class KVStore:
             rows = np.asarray(part.rows).reshape(-1)
             values = np.asarray(part.values)
             if values.shape != (rows.size,) + info.shape[1:]:
-                raise ValueError(f"push to key {info.name!r}: {rows.size} rows need values of shape "
+                raise ValueError(f"push to key {info.label}: {rows.size} rows need values of shape "
                                  f"{(rows.size,) + info.shape[1:]}, got {values.shape}")
             if values.dtype != info.dtype:
-                raise TypeError(f"push to key {info.name!r}: dtype {values.dtype} does not match the "
+                raise TypeError(f"push to key {info.label}: dtype {values.dtype} does not match the "
                                 f"initialized dtype {info.dtype}")
             all_rows.append(self._check_rows(info, rows))
             all_values.append(values.reshape(rows.size, info.row_len))
@@ -345,16 +352,16 @@ class KVStore:
     def _check_rows(info: KeyInfo, rows: np.ndarray) -> np.ndarray:
         """int64 row ids (MXNet passes them as floats), each a row of the key."""
         if not info.shape:
-            raise ValueError(f"key {info.name!r} is a scalar: it has no rows")
+            raise ValueError(f"key {info.label} is a scalar: it has no rows")
         if rows.size and not np.issubdtype(rows.dtype, np.integer):
             as_int = rows.astype(np.int64)
             if not np.array_equal(as_int, rows):
-                raise ValueError(f"row ids of key {info.name!r} must be whole numbers, got {rows[as_int != rows][:3]}")
+                raise ValueError(f"row ids of key {info.label} must be whole numbers, got {rows[as_int != rows][:3]}")
             rows = as_int
         rows = rows.astype(np.int64, copy=False)
         if rows.size and (rows.min() < 0 or rows.max() >= info.shape[0]):
             bad = rows.min() if rows.min() < 0 else rows.max()
-            raise ValueError(f"row id {bad} is out of range for key {info.name!r} of shape {info.shape}")
+            raise ValueError(f"row id {bad} is out of range for key {info.label} of shape {info.shape}")
         return rows
 
 
@@ -386,7 +393,7 @@ class KVStore:
             info = self._info(k)
             flat = None if v is None else self._value(info, v, "pushpull to").reshape(-1)
             recv, final = self._receiver(info, o)
-            what = f"{'pushpull' if op & Op.PUSH else 'pull'} of key {k!r}"
+            what = f"{'pushpull' if op & Op.PUSH else 'pull'} of key {info.label}"
             handles.append(self._request(op, info, flat, recv.reshape(-1), what, priority))
             finals.append(final)
         if isinstance(key, (list, tuple)):
@@ -401,7 +408,7 @@ class KVStore:
         targets = list(out) if isinstance(out, (list, tuple)) else [out]
         for t in targets:
             if not isinstance(t, np.ndarray) or t.shape != info.shape:
-                raise ValueError(f"out for key {info.name!r} must be a numpy array of shape {info.shape}, "
+                raise ValueError(f"out for key {info.label} must be a numpy array of shape {info.shape}, "
                                  f"got {getattr(t, 'shape', type(t).__name__)}")
         first = targets[0]
         direct = first.dtype == info.dtype and first.flags.c_contiguous and first.flags.writeable

@@ -269,7 +269,7 @@ class KVWorker:
         for sid, reply in results.items():
             if reply.get("error"):
                 kind, text = reply["error"]
-                raise RemoteError(text, kind, node_name(sid))
+                raise RemoteError(f"server command {cmd!r}: {text}", kind, node_name(sid))
         return {sid: reply.get("result") for sid, reply in results.items()}
 
     def _on_command_reply(self, msg: Message) -> None:

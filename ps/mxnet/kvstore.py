@@ -135,7 +135,8 @@ class PSKVStore(mx.kvstore.KVStore):
                 "keys (MXNet's own dist kvstore hangs there). Give each Trainer its own store "
                 "(kvstore='dist_sync', or one mx.kv.create each: ps keeps their keys and optimizers "
                 "apart), or put every parameter in one Trainer (docs/mxnet.md)")
-        self._kv.init(keys, first(to_numpy(value), key))
+        self._kv.init(keys, first(to_numpy(value), key),
+                      labels=[self._label(k) for k in as_list(key)] if ns else None)
         if ns:
             self._kv.set_namespace(keys, ns)
 
@@ -149,6 +150,24 @@ class PSKVStore(mx.kvstore.KVStore):
             self._ns = next(_namespaces)
             _claimed.add(self)
         return self._ns
+
+    def _label(self, key: Any) -> str:
+        """How errors name a key of this store: its moved ps key would mean nothing to the user."""
+        return f"{key!r} (of this process's kvstore number {self._ns + 1})" if self._ns else repr(key)
+
+    @contextlib.contextmanager
+    def _errors(self, key: Any) -> Iterator[None]:
+        """MXNet raises MXNetError for a key that was never initialized; so does ps.mxnet,
+        naming the key the script wrote."""
+        try:
+            yield
+        except KeyError as exc:
+            missing = [k for k, moved in zip(as_list(key), as_list(self._keyed(key)))
+                       if self._kv.key_info(moved) is None] if self._ns else []
+            if missing:
+                raise mx.base.MXNetError(f"key {self._label(missing[0])} is not initialized; call "
+                                         f"kv.init({missing[0]!r}, value) first") from None
+            raise mx.base.MXNetError(exc.args[0] if exc.args else str(exc)) from None
 
     def _keyed(self, key: Any) -> Any:
         """The ps key of this store's ``key``: itself in namespace 0; else an int key moved
@@ -174,7 +193,7 @@ class PSKVStore(mx.kvstore.KVStore):
         self._settle()
         self._sync_optimizer_params()
         self._reap()
-        with mxnet_errors():
+        with self._errors(key):
             self._pending.append((self._kv.push(self._keyed(key), push_values(value), priority), value))
 
     def _reap(self) -> None:
@@ -192,7 +211,7 @@ class PSKVStore(mx.kvstore.KVStore):
         if not ignore_sparse and any(getattr(o, "stype", "default") != "default" for o in flatten(out)):
             raise mx.base.MXNetError(f"pull of key {key!r} into a row_sparse array with ignore_sparse=False: "
                                      "use row_sparse_pull(key, out, row_ids)")
-        with mxnet_errors():             # row_sparse outs are left alone (ignore_sparse, as MXNet)
+        with self._errors(key):             # row_sparse outs are left alone (ignore_sparse, as MXNet)
             self._kv.pull(self._keyed(key), out=to_numpy(out, write=True), priority=priority)
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
@@ -211,15 +230,15 @@ class PSKVStore(mx.kvstore.KVStore):
             self.push(key, value, priority)
             self.pull(key, out=targets, priority=priority)
             return
-        key = self._keyed(key)
-        if self._engine is not None and self._engine_pushpull(key, value, targets, priority):
+        moved = self._keyed(key)
+        if self._engine is not None and self._engine_pushpull(moved, value, targets, priority):
             return
         self._settle()
         if self._defer:        # started when the step's loop ends, last parameter first
-            self._queued.append((key, value, targets, priority))
+            self._queued.append((moved, value, targets, priority))
             return
-        with mxnet_errors():
-            self._kv.pushpull(key, to_numpy(value), out=to_numpy(targets, write=True), priority=priority,
+        with self._errors(key):
+            self._kv.pushpull(moved, to_numpy(value), out=to_numpy(targets, write=True), priority=priority,
                               block=False).wait()
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> None:
@@ -240,7 +259,7 @@ class PSKVStore(mx.kvstore.KVStore):
                 if getattr(o, "stype", "default") != "row_sparse":
                     raise mx.base.MXNetError(f"row_sparse_pull of key {k!r}: out must be a row_sparse "
                                              f"NDArray, got stype {getattr(o, 'stype', type(o).__name__)!r}")
-                with mxnet_errors():
+                with self._errors(k):
                     got = self._kv.row_sparse_pull(self._keyed(k), rid.asnumpy() if hasattr(rid, "asnumpy") else rid)
                 with mx.autograd.pause():    # Gluon pulls inside record(); MXNet's C++ pull is not an op
                     mx.nd.sparse.row_sparse_array((got.values, got.rows), shape=o.shape, ctx=o.context,
@@ -525,15 +544,6 @@ def push_values(value: Any) -> Any:
     if getattr(value, "stype", "default") == "row_sparse":
         return RowSparse(value.indices.asnumpy().astype(np.int64), value.data.asnumpy())
     return to_numpy(value)
-
-
-@contextlib.contextmanager
-def mxnet_errors() -> Iterator[None]:
-    """MXNet raises MXNetError for a key that was never initialized; so does ps.mxnet."""
-    try:
-        yield
-    except KeyError as exc:
-        raise mx.base.MXNetError(exc.args[0] if exc.args else str(exc)) from None
 
 
 def _engine(kv: KVStore) -> Engine | None:

@@ -73,6 +73,30 @@ def test_async_sgd_applies_every_push(van):
             np.testing.assert_allclose(out, np.full(4, 1 - 3 * 0.3), rtol=1e-6)
 
 
+def test_errors_name_the_key_by_its_label_and_the_server_command(van):
+    """A caller that moves its users' keys (ps.mxnet's second kvstore of a process) gives
+    labels: errors raised here and the servers' own then name the key the user knows."""
+    def job(kv):
+        kv.init("w#moved", np.ones(4, np.float32), labels="'w' (of store 2)")
+        found = {}
+        with pytest.raises(ValueError) as shape:
+            kv.push("w#moved", np.ones(5, np.float32))
+        with pytest.raises(ps.RemoteError) as server:      # dist_async without an optimizer
+            kv.push("w#moved", np.ones(4, np.float32), block=True)
+        with pytest.raises(ps.RemoteError) as command:
+            kv.server_command("no_such_command")
+        found = {"shape": str(shape.value), "server": str(server.value), "command": str(command.value)}
+        kv.barrier()
+        return found
+    with local_cluster(1, 2, van=van, type="dist_async") as c:
+        for found in c.run(job):
+            assert found["shape"].startswith("push to key 'w' (of store 2): shape (5,)"), found
+            assert found["server"].startswith("push to key 'w' (of store 2): "), found
+            assert "set_optimizer" in found["server"] and "w#moved" not in found["server"], found
+            assert found["command"].startswith("server command 'no_such_command': server "), found
+            assert "unknown server command" in found["command"], found
+
+
 def test_async_without_optimizer_is_a_clear_error_and_cluster_keeps_serving(van):
     def job(kv):
         kv.init(3, np.ones(4, np.float32))

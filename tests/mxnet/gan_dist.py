@@ -75,6 +75,14 @@ def main():
         out = mx.nd.zeros((2,))
         kv3.pull(np.int64(0), out=out)
         found["numpy_key"] = out.asnumpy().tolist()
+        try:                                 # errors name the script's key, not the moved one
+            kv3.push(0, mx.nd.ones((3,)))
+        except ValueError as exc:
+            found["shape_refused"] = str(exc)
+        try:
+            kv3.pull(7, out=out)
+        except mx.base.MXNetError as exc:
+            found["unknown_refused"] = str(exc)
         c = net()                            # compression for one Trainer would reach all: refused
         tc = gluon.Trainer(c.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore="dist_sync",
                            compression_params={"type": "2bit", "threshold": 0.5})

@@ -1,6 +1,7 @@
 """`import ps.mxnet`: Gluon, Module and mx.kv on ps give MXNet's numbers (real processes)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -203,5 +204,9 @@ def test_three_trainers_on_dist_kvstores_in_one_process_each_keep_their_keys_and
         assert w["refused"].startswith("key 0 is already initialized in this kvstore"), w
         assert "kvstore number 1 " in w["states_refused"] and "this is number 2" in w["states_refused"], w
         assert w["numpy_key"] == [2.0, 2.0], w       # no optimizer there: the sum of both workers' pushes
+        for what in ("shape_refused", "unknown_refused"):   # the script's key, not the moved one
+            assert re.search(r"key 0 \(of this process's kvstore number \d\)" if what == "shape_refused" else
+                             r"key 7 \(of this process's kvstore number \d\) is not initialized", w[what]), w
+            assert str(1 << 50)[:6] not in w[what], w
         assert w["compression_refused"].startswith("this kvstore asks for gradient compression {'type': '2bit'"), w
     assert not np.allclose(one["weights"]["G"], one["weights"]["D"])    # each its own optimizer

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Callable
 
 from . import compression, optim
@@ -14,8 +15,9 @@ from .bufguard import BufferGuard
 from .config import Config
 from .errors import PSError
 from .keys import CHUNK_BYTES
-from .message import Batch, Command, Flag, Message, entry_has_data, id_to_rank, node_name
+from .message import Batch, Command, Flag, Message, Op, entry_has_data, id_to_rank, node_name
 from .postoffice import SCHEDULER, Postoffice
+from .profiler import ServerProfiler
 from .replication import Replication
 from .sendqueue import SendQueue
 from .store import Event, Reply, Stall, Store, Updater
@@ -48,6 +50,7 @@ class KVServer:
         self._priority: dict[int, int] = {}
         self._windowed: set[int] = set()     # workers whose requests ask for credits: reached over a network
         self._batches = 0                    # replies made together queue as one group
+        self.profiler: ServerProfiler | None = None     # made by the first "profiler" command
         if self._queue is not None and config.send_lowat:
             self.po.van.add_tick(self._tick)
         self.po.on(Command.DATA, self._on_data)
@@ -109,6 +112,8 @@ class KVServer:
             self.error = exc
         finally:
             self.po.close(linger=1.0)
+            if self.profiler is not None:
+                self.profiler.close()
         if self.error is not None:
             logger.error("%s exits: %s", self.po, self.error)
             return 1
@@ -139,21 +144,37 @@ class KVServer:
         replies: list[Reply] = []
         arrays = iter(msg.frames)
         priority = self._priority if self._queue is not None else None
+        profiler = self.profiler if self.profiler is not None and self.profiler.running else None
         for entry in msg.body:
             if priority is not None:
                 priority[entry.key] = entry.priority
             data = next(arrays) if entry_has_data(True, entry.op, None) else None
+            if profiler is not None:
+                start, due = time.perf_counter(), len(replies)
             try:
                 replies += store.handle(msg.sender, entry, data)
             except Exception as exc:  # noqa: BLE001 - a bug or a failing optimizer: answer, never hang
                 logger.exception("%s: %r failed", self.name, entry)
                 replies.append(Reply(msg.sender, entry.failed(type(exc).__name__, f"{self.name}: {exc}"), None))
+            if profiler is not None:
+                profiler.record(_op_name(entry.op), "request", start,
+                                {"key": entry.key, "worker": id_to_rank(msg.sender), "offset": entry.offset,
+                                 "elements": entry.length, "of": entry.total,
+                                 "replies": len(replies) - due})    # > 0: it closed a round (and updated)
         self.replication.after(lambda: self._send(replies) if replies else None)
         if self._stalls:
             self._report_resumed()
 
     def _send(self, replies: list[Reply]) -> None:
         """Group replies per worker into messages of about CHUNK_BYTES each."""
+        if self.profiler is not None and self.profiler.running:
+            start = time.perf_counter()
+            self._send_now(replies)
+            self.profiler.record("send replies", "reply", start, {"replies": len(replies)})
+        else:
+            self._send_now(replies)
+
+    def _send_now(self, replies: list[Reply]) -> None:
         if self._windowed:
             priority, direct = self._priority, []
             self._batches += 1
@@ -269,7 +290,10 @@ class KVServer:
                 # a restarted worker re-running its script: its dead self set this already
                 logger.info("%s: %s from restarted %s ignored (it replays)", self.name, cmd, node_name(msg.sender))
             else:
+                start = time.perf_counter()
                 reply["result"] = handler(self, store, body)
+                if self.profiler is not None and self.profiler.running and cmd != "profiler":
+                    self.profiler.record(f"command {cmd}", "command", start, {"worker": id_to_rank(msg.sender)})
                 if setting:
                     store.setting_applied(msg.sender, cmd, cid)
         except Exception as exc:  # noqa: BLE001 - reported to the worker, server goes on
@@ -325,6 +349,11 @@ class KVServer:
     def _pushed(self, store: Store, body: dict[str, Any]) -> dict[int, int]:
         return store.pushed(int(body["worker"]))
 
+    def _profile(self, store: Store, body: dict[str, Any]) -> dict[str, Any]:
+        if self.profiler is None:
+            self.profiler = ServerProfiler(self.po.rank, self.name)
+        return self.profiler.command(body)
+
     _COMMANDS: dict[str, Callable[[KVServer, Store, dict[str, Any]], Any]] = {
         "set_optimizer": _set_optimizer,
         "set_optimizer_pickle": _set_optimizer_pickle,
@@ -335,6 +364,7 @@ class KVServer:
         "set_namespace": _set_namespace,
         "stats": _stats,
         "pushed": _pushed,
+        "profiler": _profile,
     }
 
     @staticmethod
@@ -375,6 +405,14 @@ class KVServer:
 
 
 _SETTINGS = ("set_optimizer", "set_optimizer_pickle", "set_params", "set_states", "set_compression")
+
+
+def _op_name(op: int) -> str:
+    """A profile's name for a request entry."""
+    if op & Op.INIT:
+        return "init"
+    kind = "pushpull" if op & Op.PUSH and op & Op.PULL else "push" if op & Op.PUSH else "pull"
+    return f"{kind} rows" if op & Op.ROWS else kind
 
 
 def _namespace(body: dict[str, Any]) -> int:

@@ -1,4 +1,6 @@
 """Whole clusters in one process, over the in-process van and over ZeroMQ on 127.0.0.1."""
+import json
+
 import numpy as np
 import pytest
 
@@ -95,6 +97,38 @@ def test_errors_name_the_key_by_its_label_and_the_server_command(van):
             assert "set_optimizer" in found["server"] and "w#moved" not in found["server"], found
             assert found["command"].startswith("server command 'no_such_command': server "), found
             assert "unknown server command" in found["command"], found
+
+
+def test_server_profile_holds_each_servers_requests(van, tmp_path, monkeypatch):
+    """The "profiler" command (what mx.profiler's profile_process='server' sends): every
+    server writes rank<N>_<name> when it stops, with a span per request entry it handled."""
+    monkeypatch.chdir(tmp_path)
+
+    def job(kv):
+        kv.init(5, np.ones(40, np.float32))
+        if kv.rank == 0:
+            with pytest.raises(ps.RemoteError, match="plain file name"):
+                kv.server_command("profiler", {"action": "config", "params": {"filename": "../x.json"}})
+            kv.server_command("profiler", {"action": "config", "params": {"filename": "srv.json"}})
+            kv.server_command("profiler", {"action": "state", "run": True})
+        kv.barrier()
+        for _ in range(3):
+            kv.pushpull(5, np.ones(40, np.float32))
+        kv.barrier()
+        if kv.rank == 0:
+            kv.server_command("profiler", {"action": "state", "run": False})
+        kv.barrier()
+    with local_cluster(2, 2, van=van, bigarray_bound=10) as c:
+        c.run(job)
+    for rank in (0, 1):
+        doc = json.loads((tmp_path / f"rank{rank}_srv.json").read_text())
+        requests = [e for e in doc["traceEvents"] if e.get("cat") == "request"]
+        assert len(requests) == 2 * 3, requests            # 2 workers x 3 pushpulls of its slice
+        assert {e["name"] for e in requests} == {"pushpull"}
+        assert {e["args"]["worker"] for e in requests} == {0, 1}
+        assert any(e["name"] == "send replies" for e in doc["traceEvents"])
+        assert doc["otherData"]["rank"] == rank
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0_srv.json", "rank1_srv.json"]
 
 
 def test_async_without_optimizer_is_a_clear_error_and_cluster_keeps_serving(van):

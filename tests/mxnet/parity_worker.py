@@ -30,6 +30,8 @@ found["rows"], found["data"] = rs.indices.asnumpy().tolist(), rs.data.asnumpy().
 kv.row_sparse_pull("w", out=rs, row_ids=mx.nd.array([], dtype="int64"))
 found["empty_rows"] = rs.indices.asnumpy().tolist()
 found["server_profiling"] = outcome(lambda: mx.profiler.set_config(filename="s.json", profile_process="server"))
+found["server_profiling_path"] = outcome(lambda: mx.profiler.set_config(filename="../s.json",
+                                                                        profile_process="server"))
 found["worker_profiling"] = outcome(lambda: mx.profiler.set_config(filename="w.json", profile_process="worker"))
 found["none_key"] = outcome(lambda: kv.push(None, mx.nd.zeros(2)))
 # any name with "dist" is a dist store to MXNet's C++ create, async if it has "_async"

@@ -210,3 +210,26 @@ def test_three_trainers_on_dist_kvstores_in_one_process_each_keep_their_keys_and
             assert str(1 << 50)[:6] not in w[what], w
         assert w["compression_refused"].startswith("this kvstore asks for gradient compression {'type': '2bit'"), w
     assert not np.allclose(one["weights"]["G"], one["weights"]["D"])    # each its own optimizer
+
+
+def test_server_profiling_writes_each_servers_trace(procs, tmp_path):
+    """mx.profiler's profile_process='server' calls reach ps's servers (MXNet itself fails
+    on a store without a C handle): each writes rank<N>_<filename>, a Chrome trace of the
+    requests it handled while running and not paused; MXNet's worker profiler is untouched;
+    an unknown config parameter is refused as MXNet refuses it."""
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local", PYTHON,
+                            os.path.join(HERE, "profile_worker.py")],
+                           {**cluster_env(0), "MXNET_KVSTORE_BIGARRAY_BOUND": "100"}, cwd=str(tmp_path))
+    code, out, err = procs.finish(launcher, timeout=120)
+    assert code == 0, out + err
+    found = {}
+    for line in out.splitlines():
+        if "RESULT " in line:
+            found.update(json.loads(line.split("RESULT ", 1)[1]))
+    assert "no parameter 'profile_everything'" in found["unknown_refused"], found
+    for r in (0, 1):          # both servers hold a slice: 3 recorded steps x 2 workers x (push, pull)
+        events = sorted(map(tuple, found[f"server{r}"]))
+        assert events == sorted([("push", w) for w in (0, 1)] * 3 + [("pull", w) for w in (0, 1)] * 3), events
+    assert found["worker_file"] is True
+    assert found["final"] == pytest.approx(1 - 4 * 2 * 0.1)
+    assert sorted(p.name for p in tmp_path.glob("rank*")) == ["rank0_srv.json", "rank1_srv.json"]

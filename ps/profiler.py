@@ -17,6 +17,7 @@ there as soon as ``set_state('stop')`` returns.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -65,6 +66,8 @@ class ServerProfiler:
                 self.filename = f"rank{self.rank}_{_plain_name(params['filename'])}"
                 with self._lock:
                     self._spans, self._dropped = [], 0
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.filename)      # as MXNet's SetConfig: no stale profile from an earlier run
         elif action == "state":
             self._state = bool(body.get("run"))
             self._enabled |= self._state

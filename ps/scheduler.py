@@ -455,6 +455,9 @@ class Scheduler:
                 info.rank, info.last_seen = rank, now
                 self._nodes[to_id(rank)] = info
         self._ring = ring.order([self._nodes[server_id(r)].host for r in range(self.config.num_servers)])
+        warning = placement_warning(list(self._nodes.values()))
+        if warning:
+            logger.warning("scheduler: %s", warning)
         table = self._table()
         for node_id, info in self._nodes.items():
             self._send_to(node_id, Command.NODE_TABLE, {**table, "you": node_id})
@@ -756,6 +759,20 @@ class Scheduler:
         Command.REJOINED: _on_rejoined,
         Command.NODE_DOWN: _on_node_down_ack,
     }
+
+
+def placement_warning(nodes: list[Member]) -> str | None:
+    """The commonest way to make a multi-machine job slow (issue trackers: "1 server + 2
+    workers, half the performance"): fewer machines with servers than machines with workers,
+    so the servers' links carry what every worker sends and receives."""
+    worker_hosts = sorted({n.host for n in nodes if n.role == Role.WORKER})
+    server_hosts = sorted({n.host for n in nodes if n.role == Role.SERVER})
+    if len(worker_hosts) < 2 or len(server_hosts) >= len(worker_hosts):
+        return None
+    return (f"workers run on {len(worker_hosts)} hosts, servers on only {len(server_hosts)} "
+            f"({', '.join(server_hosts)}): each server host's link carries its share of every worker's "
+            f"pushes and pulls. On links of equal speed a job is fastest with servers on as many hosts as "
+            f"workers (one server on each worker host: docs/benchmarks.md, \"How many servers?\")")
 
 
 def assign_ranks(nodes: list[Member]) -> list[Member]:

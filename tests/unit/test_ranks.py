@@ -1,6 +1,6 @@
 """Rank assignment by the scheduler: pinned ranks first, the rest as ps-lite orders them."""
 from ps.message import Role
-from ps.scheduler import Member, assign_ranks
+from ps.scheduler import Member, assign_ranks, placement_warning
 
 
 def node(host, port, hint=None):
@@ -35,3 +35,19 @@ def test_out_of_range_and_duplicate_hints_are_ignored():
     assert ranked[1].host == "b"                       # the first to claim rank 1 keeps it
     assert sorted(n.host for n in ranked) == ["a", "b", "c", "d"]
     assert [ranked[i].host for i in (0, 2, 3)] == ["d", "c", "a"]
+
+
+def test_fewer_server_hosts_than_worker_hosts_is_warned_of():
+    def member(role, host):
+        return Member(role, host, 9000, f"tcp://{host}:9000")
+    workers = [member(Role.WORKER, f"10.0.0.{i}") for i in (1, 2, 3, 4)]
+    one_server = [member(Role.SERVER, "10.0.0.1")]
+    text = placement_warning(workers + one_server)
+    assert text.startswith("workers run on 4 hosts, servers on only 1 (10.0.0.1)"), text
+    assert "How many servers?" in text
+    # one server per worker host, dedicated server hosts, or everything on one machine: silent
+    assert placement_warning(workers + [member(Role.SERVER, w.host) for w in workers]) is None
+    assert placement_warning(workers + [member(Role.SERVER, f"10.0.1.{i}") for i in range(4)]) is None
+    assert placement_warning([member(Role.WORKER, "127.0.0.1")] * 4 + one_server) is None
+    two_per_host = [member(Role.SERVER, h) for h in ("10.0.0.1", "10.0.0.2")] * 2
+    assert "servers on only 2 (10.0.0.1, 10.0.0.2)" in placement_warning(workers + two_per_host)

@@ -1,10 +1,12 @@
 """--launcher local against the real ps core: results, prefixes, exit status, stopping."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 import signal
+import subprocess
 import time
 
 import psutil
@@ -200,3 +202,23 @@ def test_each_job_gets_its_own_signing_key_removed_at_the_end(launch, extra, has
     _, path, mode, folder_mode = line.split()
     assert (mode, folder_mode) == ("0o600", "0o700"), line
     assert not os.path.exists(path) and not os.path.exists(os.path.dirname(path))
+
+
+def test_cluster_check_on_one_machine_and_its_bad_arguments(launch, tmp_path):
+    """`python -m ps.check` as the job's command: every server -> worker path measured (all
+    on one host here), the pushpull round timed; rank 0 reports. Bad options are named
+    before any process joins a cluster."""
+    out = tmp_path / "check.json"
+    job = launch(["-n", "2", "-s", "2", "--launcher", "local", PY, "-m", "ps.check", "--mb", "4",
+                  "--path-mb", "1", "--pings", "5", "--json", str(out)])
+    assert job.wait(60) == 0, job.output
+    found = json.loads(out.read_text())
+    pairs = sorted((p["server"], p["worker"]) for p in found["paths"])
+    assert pairs == [(0, 0), (0, 1), (1, 0), (1, 1)], found
+    assert all(p["same_host"] and p["rtt_ms"] > 0 and p["mb_per_s"] > 0 for p in found["paths"]), found
+    assert len(found["round_s"]) == 2 and min(found["round_s"]) > 0 and found["model_mb"] == 4.0, found
+    assert len(job.matching("[worker 0] ps cluster check: 2 workers, 2 servers")) == 1, job.output
+    assert not job.matching("[worker 1] ps cluster check"), job.output           # rank 0 reports
+    bad = subprocess.run([PY, "-m", "ps.check", "--mb", "0"], capture_output=True, text=True, timeout=30,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    assert bad.returncode == 2 and "--mb must be > 0, got 0.0" in bad.stderr, bad.stderr

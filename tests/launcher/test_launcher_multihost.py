@@ -242,3 +242,37 @@ def test_ps_torch_under_a_bare_mpirun_on_two_namespace_hosts(sshd, ns_hosts):
     proc = subprocess.run([*base, PY, "-c", HVD_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "set DMLC_PS_ROOT_URI to rank 0's host" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_cluster_check_names_the_host_whose_link_is_slow(launch, sshd, ns_hosts, tmp_path):
+    """`python -m ps.check` as the job's command: with host 3's outgoing link shaped to
+    20 Mbit/s and the others to 1 Gbit/s, exactly the paths from host 3's server to workers
+    on other hosts are named slow, and --strict fails the job. With one server for workers
+    on three hosts, the scheduler warns of the placement."""
+    env = {"PATH": sshd["PATH"], "PYTHONPATH": ROOT}
+    netns = ["ip", "netns", "exec", ns_hosts["launcher_ns"]]
+    out = tmp_path / "check.json"
+    slow_host = "10.77.0.4"
+    with shaped_links(ns_hosts, "1gbit"):
+        shaped = bash(f"ip netns exec {ns_hosts['prefix']}3 tc qdisc replace dev eth0 root tbf rate 20mbit "
+                      "burst 32kb latency 50ms")
+        assert shaped.returncode == 0, shaped.stderr
+        job = launch(["-n", "3", "-s", "3", "-H", ns_hosts["hostfile"], PY, "-m", "ps.check", "--mb", "2",
+                      "--path-mb", "1", "--pings", "5", "--rounds", "1", "--json", str(out), "--strict"],
+                     env=env, prefix=netns)
+        assert job.wait(120) == 1, job.output            # --strict: a slow path fails the job
+        found = json.loads(out.read_text())
+        assert len(found["paths"]) == 9 and found["workers"] == 3 and found["servers"] == 3, found
+        slow = {(p["server_host"], p["worker_host"]) for p in found["paths"] if p["slow"]}
+        expected = {(p["server_host"], p["worker_host"]) for p in found["paths"]
+                    if p["server_host"] == slow_host and p["worker_host"] != slow_host}
+        assert expected and slow == expected, found
+        rates = {(p["server_host"], p["worker_host"]): p["mb_per_s"] for p in found["paths"]}
+        assert all(rates[k] < 3.0 for k in expected), rates                 # 20 Mbit/s = 2.5 MB/s
+        assert all(r > 10.0 for k, r in rates.items() if k not in expected), rates
+        assert "slow path(s): server" in job.output and f"({slow_host})" in job.output, job.output
+
+        one = launch(["-n", "3", "-s", "1", "-H", ns_hosts["hostfile"], PY, "-m", "ps.check", "--mb", "1",
+                      "--path-mb", "0.25", "--pings", "3", "--rounds", "1"], env=env, prefix=netns)
+        assert one.wait(120) == 0, one.output
+        assert re.search(r"workers run on 3 hosts, servers on only 1 \(10\.77\.0\.\d\)", one.output), one.output

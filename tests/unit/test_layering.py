@@ -22,7 +22,7 @@ ALLOWED = {
     "van": {"van.base", "van.zmq_van", "van.inproc_van", "van.reliable", "_security"},
     "customer": {"_timing", "errors", "message"},
     "store": {"bufguard", "compression", "keys", "message"},
-    "ring": set(), "profiler": set(),
+    "ring": set(), "profiler": set(), "check": {"kvstore", "message"},
     "postoffice": {"_timing", "config", "errors", "message", "netutil", "ring", "van"},
     "scheduler": {"_timing", "config", "message", "netutil", "ring", "van"},
     "sendqueue": {"keys", "message"},

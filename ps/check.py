@@ -32,6 +32,14 @@ RTT_SLACK_MS = 1.0    # 1 ms (a loaded 2-core machine moves sub-millisecond time
 KEY_BASE = 1 << 40    # far from any key a training script of the same job might use
 
 
+class Found(NamedTuple):
+    """What the workers measured, as every worker has it after the gather."""
+
+    table: np.ndarray      # (workers, 2 * servers + 1): round trips ms, rates MB/s, round s
+    path_mb: float         # the size of the pull that measured each path's rate
+    model_mb: float        # the size of the model the rounds pushed and pulled
+
+
 class Path(NamedTuple):
     server: int
     server_host: str
@@ -72,7 +80,7 @@ def _key_on(server: int, num_servers: int, taken: set[int]) -> int:
     return k
 
 
-def measure(kv: KVStore, args: argparse.Namespace) -> dict[str, Any]:
+def measure(kv: KVStore, args: argparse.Namespace) -> Found:
     """Every worker runs this; the returned results (all workers') are rank 0's to print."""
     S, W, rank = kv.num_servers, kv.num_workers, kv.rank
     bound = kv.config.bigarray_bound
@@ -124,7 +132,7 @@ def measure(kv: KVStore, args: argparse.Namespace) -> dict[str, Any]:
     mine = np.zeros((W, row.size))
     mine[rank] = row
     table = kv.pushpull(gather_key, mine)              # no optimizer: the servers sum the rows
-    return {"table": table, "path_mb": path_elems * 4 / 2**20, "model_mb": n_model * 4 / 2**20}
+    return Found(table, path_elems * 4 / 2**20, n_model * 4 / 2**20)
 
 
 def _timed(fn: Any) -> float:
@@ -156,19 +164,19 @@ def paths(kv: KVStore, table: np.ndarray) -> list[Path]:
     return named
 
 
-def report(kv: KVStore, found: dict[str, Any], args: argparse.Namespace) -> tuple[str, list[Path]]:
+def report(kv: KVStore, found: Found, args: argparse.Namespace) -> tuple[str, list[Path]]:
     S, W = kv.num_servers, kv.num_workers
-    table = found["table"]
+    table = found.table
     rows = paths(kv, table)
     lines = [f"ps cluster check: {W} workers, {S} servers ({kv.type}); round trip of a 4-byte pull and "
-             f"rate of a {found['path_mb']:.1f} MB pull, per server -> worker path:"]
+             f"rate of a {found.path_mb:.1f} MB pull, per server -> worker path:"]
     lines.append("server (host)          worker (host)          round trip ms    MB/s   ")
     for p in rows:
         lines.append(f"{p.server:<4}{p.server_host:<19}{p.worker:<4}{p.worker_host:<19}"
                      f"{p.rtt_ms:>13.3f}{p.mb_per_s:>9.1f}   {'SLOW: ' + p.slow if p.slow else ''}".rstrip())
     rounds = table[:, 2 * S]
     slowest = int(np.argmax(rounds))
-    mb = found["model_mb"]
+    mb = found.model_mb
     lines.append(f"dist_sync pushpull of {mb:.0f} MB by every worker at once (keys of up to 4 MB, "
                  f"split over the servers): {rounds.max():.3f} s per round (worker {slowest}'s, median of {args.rounds}; "
                  f"fastest worker {rounds.min():.3f} s), {mb / rounds.max():.0f} MB/s per worker each way")
@@ -192,10 +200,10 @@ def main(argv: list[str] | None = None) -> int:
         text, rows = report(kv, found, args)
         print(text, flush=True)
         if args.json:
-            rounds = found["table"][:, 2 * kv.num_servers]
+            rounds = found.table[:, 2 * kv.num_servers]
             with open(args.json, "w") as f:
-                json.dump({"workers": kv.num_workers, "servers": kv.num_servers, "path_mb": found["path_mb"],
-                           "model_mb": found["model_mb"], "round_s": [float(r) for r in rounds],
+                json.dump({"workers": kv.num_workers, "servers": kv.num_servers, "path_mb": found.path_mb,
+                           "model_mb": found.model_mb, "round_s": [float(r) for r in rounds],
                            "paths": [p._asdict() for p in rows]}, f, indent=1)
         return 1 if args.strict and any(p.slow for p in rows) else 0
 

@@ -4,7 +4,9 @@ tests/launcher/test_chaos.py -s``: per seed, 2-4 servers and 3 workers on 3 name
 links shaped to 100 Mbit/s or 1 Gbit/s, SGD or Adam, and at a random round one of: a
 SIGKILLed server or worker, two of them, a whole host (link down, everything on it
 SIGKILLed), or a process SIGSTOPped for 12 s (declared dead, replaced, then continued). The
-job must end with exit 0 and every worker's weights equal to an unfaulted run's."""
+job must end with exit 0 and every worker's weights equal to an unfaulted run's, except where
+two servers that were ring neighbours die together (their states are lost): then it must end
+with the reason named."""
 from __future__ import annotations
 
 import contextlib
@@ -95,5 +97,10 @@ def test_chaos(launch, sshd, ns_hosts, tmp_path, seed):
                     os.kill(int(pid), signal.SIGKILL)
         code = job.wait(300)
     print(job.output[-6000:])
+    if fault == "two" and a[2][0] == b[2][0] == "server" and code != 0:
+        # ring neighbours (with 2 or 3 servers, any two) dead together: each held the only copy
+        # of the other's state, so the job cannot go on; it must end at once and say so
+        assert "no copy left" in job.output, (what, job.output[-8000:])
+        return
     assert code == 0, (what, job.output[-8000:])
     assert_unfaulted(launch, tmp_path, ["-n", "3", "-s", str(servers), "--env", bound, PY, script], [rounds, opt])

@@ -150,11 +150,13 @@ def paths(kv: KVStore, table: np.ndarray) -> list[Path]:
         for w in range(W):
             sh, wh = hosts.get((Role.SERVER, s), "?"), hosts.get((Role.WORKER, w), "?")
             rows.append(Path(s, sh, w, wh, float(table[w, s]), float(table[w, S + s]), sh == wh, ""))
+    medians = {}                      # same host or not -> (median rate, median round trip)
+    for same in {p.same_host for p in rows}:
+        kind = [q for q in rows if q.same_host == same]
+        medians[same] = (statistics.median(q.mb_per_s for q in kind), statistics.median(q.rtt_ms for q in kind))
     named = []
     for p in rows:
-        kind = [q for q in rows if q.same_host == p.same_host]
-        rate = statistics.median(q.mb_per_s for q in kind)
-        rtt = statistics.median(q.rtt_ms for q in kind)
+        rate, rtt = medians[p.same_host]
         why = []
         if p.mb_per_s < SLOW_RATE * rate:
             why.append(f"{p.mb_per_s:.1f} MB/s against a median of {rate:.1f}")

@@ -224,17 +224,18 @@ class KVStore:
         return info
 
     def _new_info(self, key: Any, value: np.ndarray, label: str | None = None) -> KeyInfo:
+        label = label or repr(key)
         kind = str if isinstance(key, str) else int
         if self._key_kind is not None and kind is not self._key_kind:
-            raise TypeError(f"key {label or repr(key)}: one store cannot mix int and str keys")
+            raise TypeError(f"key {label}: one store cannot mix int and str keys")
         if key in self._keys:
-            raise ValueError(f"key {label or repr(key)} is already initialized; a key can be initialized only once")
+            raise ValueError(f"key {label} is already initialized; a key can be initialized only once")
         int_key = keys_mod.to_int_key(key)
         self._key_kind = kind
         row_len = max(1, int(np.prod(value.shape[1:], dtype=np.int64))) if value.ndim >= 2 else 1
         return KeyInfo(key, int_key, tuple(value.shape), value.dtype, dtype_code(value.dtype),
                        keys_mod.plan(int_key, value.size, self.num_servers, self._po.config.bigarray_bound, row_len),
-                       row_len, label or repr(key))
+                       row_len, label)
 
     def _value(self, info: KeyInfo, value: Any, what: str) -> np.ndarray:
         """One contiguous array for ``info``; a list (one per device) is summed first."""

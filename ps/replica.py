@@ -152,9 +152,7 @@ class Mirror:
 
     def snapshot(self) -> list[Event]:
         """This copy as the events :func:`restore` reads (the open rounds' sums left out)."""
-        events = updater_events(self.opts, None)
-        if self.compression is not None:
-            events.append(Event("compression", 0, 0, self.compression))
+        events = updater_events(self.opts, self.compression)
         events.append(Event("workers", 0, 0, self.replays.info()))
         for key, mk in self.keys.items():
             events.append(Event("key", key, 0, [mk.dtype_code, mk.closed, list(mk.applied.items())], (mk.value,)))

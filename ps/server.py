@@ -126,6 +126,10 @@ class KVServer:
     def name(self) -> str:
         return f"server {self.po.rank} ({node_name(self.po.node_id)})" if self.po.node_id else "server"
 
+    def _recording(self) -> ServerProfiler | None:
+        """The profiler while it records (mx.profiler's server calls), else None."""
+        return self.profiler if self.profiler is not None and self.profiler.running else None
+
     def _store(self) -> Store:
         if self.store is None:   # created on first use: the sync mode comes with the node table
             self.store = Store(self.po.num_workers, self.po.sync, self.name, guard=self.guard,
@@ -144,7 +148,7 @@ class KVServer:
         replies: list[Reply] = []
         arrays = iter(msg.frames)
         priority = self._priority if self._queue is not None else None
-        profiler = self.profiler if self.profiler is not None and self.profiler.running else None
+        profiler = self._recording()
         for entry in msg.body:
             if priority is not None:
                 priority[entry.key] = entry.priority
@@ -167,12 +171,11 @@ class KVServer:
 
     def _send(self, replies: list[Reply]) -> None:
         """Group replies per worker into messages of about CHUNK_BYTES each."""
-        if self.profiler is not None and self.profiler.running:
-            start = time.perf_counter()
-            self._send_now(replies)
-            self.profiler.record("send replies", "reply", start, {"replies": len(replies)})
-        else:
-            self._send_now(replies)
+        profiler = self._recording()
+        start = time.perf_counter() if profiler is not None else 0.0
+        self._send_now(replies)
+        if profiler is not None:
+            profiler.record("send replies", "reply", start, {"replies": len(replies)})
 
     def _send_now(self, replies: list[Reply]) -> None:
         if self._windowed:
@@ -290,10 +293,11 @@ class KVServer:
                 # a restarted worker re-running its script: its dead self set this already
                 logger.info("%s: %s from restarted %s ignored (it replays)", self.name, cmd, node_name(msg.sender))
             else:
-                start = time.perf_counter()
+                profiler = self._recording()
+                start = time.perf_counter() if profiler is not None else 0.0
                 reply["result"] = handler(self, store, body)
-                if self.profiler is not None and self.profiler.running and cmd != "profiler":
-                    self.profiler.record(f"command {cmd}", "command", start, {"worker": id_to_rank(msg.sender)})
+                if profiler is not None and cmd != "profiler":
+                    profiler.record(f"command {cmd}", "command", start, {"worker": id_to_rank(msg.sender)})
                 if setting:
                     store.setting_applied(msg.sender, cmd, cid)
         except Exception as exc:  # noqa: BLE001 - reported to the worker, server goes on

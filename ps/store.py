@@ -542,14 +542,9 @@ class Store:
         elif pend[0][1].size != n:
             raise StoreError("ProtocolError", f"key {ks.key}: workers cut the value into different chunks")
         pend.append((sender, data))
-        if len(pend) >= self.num_workers and (rnd is ks.rounds[0] or self._whole_key(ks)):
+        if len(pend) >= self.num_workers and (rnd is ks.rounds[0] or _whole_key(self.opts.updater(ks.key))):
             return self._reduce(ks, rnd, off, rnd.frames.pop(off))
         return []
-
-    def _whole_key(self, ks: KeyState) -> bool:
-        """The optimizer needs the whole gradient at once (LAMB's norms, MXNet's own updater)."""
-        updater = self.opts.updater(ks.key)
-        return updater is not None and not updater.elementwise
 
     def _reduce(self, ks: KeyState, rnd: Round, off: int, frames: list) -> list[Reply]:
         """Sum one chunk's frames and use the sum right away: assign it to the value (no
@@ -566,7 +561,7 @@ class Store:
         frames = _by_worker(frames)
         n = frames[0].size
         updater = self.opts.updater(ks.key)
-        if self._whole_key(ks):
+        if _whole_key(updater):
             _sum(frames, self._merge_buffer(ks, rnd)[off:off + n])
             return []
         if not rnd.started:                    # once per round: copy-on-write, count the update
@@ -905,6 +900,11 @@ class Store:
 
     def stats(self) -> dict[str, Any]:
         return {"keys": len(self.keys), "bytes": sum(ks.value.nbytes for ks in self.keys.values())}
+
+
+def _whole_key(updater: Updater | None) -> bool:
+    """The optimizer needs the whole gradient at once (LAMB's norms, MXNet's own updater)."""
+    return updater is not None and not updater.elementwise
 
 
 def apply_rows(updater: Updater | None, key: int, weight: np.ndarray, rows: np.ndarray, summed: np.ndarray) -> None:

@@ -88,7 +88,10 @@ class _Distributed:
     def _ps_send(self, p: torch.Tensor) -> None:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        grad = self._ps_compression.compress(p.grad if self._ps_predivide == 1.0 else p.grad / self._ps_predivide)
+        if self._ps_predivide != 1.0:      # in place: the average comes back into p.grad anyway
+            with torch.no_grad():
+                p.grad.div_(self._ps_predivide)
+        grad = self._ps_compression.compress(p.grad)
         flat = as_array(grad, f"gradient of {self._ps_names[p]!r}")
         self.timeline.append((self._ps_names[p], time.perf_counter()))
         if self._ps_kv is None:

@@ -184,13 +184,6 @@ class KVStore:
         hosts = {n.rank: n.host for n in self._po.nodes.values() if n.role == Role.WORKER}
         return [hosts.get(r, "") for r in range(self.num_workers)]
 
-    @property
-    def local_workers(self) -> list[int]:
-        """Ranks of the workers on this worker's host (same announced address), in rank
-        order: Horovod's local_rank is this worker's index in it, local_size its length."""
-        hosts = self.worker_hosts
-        return [r for r, host in enumerate(hosts) if host == hosts[self.rank]]
-
     def call_soon(self, fn: Any) -> None:
         """Run ``fn`` on this worker's I/O thread (an adapter hands work over without waiting)."""
         self._po.call_soon(fn)

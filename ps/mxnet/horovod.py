@@ -9,57 +9,40 @@ so N workers make one process's update on the N batches together. ``hvd.Distribu
 """
 from __future__ import annotations
 
-import os
 import types
 from typing import Any
 
 import mxnet as mx
 import numpy as np
 
-from .. import selfstart
-from ..kvstore import KVStore
+from ..collective import Job, predivide_factor
 
-_state: dict[str, Any] = {"kv": None, "alone": False, "keys": set()}
+_job = Job("ps.mxnet")
 
 
 def init() -> None:
     """Join the job named by the ``DMLC_*`` variables; alone (size 1) without them."""
-    if _state["kv"] is not None or _state["alone"]:
-        return
-    selfstart.start()           # under mpirun/srun without ps.launch: make the rendezvous here
-    if "DMLC_PS_ROOT_URI" not in os.environ:
-        _state["alone"] = True
-        return
-    _state["kv"] = KVStore("dist_sync")
+    _job.init("dist_sync")
 
 
-def _kv() -> KVStore | None:
-    if _state["kv"] is None and not _state["alone"]:
-        raise ValueError("ps.mxnet.init() has not been called")
-    return _state["kv"]
+def _kv() -> Any:
+    return _job.store()
 
 
 def rank() -> int:
-    kv = _kv()
-    return 0 if kv is None else kv.rank
+    return _job.rank()
 
 
 def size() -> int:
-    kv = _kv()
-    return 1 if kv is None else kv.num_workers
-
-
-def _local() -> list[int]:
-    kv = _kv()
-    return [0] if kv is None else kv.local_workers
+    return _job.size()
 
 
 def local_rank() -> int:
-    return _local().index(rank())
+    return _job.local_rank()
 
 
 def local_size() -> int:
-    return len(_local())
+    return _job.local_size()
 
 
 def _sum(names: list[str], arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -69,13 +52,10 @@ def _sum(names: list[str], arrays: list[np.ndarray]) -> list[np.ndarray]:
     kv = _kv()
     if kv is None:
         return arrays
-    names = [f"{n}:{'x'.join(map(str, a.shape))}:{a.dtype.str}" for n, a in zip(names, arrays)]
-    new = [(n, a) for n, a in zip(names, arrays) if n not in _state["keys"]]
-    if new:
-        kv.init([n for n, _ in new], [np.zeros_like(a) for _, a in new])
-        _state["keys"].update(n for n, _ in new)
-    outs = [np.empty_like(a) for a in arrays]
-    handles = [kv.pushpull(n, a, out=o, block=False) for n, a, o in zip(names, arrays, outs)]
+    keys = [f"{n}:{'x'.join(map(str, a.shape))}:{a.dtype.str}" for n, a in zip(names, arrays)]
+    _job.ensure_keys([(k, a.shape, a.dtype) for k, a in zip(keys, arrays)])
+    outs = [np.empty(a.shape, a.dtype) for a in arrays]
+    handles = [kv.pushpull(k, a.reshape(-1), out=o.reshape(-1), block=False) for k, a, o in zip(keys, arrays, outs)]
     for h in handles:
         h.wait()
     return outs
@@ -118,9 +98,7 @@ def _checked(compression: Any, predivide: Any) -> tuple[Any, float]:
     compression = NoneCompressor if compression is None else compression
     if compression not in (NoneCompressor, FP16Compressor):
         raise ValueError(f"compression={compression!r}: ps.mxnet has hvd.Compression.none and hvd.Compression.fp16")
-    if not isinstance(predivide, (int, float)) or isinstance(predivide, bool) or predivide <= 0:
-        raise ValueError(f"gradient_predivide_factor must be a number > 0, got {predivide!r}")
-    return compression, float(predivide)
+    return compression, predivide_factor(predivide)
 
 
 def allreduce(tensor: mx.nd.NDArray, average: bool = True, name: str | None = None) -> mx.nd.NDArray:

@@ -21,9 +21,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from ..collective import fingerprint
 from . import runtime
 from .compression import Compression
-from .sums import Average, Group, Max, Min, Product, Sum, differentiable, fingerprint, member, reduce_op, sum_async
+from .sums import Average, Group, Max, Min, Product, Sum, differentiable, member, reduce_op, sum_async
 from .process_sets import check as check_process_set
 
 

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from ..collective import predivide_factor
 from . import runtime
 from .compression import Compression
 from .sums import Average, Sum, as_array, ensure_keys, reduce_op
@@ -30,12 +31,11 @@ class _Distributed:
         if self._ps_op not in (Average, Sum):
             raise ValueError(f"DistributedOptimizer(op={self._ps_op.name}) is not supported: gradients are "
                              "averaged (hvd.Average) or summed (hvd.Sum)")
-        if not isinstance(predivide, (int, float)) or isinstance(predivide, bool) or predivide <= 0:
-            raise ValueError(f"gradient_predivide_factor must be a number > 0, got {predivide!r}")
+        predivide = predivide_factor(predivide)
         if predivide != 1.0 and self._ps_op is not Average:
             raise ValueError("gradient_predivide_factor needs op=hvd.Average (as in Horovod)")
         # Horovod's split of the average: 1/f before the sum, f/size after (keeps fp16 sums in range)
-        self._ps_predivide = float(predivide)
+        self._ps_predivide = predivide
         self._ps_compression = compression
         self._ps_passes = passes
         params = [p for group in self.param_groups for p in group["params"]]

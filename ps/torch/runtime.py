@@ -7,13 +7,12 @@ Horovod does outside ``horovodrun``, so one script serves both.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from .. import KVStore, selfstart
+from .. import KVStore
+from ..collective import Job
 
-_store: KVStore | None = None
-_alone = False
+job = Job("ps.torch")
 server_optimizer = False     # set by ServerOptimizer: the servers now update every key they hold
 
 
@@ -21,77 +20,51 @@ def init(comm: Any = None, *, kvstore: str = "dist_sync") -> None:
     """Join the job (idempotent). ``comm`` (an MPI communicator in Horovod) is not supported.
     ``kvstore="dist_async"`` (ps only) is for ``ServerOptimizer``: each worker's gradients
     update the weights on the servers as they arrive."""
-    global _store, _alone
     if comm is not None:
         raise ValueError("ps.torch.init(comm=...) is not supported: ps forms its cluster from the DMLC_* "
                          "variables (python -m ps.launch sets them)")
-    if _store is not None or _alone:
-        return
-    selfstart.start()           # under mpirun/srun without ps.launch: make the rendezvous here
-    if "DMLC_PS_ROOT_URI" not in os.environ:
-        _alone = True
-        return
     if kvstore not in ("dist_sync", "dist_async"):
         raise ValueError(f"kvstore must be 'dist_sync' or 'dist_async', got {kvstore!r}")
-    _store = KVStore(kvstore)
+    job.init(kvstore)
 
 
 def is_initialized() -> bool:
-    return _store is not None or _alone
+    return job.is_initialized()
 
 
 def store() -> KVStore | None:
     """The cluster's store, or None when this process runs alone."""
-    if not is_initialized():
-        raise ValueError("ps.torch.init() has not been called")
-    return _store
+    return job.store()
 
 
 def rank() -> int:
-    kv = store()
-    return 0 if kv is None else kv.rank
+    return job.rank()
 
 
 def size() -> int:
-    kv = store()
-    return 1 if kv is None else kv.num_workers
-
-
-def _hosts() -> list[str]:
-    kv = store()
-    return [""] if kv is None else kv.worker_hosts
+    return job.size()
 
 
 def local_rank() -> int:
-    hosts = _hosts()
-    return hosts[:rank()].count(hosts[rank()])
+    return job.local_rank()
 
 
 def local_size() -> int:
-    hosts = _hosts()
-    return hosts.count(hosts[rank()])
-
-
-def _peers() -> list[int]:
-    """The ranks with this process's local rank, one per host, in rank order (Horovod's
-    cross communicator)."""
-    hosts, mine = _hosts(), local_rank()
-    return [r for r in range(len(hosts)) if hosts[:r].count(hosts[r]) == mine]
+    return job.local_size()
 
 
 def cross_rank() -> int:
     """Which host this is, counting the hosts that run a worker of this local rank."""
-    return _peers().index(rank())
+    return job.cross_rank()
 
 
 def cross_size() -> int:
-    return len(_peers())
+    return job.cross_size()
 
 
 def is_homogeneous() -> bool:
     """Every host runs the same number of workers."""
-    hosts = _hosts()
-    return len({hosts.count(h) for h in hosts}) == 1
+    return job.is_homogeneous()
 
 
 def join(device: int = -1) -> int:
@@ -121,7 +94,6 @@ def nccl_built() -> int:
 
 
 def shutdown() -> None:
-    global _store, _alone, server_optimizer
-    if _store is not None:
-        _store.close()
-    _store, _alone, server_optimizer = None, False, False
+    global server_optimizer
+    job.shutdown()
+    server_optimizer = False

@@ -15,7 +15,7 @@ import torch
 
 from .. import optim
 from . import runtime
-from .sums import as_array, check_same_everywhere
+from .sums import as_array
 
 
 def _spec(optimizer: torch.optim.Optimizer) -> optim.Optimizer:
@@ -70,8 +70,8 @@ class ServerOptimizer:
         keys = [self._key(p) for p in self._names]
         sync = self._kv.type == "dist_sync"
         if sync:   # a mismatch would leave a sync round open; in async the pull below names it
-            check_same_everywhere(self._kv, [(k, tuple(p.shape), np.dtype(np.float32))
-                                             for k, p in zip(keys, self._names)])
+            runtime.job.check_same_everywhere([(k, tuple(p.shape), np.dtype(np.float32))
+                                               for k, p in zip(keys, self._names)])
         self._kv.init(keys, [p.detach().numpy().copy() for p in self._names])   # rank 0's weights win
         for p, value in zip(self._names, self._kv.pull(keys)):
             with torch.no_grad():

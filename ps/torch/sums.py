@@ -7,8 +7,6 @@ tensors and send the sum back (no optimizer runs there). Every collective of ``o
 """
 from __future__ import annotations
 
-import hashlib
-import itertools
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -32,8 +30,6 @@ _OPS = {op.name.lower(): op for op in (Average, Sum, Min, Max, Product)}
 GATHERED = (Min, Max, Product)        # reduced on the workers, from an allgather
 _WIRE_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int32, torch.int64, torch.uint8, torch.int8}
 
-_keys: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
-_unnamed = itertools.count()
 
 
 def reduce_op(op: Any, average: bool | None = None) -> ReduceOp:
@@ -64,60 +60,13 @@ def as_array(tensor: torch.Tensor, what: str) -> np.ndarray:
 
 
 def ensure_keys(items: list[tuple[str, tuple[int, ...], np.dtype]]) -> None:
-    """Initialize the keys not seen yet (one collective for all of them), after checking that
-    every worker asks for the same names, shapes and dtypes: a mismatch raises ValueError on
-    every worker, naming the first differing key, instead of a sync round that never closes."""
-    kv = runtime.store()
+    """Initialize the keys not seen yet, after checking every worker asks for the same ones
+    (ps/collective.py)."""
+    runtime.store()
     if runtime.server_optimizer:
         raise RuntimeError("a ServerOptimizer runs on the servers of this job, and they update every key they "
                            "hold: allreduce and broadcast of new tensors are not available after it is created")
-    new = [(name, shape, dtype) for name, shape, dtype in items if name not in _keys]
-    if kv is None or not new:
-        for name, shape, dtype in new:
-            _keys[name] = (shape, dtype)
-        return
-    check_same_everywhere(kv, new)
-    kv.init([name for name, _, _ in new], [np.zeros(int(np.prod(shape)), dtype) for _, shape, dtype in new])
-    for name, shape, dtype in new:
-        _keys[name] = (shape, dtype)
-
-
-def fingerprint(text: str) -> float:
-    """40 bits of a hash of ``text``, exact as a float64 (a sum over the workers stays exact)."""
-    return float(int.from_bytes(hashlib.blake2b(text.encode(), digest_size=5).digest(), "little"))
-
-
-def check_same_everywhere(kv: Any, items: list[tuple[str, tuple[int, ...], np.dtype]]) -> None:
-    """Sum each key's fingerprint (and the count) over the workers: equal everywhere iff the
-    sum is size x our own (exact in float64: 40-bit fingerprints)."""
-    probe = f"ps.torch.check.{next(_unnamed)}"
-    mine = np.array([len(items), fingerprint(repr([(n, s, str(d)) for n, s, d in items]))]
-                    + [fingerprint(f"{n}{s}{d}") for n, s, d in items[:64]], np.float64)
-    head = f"{probe}.head"
-    kv.init(head, np.zeros(2, np.float64))
-    total = kv.pushpull(head, mine[:2])
-    n = kv.num_workers
-    if np.array_equal(total, mine[:2] * n):
-        return
-    if total[0] != mine[0] * n:
-        raise ValueError(f"rank {kv.rank} asks for {len(items)} new tensors, but the workers disagree on how "
-                         f"many (every worker must register the same parameters / names in the same order)")
-    each = f"{probe}.each"
-    kv.init(each, np.zeros(len(mine) - 2, np.float64))
-    sums = kv.pushpull(each, mine[2:])
-    for (name, shape, dtype), got, own in zip(items, sums, mine[2:]):
-        if got != own * n:
-            raise ValueError(f"tensor {_label(name)} differs across workers: rank {kv.rank} has shape {tuple(shape)} "
-                             f"and dtype {dtype}, another worker has a different shape, dtype or order")
-    raise ValueError(f"the {len(items)} tensors of rank {kv.rank} differ from another worker's "
-                     "(names, shapes, dtypes or order)")
-
-
-def _label(key: str) -> str:
-    kind, _, rest = key.partition(".")
-    if rest.startswith("grad."):
-        return f"{rest[len('grad.'):]!r} (a parameter's gradient)"
-    return f"{rest!r} ({kind})"
+    runtime.job.ensure_keys(items)
 
 
 class Handle:

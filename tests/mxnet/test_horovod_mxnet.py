@@ -72,3 +72,21 @@ def test_bad_input_is_named_alone():
         res.stdout + res.stderr
     # alone, a broadcast is a no-op (size 1), even with deferred parameters
     assert "E2" not in res.stdout
+
+
+@pytest.mark.timeout(120)
+def test_workers_that_disagree_on_a_tensor_get_its_name_not_a_hang(procs):
+    """Rank 1 allreduces 'a' with another shape: without the check, each rank's key would wait
+    for a sync round the other never joins."""
+    code = ("import ps.mxnet as hvd, mxnet as mx\n"
+            "hvd.init()\n"
+            "print('SUM', hvd.allreduce(mx.nd.ones((2,)), average=False, name='ok').asnumpy().tolist())\n"
+            "try:\n    hvd.allreduce(mx.nd.ones((3 + hvd.rank(),)), name='a')\n"
+            "except ValueError as e:\n    print('ERR', hvd.rank(), e)\n")
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "1", "--launcher", "local", PYTHON, "-c",
+                            code], cluster_env(0))
+    code, out, err = procs.finish(launcher, timeout=90)
+    assert code == 0, out + err
+    assert out.count("SUM [2.0, 2.0]") == 2, out + err
+    for rank in (0, 1):
+        assert f"ERR {rank} tensor 'allreduce.a:" in out and "differs across workers" in out, out + err

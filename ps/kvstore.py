@@ -26,7 +26,7 @@ from .config import Config
 from .customer import Handle, Request
 from .errors import ClosedError, ConfigError, PSError, PSTimeoutError
 from .keys import Slice
-from .message import Op, Role, dtype_code
+from .message import Op, Role, dtype_code, namespace_field
 from .postoffice import Postoffice
 from .van import Van
 from .worker import KVWorker
@@ -459,7 +459,7 @@ class KVStore:
         spec = optimizer.to_spec() if hasattr(optimizer, "to_spec") else dict(optimizer)
         spec = _int_keyed(spec)
         if self.rank == 0:
-            self._worker.command("set_optimizer", {"spec": spec, **_ns(namespace)})
+            self._worker.command("set_optimizer", {"spec": spec, **namespace_field(namespace)})
         self._po.barrier("workers", what="every worker to set the optimizer")
 
     def set_pickled_optimizer(self, payload: bytes, signature: bytes, namespace: int = 0) -> None:
@@ -467,7 +467,7 @@ class KVStore:
         self._check_open()
         if self.rank == 0:
             self._worker.command("set_optimizer_pickle", {"payload": payload, "signature": signature,
-                                                          **_ns(namespace)})
+                                                          **namespace_field(namespace)})
         self._po.barrier("workers", what="every worker to set the optimizer")
 
     def set_namespace(self, keys: Any, namespace: int) -> None:
@@ -476,7 +476,7 @@ class KVStore:
         worker may call it (it is idempotent); it returns when every server knows."""
         self._check_open()
         ints = [self._info(k).key for k in (keys if isinstance(keys, (list, tuple)) else [keys])]
-        self._worker.command("set_namespace", {"keys": ints, **_ns(namespace)})
+        self._worker.command("set_namespace", {"keys": ints, **namespace_field(namespace)})
 
     def set_gradient_compression(self, params: dict[str, Any]) -> None:
         """Collective: compress float32 keys' pushes (``{'type': '2bit', 'threshold': 0.5}`` as
@@ -496,7 +496,7 @@ class KVStore:
         and wait for every answer: {server id: result}. Raises RemoteError if one fails.
         ``namespace``: whose optimizer ``set_params``/``get_states``/``set_states`` mean."""
         self._check_open()
-        return self._worker.command(cmd, {**(payload or {}), **_ns(namespace)}, servers=servers)
+        return self._worker.command(cmd, {**(payload or {}), **namespace_field(namespace)}, servers=servers)
 
     def barrier(self, timeout: float | None = None) -> None:
         """Block until every worker reaches its barrier."""
@@ -528,13 +528,6 @@ class KVStore:
             self._worker.fail_all(ClosedError("the store was closed before this request was answered"))
             self._po.announce_close()
             self._po.close(linger=1.0)
-
-
-def _ns(namespace: int) -> dict[str, int]:
-    """A server command's namespace field: none for namespace 0 (what older servers know)."""
-    if not isinstance(namespace, int) or isinstance(namespace, bool) or namespace < 0:
-        raise ValueError(f"namespace must be an int >= 0, got {namespace!r}")
-    return {"ns": namespace} if namespace else {}
 
 
 def _int_keyed(spec: dict[str, Any]) -> dict[str, Any]:

@@ -232,6 +232,22 @@ class Message:
                 f"{Command(self.cmd).name} {kind}{extra}")
 
 
+def namespace_field(namespace: int) -> dict[str, int]:
+    """A server command's namespace field (ps/store.py's per-store optimizers): none for
+    namespace 0, which is what a command without one means."""
+    if not isinstance(namespace, int) or isinstance(namespace, bool) or namespace < 0:
+        raise ValueError(f"namespace must be an int >= 0, got {namespace!r}")
+    return {"ns": namespace} if namespace else {}
+
+
+def namespace_of(body: dict[str, Any]) -> int:
+    """The namespace a received server command is for: 0 unless it names one."""
+    ns = body.get("ns", 0)
+    if not isinstance(ns, int) or isinstance(ns, bool) or ns < 0:
+        raise ValueError(f"bad namespace {ns!r} in a server command")
+    return ns
+
+
 def payload_bytes(frames: Sequence[Any]) -> int:
     """The array bytes of a decoded DATA message (a worker's Batch.nbytes for it)."""
     total = 0

@@ -15,7 +15,8 @@ from .bufguard import BufferGuard
 from .config import Config
 from .errors import PSError
 from .keys import CHUNK_BYTES
-from .message import Batch, Command, Flag, Message, Op, entry_has_data, id_to_rank, node_name
+from .message import (Batch, Command, Flag, Message, Op, entry_has_data, id_to_rank, namespace_of,
+                      node_name)
 from .postoffice import SCHEDULER, Postoffice
 from .profiler import ServerProfiler
 from .replication import Replication
@@ -284,8 +285,8 @@ class KVServer:
                 raise ValueError(f"unknown server command {cmd!r}")
             store = self._store()
             cid = body.get("id")
-            if setting and _namespace(body):    # a second kvstore's settings are counted apart
-                cmd = f"{cmd}@{_namespace(body)}"
+            if setting and namespace_of(body):    # a second kvstore's settings are counted apart
+                cmd = f"{cmd}@{namespace_of(body)}"
             if setting and store.setting_resent(msg.sender, cid):
                 logger.info("%s: %s from %s sent again (its answer died with this server's dead self): "
                             "not applied twice", self.name, cmd, node_name(msg.sender))
@@ -306,7 +307,7 @@ class KVServer:
                                                             request=False, route=msg.route)))
 
     def _set_optimizer(self, store: Store, body: dict[str, Any]) -> None:
-        opt, ns = optim.from_spec(body["spec"]), _namespace(body)
+        opt, ns = optim.from_spec(body["spec"]), namespace_of(body)
         store.set_updater(optim.Updater(opt), opt.multi_precision, ns)
         store.record(Event("opt", ns, 0, [opt.to_spec(), opt.multi_precision]))
 
@@ -320,7 +321,7 @@ class KVServer:
         if key is None:
             raise PermissionError(f"this job has no signing key, so its servers unpickle nothing: {_security.NO_KEY}")
         opt = pickled.load_optimizer(body["payload"], body["signature"], key)
-        store.set_updater(pickled.MXNetUpdater(opt), bool(opt.multi_precision), _namespace(body))
+        store.set_updater(pickled.MXNetUpdater(opt), bool(opt.multi_precision), namespace_of(body))
         store.record(Event("unreplicable", 0, 0, f"a pickled MXNet optimizer ({type(opt).__name__}) "
                                                         "cannot be replicated; use one ps has in numpy"))
 
@@ -331,17 +332,17 @@ class KVServer:
         if "rescale_grad" in body:
             opt.rescale_grad = float(body["rescale_grad"])
         changed = {k: float(body[k]) for k in ("learning_rate", "rescale_grad") if k in body}
-        store.record(Event("params", _namespace(body), 0, changed))
+        store.record(Event("params", namespace_of(body), 0, changed))
 
     def _get_states(self, store: Store, body: dict[str, Any]) -> bytes:
         return self._updater(store, body).get_states()
 
     def _set_states(self, store: Store, body: dict[str, Any]) -> None:
         self._updater(store, body).set_states(body["states"])
-        store.record(Event("states", _namespace(body), 0, body["states"]))
+        store.record(Event("states", namespace_of(body), 0, body["states"]))
 
     def _set_namespace(self, store: Store, body: dict[str, Any]) -> None:
-        store.set_namespace([int(k) for k in body["keys"]], _namespace(body))
+        store.set_namespace([int(k) for k in body["keys"]], namespace_of(body))
 
     def _set_compression(self, store: Store, body: dict[str, Any]) -> None:
         store.compression = compression.parse(body["params"])
@@ -373,7 +374,7 @@ class KVServer:
 
     @staticmethod
     def _updater(store: Store, body: dict[str, Any]) -> Updater:
-        ns = _namespace(body)
+        ns = namespace_of(body)
         updater = store.opts.updaters.get(ns)
         if updater is None:
             raise RuntimeError("no optimizer is set on the servers (kv.set_optimizer)"
@@ -417,14 +418,6 @@ def _op_name(op: int) -> str:
         return "init"
     kind = "pushpull" if op & Op.PUSH and op & Op.PULL else "push" if op & Op.PUSH else "pull"
     return f"{kind} rows" if op & Op.ROWS else kind
-
-
-def _namespace(body: dict[str, Any]) -> int:
-    """The namespace a command is for (ps/store.py Optimizers): 0 unless it names one."""
-    ns = body.get("ns", 0)
-    if not isinstance(ns, int) or isinstance(ns, bool) or ns < 0:
-        raise ValueError(f"bad namespace {ns!r} in a server command")
-    return ns
 
 
 def _keys(stalls: list[Stall]) -> str:

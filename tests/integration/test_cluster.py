@@ -99,13 +99,17 @@ def test_errors_name_the_key_by_its_label_and_the_server_command(van):
             assert "unknown server command" in found["command"], found
 
 
-def test_server_profile_holds_each_servers_requests(van, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["dist_sync", "dist_async"])
+def test_server_profile_holds_each_servers_requests(van, tmp_path, monkeypatch, mode):
     """The "profiler" command (what mx.profiler's profile_process='server' sends): every
-    server writes rank<N>_<name> when it stops, with a span per request entry it handled."""
+    server writes rank<N>_<name> when it stops, with a span per request entry it handled,
+    whether it sums rounds or updates on each push."""
     monkeypatch.chdir(tmp_path)
 
     def job(kv):
         kv.init(5, np.ones(40, np.float32))
+        if mode == "dist_async":
+            kv.set_optimizer(ps.optim.SGD(learning_rate=0.1))
         if kv.rank == 0:
             with pytest.raises(ps.RemoteError, match="plain file name"):
                 kv.server_command("profiler", {"action": "config", "params": {"filename": "../x.json"}})
@@ -118,7 +122,7 @@ def test_server_profile_holds_each_servers_requests(van, tmp_path, monkeypatch):
         if kv.rank == 0:
             kv.server_command("profiler", {"action": "state", "run": False})
         kv.barrier()
-    with local_cluster(2, 2, van=van, bigarray_bound=10) as c:
+    with local_cluster(2, 2, van=van, bigarray_bound=10, type=mode) as c:
         c.run(job)
     for rank in (0, 1):
         doc = json.loads((tmp_path / f"rank{rank}_srv.json").read_text())

@@ -212,6 +212,50 @@ def test_three_trainers_on_dist_kvstores_in_one_process_each_keep_their_keys_and
     assert not np.allclose(one["weights"]["G"], one["weights"]["D"])    # each its own optimizer
 
 
+STALE = """
+import json, mxnet as mx
+from mxnet import gluon, autograd
+class Net(gluon.HybridBlock):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        with self.name_scope():
+            self.head = gluon.nn.Dense(3, in_units=4)
+            self.aux = gluon.nn.Dense(3, in_units=4)     # not used by forward: its gradient is stale
+    def hybrid_forward(self, F, x):
+        return self.head(x)
+net = Net(prefix="net_")
+net.initialize(mx.init.One())
+trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore="dist_sync")
+for step in range(3):
+    with autograd.record():
+        loss = net(mx.nd.ones((2, 4))).sum()
+    loss.backward()
+    trainer.step(2, ignore_stale_grad=True)
+print("RESULT", json.dumps({"aux": net.aux.weight.data().asnumpy().tolist(),
+                            "aux_grad": net.aux.weight.grad().asnumpy().tolist(),
+                            "head": net.head.weight.data().asnumpy().tolist(),
+                            "head_grad": net.head.weight.grad().asnumpy().tolist()}))
+"""
+
+
+def test_a_parameter_backward_never_reached_keeps_its_value_and_gradients_stay_as_backward_wrote_them(procs):
+    """Native dist_sync with update_on_kvstore on one device pulls the new weights into the
+    pushed gradient buffers, so a stale parameter sends its weight as its gradient next step
+    and decays (1 -> 0.9 -> 0.81 here); with kvstore='local', or one process, it keeps its
+    value. ps does what local does (docs/mxnet.md, "Where ps differs")."""
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "1", "--launcher", "local", PYTHON, "-c",
+                            STALE], cluster_env(0))
+    code, out, err = procs.finish(launcher, timeout=90)
+    assert code == 0, out + err
+    workers = [json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line]
+    assert len(workers) == 2, out + err
+    for w in workers:
+        assert np.all(np.array(w["aux"]) == 1.0) and np.all(np.array(w["aux_grad"]) == 0.0), w
+        np.testing.assert_allclose(w["head_grad"], 2.0)      # backward's: 2 rows of ones
+        # the servers' SGD on both workers' sums: 1 - 3 steps x 0.1 x (2 + 2) / 2
+        np.testing.assert_allclose(w["head"], 1 - 3 * 0.1 * 2, rtol=1e-6)
+
+
 def test_server_profiling_writes_each_servers_trace(procs, tmp_path):
     """mx.profiler's profile_process='server' calls reach ps's servers (MXNet itself fails
     on a store without a C handle): each writes rank<N>_<filename>, a Chrome trace of the

@@ -159,6 +159,12 @@ class KVStore:
     def closed(self) -> bool:
         return self._closed
 
+    @staticmethod
+    def server_key(key: int | str) -> int:
+        """The int key the servers know ``key`` by (a str key is hashed): the index a
+        server-side optimizer is called with."""
+        return keys_mod.to_int_key(key)
+
     @property
     def key_kind(self) -> type | None:
         """``int`` or ``str`` once a key is initialized (a store never mixes them)."""

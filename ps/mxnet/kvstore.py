@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import functools
 import inspect
 import itertools
@@ -438,15 +439,41 @@ class PSKVStore(mx.kvstore.KVStore):
         if key is None:
             raise ValueError(f"{unknown}. MXNet's own optimizer runs on the servers only signed with the "
                              f"job's key: {_security.NO_KEY}") from None
-        payload = cloudpickle.dumps(optimizer)
+        ns = self._claim()                          # before the keys are mapped: they move with it
+        payload = cloudpickle.dumps(self._as_servers_call_it(optimizer))
         signature = pickled.sign(payload, key)
         try:
-            self._kv.set_pickled_optimizer(payload, signature, namespace=self._claim())
+            self._kv.set_pickled_optimizer(payload, signature, namespace=ns)
         except RemoteError as refused:
             raise ValueError(f"{unknown}; the servers refused the pickled optimizer: {refused}") from None
         self._optimizer = optimizer
         self._updater = types.SimpleNamespace(optimizer=optimizer)
         self._sent = {"lr": optimizer.lr, "rescale_grad": optimizer.rescale_grad}
+
+    def _as_servers_call_it(self, optimizer: Any) -> Any:
+        """A copy of ``optimizer`` whose per-index tables use the keys the servers will call
+        it with. MXNet's optimizer finds a parameter's lr/wd multipliers by index: through
+        ``param_dict`` (Gluon), its own ``lr_mult``/``wd_mult``, then ``idx2name`` (Module,
+        where names not ending in ``_weight``/``_gamma`` get no weight decay). On ps a str key
+        reaches the servers hashed and a second store's keys moved, so each index is mapped to
+        that key; ``param_dict``, which pickling drops, is folded into the dicts first."""
+        idx2name = dict(getattr(optimizer, "idx2name", None) or {})
+        by_name = bool(idx2name) and self._kv.key_kind is not int      # Module: str keys are names
+
+        def server(index: Any) -> Any:
+            if not _is_int(index):
+                return index                        # a name: it resolves through idx2name
+            return self._kv.server_key(self._keyed(idx2name.get(index, index) if by_name else index))
+
+        lr_mult = {server(k): v for k, v in optimizer.lr_mult.items()}
+        wd_mult = {server(k): v for k, v in optimizer.wd_mult.items()}
+        for index, param in getattr(optimizer, "param_dict", {}).items():
+            lr_mult[server(index)] = param.lr_mult
+            wd_mult[server(index)] = param.wd_mult
+        sent = copy.copy(optimizer)                 # MXNet's own state rules: param_dict left out
+        sent.idx2name = {server(i): name for i, name in idx2name.items()}
+        sent.lr_mult, sent.wd_mult = lr_mult, wd_mult
+        return sent
 
     def _sync_optimizer_params(self) -> None:
         """Trainer.set_learning_rate / a new batch size change the local optimizer only;

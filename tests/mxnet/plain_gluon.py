@@ -34,7 +34,7 @@ class ScaledSGD(mx.optimizer.Optimizer):
 
     def update(self, index, weight, grad, state):
         self._update_count(index)
-        weight[:] -= 0.7 * self._get_lr(index) * grad * self.rescale_grad
+        weight[:] -= 0.7 * self._get_lr(index) * (grad * self.rescale_grad + self._get_wd(index) * weight)
 
 
 def main():
@@ -46,7 +46,9 @@ def main():
     for i, p in enumerate(net.collect_params().values()):      # the same start on every worker
         p.set_data(mx.nd.array(np.random.RandomState(i).uniform(-0.3, 0.3, p.shape) / np.sqrt(IN / 10)))
     if "--own-optimizer" in sys.argv:
-        optimizer = ScaledSGD(learning_rate=0.05)
+        optimizer = ScaledSGD(learning_rate=0.05, wd=0.05)
+        first, second = list(net.collect_params().values())[:2]
+        first.wd_mult, second.lr_mult = 0.0, 3.0    # the Trainer hands these to it by index
     else:
         optimizer = mx.optimizer.SGD(learning_rate=0.05, momentum=0.9)
     trainer = gluon.Trainer(net.collect_params(), optimizer, kvstore=kv,

@@ -64,7 +64,8 @@ class Engine:
     def __init__(self) -> None:
         from mxnet.base import _LIB
         self._lib = _LIB
-        self._jobs: dict[int, tuple[Start, tuple]] = {}
+        self._jobs: dict[int, tuple[Start, tuple, Callable[[], None] | None]] = {}
+        self._started: set[int] = set()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._run_cb = _ASYNC_FN(self._run)          # kept alive: the engine holds the pointer
@@ -80,11 +81,12 @@ class Engine:
         return hasattr(_LIB, "MXEnginePushAsyncND")
 
     def push(self, start: Start, reads: list[Any], writes: list[Any], priority: int = 0,
-             name: bytes = b"ps_pushpull") -> None:
+             name: bytes = b"ps_pushpull", skipped: Callable[[], None] | None = None) -> None:
+        """``skipped()`` is called by :meth:`drop_skipped` if the engine never runs ``start``."""
         from mxnet.base import check_call
         job = next(self._ids)
         with self._lock:
-            self._jobs[job] = (start, (reads, writes))   # the NDArrays live until done
+            self._jobs[job] = (start, (reads, writes), skipped)   # the NDArrays live until done
         const = (ctypes.c_void_p * max(len(reads), 1))(*[a.handle.value for a in reads])
         mutable = (ctypes.c_void_p * max(len(writes), 1))(*[a.handle.value for a in writes])
         try:
@@ -103,7 +105,8 @@ class Engine:
         oc = _OnComplete.from_address(on_complete)
         callback, engine, cb_param = oc.callback, oc.engine, oc.param
         with self._lock:
-            start, _keep = self._jobs[param]
+            start = self._jobs[param][0]
+            self._started.add(param)
         fired = threading.Lock()
 
         def done() -> None:
@@ -111,6 +114,7 @@ class Engine:
                 return                                  # never complete an operation twice
             with self._lock:
                 self._jobs.pop(param, None)
+                self._started.discard(param)
             _COMPLETE_FN(callback)(engine, cb_param, None)
 
         try:
@@ -118,3 +122,15 @@ class Engine:
         except BaseException:       # start must record its own errors; never leave the op open
             logger.exception("ps engine operation failed to start")
             done()
+
+    def drop_skipped(self) -> int:
+        """Once the engine has drained (``mx.nd.waitall()``), the operations it never ran:
+        MXNet completes an operation without calling it when an input carries the exception
+        of an earlier operation that failed (a forward pass that raised). Their ``skipped``
+        callbacks run here; returns how many there were."""
+        with self._lock:
+            dropped = [self._jobs.pop(job) for job in list(self._jobs) if job not in self._started]
+        for _start, _arrays, skipped in dropped:
+            if skipped is not None:
+                skipped()
+        return len(dropped)

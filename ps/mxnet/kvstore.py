@@ -320,7 +320,7 @@ class PSKVStore(mx.kvstore.KVStore):
             self._in_engine += 1
             self._engine_ops += 1
         try:
-            self._engine.push(start, [] if src is recv else [src], [recv], priority)
+            self._engine.push(start, [] if src is recv else [src], [recv], priority, skipped=self._engine_done)
         except BaseException:
             self._engine_done()
             raise
@@ -367,7 +367,18 @@ class PSKVStore(mx.kvstore.KVStore):
 
     def _at_exit(self) -> None:
         """Before the shared KVStore closes (atexit runs this first): the last steps' pushpulls
-        may still sit in MXNet's engine; send them, or MXNet's shutdown would drop them."""
+        may still sit in MXNet's engine; send them, or MXNet's shutdown would drop them.
+        Those whose gradient an operation that failed never wrote (the script is exiting on
+        that error) the engine skips: they are not sent, and nothing waits for them."""
+        if self._in_engine:
+            try:
+                mx.nd.waitall()          # every queued operation runs, or is skipped
+            except mx.base.MXNetError:
+                pass                     # an operation's error: the script has raised it already
+            skipped = self._engine.drop_skipped()
+            if skipped:
+                logger.warning("at exit: %d pushpulls were not sent: MXNet's engine skipped them because an "
+                               "operation they depend on failed (its error is the script's)", skipped)
         try:
             self._settle(timeout=self._kv.config.request_timeout or CLOSE_WAIT)
         except Exception as exc:  # noqa: BLE001 - at exit: report, do not raise

@@ -256,6 +256,35 @@ def test_a_parameter_backward_never_reached_keeps_its_value_and_gradients_stay_a
         np.testing.assert_allclose(w["head"], 1 - 3 * 0.1 * 2, rtol=1e-6)
 
 
+FAILED_FORWARD = """
+import mxnet as mx
+from mxnet import gluon, autograd
+net = gluon.nn.Dense(3, in_units=4, dtype="float16")    # MXNet's CPU build cannot run it
+net.initialize()
+trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "multi_precision": True},
+                        kvstore="dist_sync")
+with autograd.record():
+    loss = net(mx.nd.ones((2, 4), dtype="float16")).sum()
+loss.backward()
+trainer.step(2)              # queues the pushpulls behind gradients that will never be written
+print("loss", loss.asscalar())
+"""
+
+
+def test_a_forward_pass_that_fails_in_mxnets_engine_ends_the_job_at_once(procs):
+    """The forward operation fails inside MXNet's engine; the script raises at ``asscalar``.
+    The engine skips the pushpulls that wait for its gradients, so the exit does not wait for
+    them (before: 60 s, PS_REQUEST_TIMEOUT, then 'timed out ... queued in MXNet's engine')."""
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "1", "--launcher", "local", PYTHON, "-c",
+                            FAILED_FORWARD], cluster_env(0, PS_REQUEST_TIMEOUT="60"))
+    code, out, err = procs.finish(launcher, timeout=40)
+    assert code != 0, out + err
+    text = out + err
+    assert "float16 fully connected layer" in text, text[-3000:]
+    assert "pushpulls were not sent: MXNet's engine skipped them" in text, text[-3000:]
+    assert "timed out" not in text, text[-3000:]
+
+
 def test_server_profiling_writes_each_servers_trace(procs, tmp_path):
     """mx.profiler's profile_process='server' calls reach ps's servers (MXNet itself fails
     on a store without a C handle): each writes rank<N>_<filename>, a Chrome trace of the

@@ -370,17 +370,17 @@ class PSKVStore(mx.kvstore.KVStore):
         may still sit in MXNet's engine; send them, or MXNet's shutdown would drop them.
         Those whose gradient an operation that failed never wrote (the script is exiting on
         that error) the engine skips: they are not sent, and nothing waits for them."""
-        if self._in_engine:
-            try:
-                mx.nd.waitall()          # every queued operation runs, or is skipped
-            except mx.base.MXNetError:
-                pass                     # an operation's error: the script has raised it already
-            skipped = self._engine.drop_skipped()
-            if skipped:
-                logger.warning("at exit: %d pushpulls were not sent: MXNet's engine skipped them because an "
-                               "operation they depend on failed (its error is the script's)", skipped)
+        bound = self._kv.config.request_timeout or CLOSE_WAIT
         try:
-            self._settle(timeout=self._kv.config.request_timeout or CLOSE_WAIT)
+            if self._in_engine:
+                if not _engine_drained(bound):
+                    raise TimeoutError(f"timed out after {bound:g}s waiting for {self._in_engine} pushpulls "
+                                       "queued in MXNet's engine to finish")
+                skipped = self._engine.drop_skipped()
+                if skipped:
+                    logger.warning("at exit: %d pushpulls were not sent: MXNet's engine skipped them because an "
+                                   "operation they depend on failed (its error is the script's)", skipped)
+            self._settle(timeout=bound)
         except Exception as exc:  # noqa: BLE001 - at exit: report, do not raise
             logger.error("at exit: %s", exc)
 
@@ -583,6 +583,22 @@ def push_values(value: Any) -> Any:
     if getattr(value, "stype", "default") == "row_sparse":
         return RowSparse(value.indices.asnumpy().astype(np.int64), value.data.asnumpy())
     return to_numpy(value)
+
+
+def _engine_drained(timeout: float) -> bool:
+    """``mx.nd.waitall()`` within ``timeout``: whether every operation queued in MXNet's
+    engine has run or been skipped. It waits on a thread of its own: MXNet's wait has no bound."""
+    drained = threading.Event()
+
+    def wait() -> None:
+        try:
+            mx.nd.waitall()
+        except mx.base.MXNetError:
+            pass                         # an operation's error: the script has raised it already
+        finally:
+            drained.set()
+    threading.Thread(target=wait, name="ps-exit-waitall", daemon=True).start()
+    return drained.wait(timeout)
 
 
 def _engine(kv: KVStore) -> Engine | None:

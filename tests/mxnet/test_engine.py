@@ -48,3 +48,16 @@ def test_an_operation_left_open_holds_its_written_array_until_done():
     assert not waiter.is_alive()
     pending[0]()                        # a second completion is ignored, not a crash
     dst.wait_to_read()
+
+
+def test_the_exit_drain_gives_up_at_its_bound_while_an_operation_stays_open():
+    """At exit ps waits for MXNet's engine (mx.nd.waitall, which has no timeout) on a thread
+    of its own: an operation that never completes costs the bound, not the process."""
+    from ps.mxnet.engine import Engine
+    from ps.mxnet.kvstore import _engine_drained
+    opened = []
+    Engine().push(opened.append, [], [mx.nd.zeros((4,))])
+    assert not _engine_drained(0.5)
+    assert opened, "the engine never started the operation"
+    opened[0]()                      # complete it: the engine drains
+    assert _engine_drained(30)

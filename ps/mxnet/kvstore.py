@@ -13,7 +13,7 @@ import pickle
 import threading
 import types
 import weakref
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import msgpack
 import mxnet as mx
@@ -417,15 +417,11 @@ class PSKVStore(mx.kvstore.KVStore):
         except ValueError as unknown:
             self._set_pickled(optimizer, unknown)
             return
-        idx2name = getattr(optimizer, "idx2name", None) or {}
         ns = self._claim()
+        key_of = self._index_keys(optimizer)
         for name in ("lr_mult", "wd_mult"):
-            if not spec["params"].get(name):
-                continue
-            mult = spec["params"][name]
-            if idx2name and self._kv.key_kind is not int:    # Module: str keys are param names
-                mult = {idx2name.get(k, k): v for k, v in mult.items()}
-            spec["params"][name] = {self._keyed(k): v for k, v in mult.items()}
+            if spec["params"].get(name):       # resolved per parameter index
+                spec["params"][name] = {key_of(k): v for k, v in spec["params"][name].items()}
         self._kv.set_optimizer(spec, namespace=ns)
         self._optimizer = optimizer
         self._updater = types.SimpleNamespace(optimizer=optimizer)
@@ -461,6 +457,19 @@ class PSKVStore(mx.kvstore.KVStore):
         self._updater = types.SimpleNamespace(optimizer=optimizer)
         self._sent = {"lr": optimizer.lr, "rescale_grad": optimizer.rescale_grad}
 
+    def _index_keys(self, optimizer: Any) -> Callable[[Any], Any]:
+        """How this store keys the parameter an optimizer knows by ``index``: Module's keys
+        are the names its ``idx2name`` gives (str keys), a Trainer's the indices; a second
+        store's keys are moved (``_keyed``). A name is left as it is."""
+        idx2name = getattr(optimizer, "idx2name", None) or {}
+        by_name = bool(idx2name) and self._kv.key_kind is not int      # Module: str keys are names
+
+        def key_of(index: Any) -> Any:
+            if not _is_int(index):
+                return index
+            return self._keyed(idx2name.get(index, index) if by_name else index)
+        return key_of
+
     def _as_servers_call_it(self, optimizer: Any) -> Any:
         """A copy of ``optimizer`` whose per-index tables use the keys the servers will call
         it with. MXNet's optimizer finds a parameter's lr/wd multipliers by index: through
@@ -468,14 +477,12 @@ class PSKVStore(mx.kvstore.KVStore):
         where names not ending in ``_weight``/``_gamma`` get no weight decay). On ps a str key
         reaches the servers hashed and a second store's keys moved, so each index is mapped to
         that key; ``param_dict``, which pickling drops, is folded into the dicts first."""
-        idx2name = dict(getattr(optimizer, "idx2name", None) or {})
-        by_name = bool(idx2name) and self._kv.key_kind is not int      # Module: str keys are names
+        key_of = self._index_keys(optimizer)
 
-        def server(index: Any) -> Any:
-            if not _is_int(index):
-                return index                        # a name: it resolves through idx2name
-            return self._kv.server_key(self._keyed(idx2name.get(index, index) if by_name else index))
+        def server(index: Any) -> Any:          # a name stays a name: it resolves through idx2name
+            return self._kv.server_key(key_of(index)) if _is_int(index) else index
 
+        idx2name = getattr(optimizer, "idx2name", None) or {}
         lr_mult = {server(k): v for k, v in optimizer.lr_mult.items()}
         wd_mult = {server(k): v for k, v in optimizer.wd_mult.items()}
         for index, param in getattr(optimizer, "param_dict", {}).items():

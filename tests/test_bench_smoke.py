@@ -71,10 +71,14 @@ def test_quick_vs_native(tmp_path):
 def test_gluon_bench_times_a_trainer_on_ps(tmp_path):
     """The Gluon case trains through ps's MXNet adapter (it was silently skipped once, after
     a refactor moved the adapter and the bench looked for it at its old path)."""
-    rows = run_bench(tmp_path, "--gluon-only", "--gluon-models", "conv")
+    rows = run_bench(tmp_path, "--gluon-only", "--gluon-models", "conv", "--servers", "2")
     reps = [r for r in rows if r["row"] == "rep"]
     assert reps and {r["impl"] for r in reps} == {"ps"} and {r["case"] for r in reps} == {"gluon-conv"}
     assert all(float(r["round_ms"]) > 0 and int(r["rounds"]) > 0 for r in reps), reps
+    # each server's stored bytes as that server reports them (PSKVStore.server_stats), not the
+    # model's size spread evenly: the conv model's 19,653 floats cannot split into equal halves
+    mem = [float(r["stored_mb"]) for r in rows if r["row"] == "memory" and r["case"] == "gluon-conv"]
+    assert len(mem) >= 2 and len(set(mem)) > 1, mem
 
 
 @pytest.mark.mxnet

@@ -14,7 +14,6 @@ MXNet's ps-lite. A step is forward + backward + ``trainer.step``, then
 from __future__ import annotations
 
 import importlib.util
-import sys
 import time
 from typing import Any
 
@@ -107,14 +106,12 @@ class GluonDriver:
                 "rounds_run": steps + warmup}
 
     def stats(self) -> dict[str, Any]:
-        """ps only: bytes each server stores (the adapter's shared ps.KVStore)."""
-        shared = getattr(sys.modules.get("ps.mxnet"), "_shared", None)
-        if shared is None:
+        """ps only: bytes each server stores, from the Trainer's store."""
+        server_stats = getattr(self.trainer._kvstore, "server_stats", None)
+        if server_stats is None:        # native MXNet's store
             return {}
-        replies = shared._server_command("stats")
-        nodes = shared.nodes
-        return {str(sid): {"bytes": r["bytes"], "keys": r["keys"], "port": nodes[sid].port}
-                for sid, r in replies.items()}
+        return {str(sid): {"bytes": r["bytes"], "keys": r["keys"], "port": r["port"]}
+                for sid, r in server_stats().items()}
 
     def close(self) -> None:
         self.mx.nd.waitall()

@@ -100,6 +100,12 @@ class PSKVStore(mx.kvstore.KVStore):
         """ps's transport counters (bytes sent and received, resends...): ``ps.KVStore.transport_stats``."""
         return self._kv.transport_stats()
 
+    def server_stats(self) -> dict[int, dict[str, Any]]:
+        """What each server stores (``ps.KVStore.server_command("stats")``): {server id: {"bytes",
+        "keys", ...}}, with each server's ``port`` added so a caller can tell the processes apart."""
+        replies = self._kv.server_command("stats")
+        return {sid: {**r, "port": self._kv.nodes[sid].port} for sid, r in replies.items()}
+
     # ps's restarts (--max-restarts): see ps.KVStore and docs/reliability.md
     @property
     def restarted(self) -> bool:

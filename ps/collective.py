@@ -16,9 +16,17 @@ from typing import Any
 import numpy as np
 
 from . import selfstart
+from .errors import MismatchError
 from .kvstore import KVStore
 
 KeySpec = tuple[str, tuple[int, ...], np.dtype]     # a key's name, the caller's shape, its dtype
+
+
+def tensor_key(name: str, shape: tuple[int, ...], dtype: Any) -> str:
+    """The key a named tensor travels under. As in Horovod, a name may come back later with
+    another shape or dtype (two models' ``bias``, an optimizer state's ``momentum_buffer`` of
+    every parameter); a ps key has one, so the key is the name with its shape and dtype."""
+    return f"{name}:{'x'.join(map(str, shape))}:{np.dtype(dtype).str}"
 
 
 def predivide_factor(value: Any) -> float:
@@ -100,7 +108,8 @@ class Job:
     def ensure_keys(self, items: list[KeySpec]) -> None:
         """Initialize the keys not seen yet, flat (one collective for all of them), after
         checking that every worker asks for the same names, shapes and dtypes: a mismatch
-        raises ValueError on every worker, naming the first differing key."""
+        raises MismatchError (a ValueError and a RuntimeError) on every worker, naming the
+        first differing key."""
         new = [(name, tuple(shape), np.dtype(dtype)) for name, shape, dtype in items if name not in self._keys]
         kv = self._store
         if kv is not None and new:
@@ -125,17 +134,17 @@ class Job:
         if np.array_equal(total, mine[:2] * n):
             return
         if total[0] != mine[0] * n:
-            raise ValueError(f"rank {kv.rank} asks for {len(items)} new tensors, but the workers disagree on how "
+            raise MismatchError(f"rank {kv.rank} asks for {len(items)} new tensors, but the workers disagree on how "
                              f"many (every worker must register the same parameters / names in the same order)")
         each = f"{probe}.each"
         kv.init(each, np.zeros(len(mine) - 2, np.float64))
         sums = kv.pushpull(each, mine[2:])
         for (name, shape, dtype), got, own in zip(items, sums, mine[2:]):
             if got != own * n:
-                raise ValueError(f"tensor {_label(name)} differs across workers: rank {kv.rank} has shape "
+                raise MismatchError(f"tensor {_label(name)} differs across workers: rank {kv.rank} has shape "
                                  f"{tuple(shape)} and dtype {dtype}, another worker has a different shape, dtype "
                                  "or order")
-        raise ValueError(f"the {len(items)} tensors of rank {kv.rank} differ from another worker's "
+        raise MismatchError(f"the {len(items)} tensors of rank {kv.rank} differ from another worker's "
                          "(names, shapes, dtypes or order)")
 
     def shutdown(self) -> None:
@@ -151,7 +160,11 @@ def fingerprint(text: str) -> float:
 
 
 def _label(key: str) -> str:
-    """A key as the script knows it: ``allreduce.w`` is the allreduce of 'w'."""
+    """A key as the script knows it: ``allreduce.w:3:<f4`` is the allreduce of 'w'."""
+    head, _, dtype = key.rpartition(":")
+    base, _, shape = head.rpartition(":")
+    if base and dtype and all(p.isdigit() for p in shape.split("x") if p):
+        key = base
     kind, _, rest = key.partition(".")
     if rest.startswith("grad."):
         return f"{rest[len('grad.'):]!r} (a parameter's gradient)"

@@ -10,7 +10,9 @@ The tree (catch ``PSError`` to catch them all)::
     ├── PSTimeoutError       a bounded wait ran out (also a TimeoutError)
     ├── ProtocolError        a malformed message (logged and dropped by nodes)
     │   └── NativeNodeError  a native MXNet (ps-lite) node tried to join: ends the job
-    └── RemoteError          a server rejected a request (bad key, shape, dtype...)
+    ├── RemoteError          a server rejected a request (bad key, shape, dtype...)
+    └── CollectiveError      a Horovod-style collective cannot run (also a RuntimeError)
+        └── MismatchError    ...because the workers disagree on it (also a ValueError)
 """
 from __future__ import annotations
 
@@ -63,3 +65,13 @@ class RemoteError(PSError):
         super().__init__(message)
         self.kind = kind
         self.node = node
+
+
+class CollectiveError(PSError, RuntimeError):
+    """A collective (ps.torch, ps.mxnet's Horovod calls) cannot run. A RuntimeError, as
+    Horovod's ``HorovodInternalError`` is, so scripts written for Horovod catch it."""
+
+
+class MismatchError(CollectiveError, ValueError):
+    """The workers called a collective with different names, shapes, dtypes or root ranks.
+    Raised on every worker alike, so they stay in step for the next call."""

@@ -85,7 +85,7 @@ class Op:
 
 
 DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (
-    "<f4", "<f8", "<f2", "<i4", "<i8", "|u1", "|i1"))
+    "<f4", "<f8", "<f2", "<i4", "<i8", "|u1", "|i1", "<i2"))
 DTYPE_CODE = {dt: i for i, dt in enumerate(DTYPES)}
 
 

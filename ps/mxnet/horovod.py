@@ -15,7 +15,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from ..collective import Job, predivide_factor
+from ..collective import Job, predivide_factor, tensor_key
 
 _job = Job("ps.mxnet")
 
@@ -46,13 +46,12 @@ def local_size() -> int:
 
 
 def _sum(names: list[str], arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """The element-wise sum of each array over every worker (collective, same names everywhere).
-    As in Horovod, a name may come back later with another shape (two trainers' parameter 0):
-    a ps key has one shape, so the key is the name with its shape and dtype."""
+    """The element-wise sum of each array over every worker (collective, same names everywhere);
+    a name may come back with another shape (two trainers' parameter 0): ``tensor_key``."""
     kv = _kv()
     if kv is None:
         return arrays
-    keys = [f"{n}:{'x'.join(map(str, a.shape))}:{a.dtype.str}" for n, a in zip(names, arrays)]
+    keys = [tensor_key(n, a.shape, a.dtype) for n, a in zip(names, arrays)]
     _job.ensure_keys([(k, a.shape, a.dtype) for k, a in zip(keys, arrays)])
     outs = [np.empty(a.shape, a.dtype) for a in arrays]
     handles = [kv.pushpull(k, a.reshape(-1), out=o.reshape(-1), block=False) for k, a, o in zip(keys, arrays, outs)]

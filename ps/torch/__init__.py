@@ -5,10 +5,11 @@ Gradients are summed by the servers (sync rounds, no optimizer there) and averag
 job of N workers makes the updates one process makes on the N batches together; the local
 ``torch.optim`` optimizer steps as under Horovod. docs/torch.md has the call-by-call table.
 """
-from .compression import Compression
+from ..errors import CollectiveError as HorovodInternalError
+from .compression import Compression, Compressor
 from .gather import (allgather, allgather_async, allgather_object, alltoall, alltoall_async, grouped_allgather,
                      grouped_allgather_async, grouped_reducescatter, grouped_reducescatter_async, reducescatter,
-                     reducescatter_async)
+                     reducescatter_async, sparse_allreduce_async)
 from .ops import (Adasum, Average, Max, Min, Product, Sum, allreduce, allreduce_, allreduce_async, allreduce_async_,
                   broadcast, broadcast_, broadcast_async, broadcast_async_, broadcast_object,
                   broadcast_optimizer_state, broadcast_parameters, grouped_allreduce, grouped_allreduce_,
@@ -20,7 +21,8 @@ from .runtime import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, 
                       init, is_homogeneous, is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
                       mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 
-__all__ = ["Adasum", "Average", "Compression", "DistributedOptimizer", "Max", "Min", "ProcessSet", "Product",
+__all__ = ["Adasum", "Average", "Compression", "Compressor", "DistributedOptimizer", "HorovodInternalError", "Max",
+           "Min", "ProcessSet", "Product",
            "ServerOptimizer", "Sum", "add_process_set", "allgather", "allgather_async", "allgather_object",
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
            "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
@@ -30,4 +32,4 @@ __all__ = ["Adasum", "Average", "Compression", "DistributedOptimizer", "Max", "M
            "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async", "init",
            "is_homogeneous", "is_initialized", "join", "local_rank", "local_size", "mpi_built", "mpi_enabled",
            "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async",
-           "remove_process_set", "rocm_built", "shutdown", "size", "synchronize"]
+           "remove_process_set", "rocm_built", "shutdown", "size", "sparse_allreduce_async", "synchronize"]

@@ -15,16 +15,17 @@ keeping its part. Fine for metrics, embeddings and routing tables; not a fast pa
 """
 from __future__ import annotations
 
-import json
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from ..collective import fingerprint
-from . import runtime
+from ..errors import MismatchError
+from . import objects, runtime
 from .compression import Compression
-from .sums import Average, Group, Max, Min, Product, Sum, differentiable, member, reduce_op, sum_async
+from .sums import (Average, Group, Max, Min, Product, Sum, UnsupportedError, claim, differentiable, hold, member,
+                   reduce_op, sum_async)
 from .process_sets import check as check_process_set
 
 
@@ -63,10 +64,10 @@ def _table(tag: str, row: list[float], what: str, tensor: torch.Tensor) -> np.nd
     n, me = runtime.size(), runtime.rank()
     mine = torch.zeros((n, len(row)), dtype=torch.float64)
     mine[me] = torch.tensor(row, dtype=torch.float64)
-    table = sum_async(mine, f"{tag}.table.{len(row)}", Sum).wait().numpy()
+    table = sum_async(mine, f"{tag}.table", Sum).wait().numpy()
     differ = [r for r in range(n) if table[r, -1] != row[-1]]
     if differ:
-        raise ValueError(f"{what}: rank {me} has a tensor of shape {tuple(tensor.shape)} and dtype {tensor.dtype}, "
+        raise MismatchError(f"{what}: rank {me} has a tensor of shape {tuple(tensor.shape)} and dtype {tensor.dtype}, "
                          f"but rank {differ[0]} has another shape past the first dimension or another dtype "
                          "(only the first dimension may differ between workers)")
     return table
@@ -86,8 +87,7 @@ def _gather_rows(tensor: torch.Tensor, tag: str, sizes: list[int]) -> Deferred:
     buf = torch.zeros((rows, *tensor.shape[1:]), dtype=tensor.dtype)
     start, count = _own_rows(sizes)
     buf[start:start + count] = tensor.detach()
-    key = f"{tag}.{rows}x{tuple(tensor.shape[1:])}.{tensor.dtype}"
-    return Deferred(sum_async(buf, key, Sum), lambda out: out[:total])
+    return Deferred(sum_async(buf, f"{tag}.rows", Sum), lambda out: out[:total])
 
 
 def _gather(tensor: torch.Tensor, name: str | None, kind: str = "allgather") -> tuple[Deferred, list[int]]:
@@ -123,13 +123,15 @@ class _Allgather(torch.autograd.Function):
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: Any = None) -> Deferred:
     check_process_set(process_set)
-    return _gather(tensor, name)[0]
+    claim("allgather", name)
+    return hold("allgather", name, _gather(tensor, name)[0])
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = None) -> torch.Tensor:
     """Every worker's ``tensor`` concatenated on the first dimension, in rank order (the
     first dimensions may differ between workers, nothing else may)."""
     check_process_set(process_set)
+    claim("allgather", name)
     if differentiable(tensor):
         return _Allgather.apply(tensor, name)
     return _gather(tensor, name)[0].wait()
@@ -137,22 +139,45 @@ def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = 
 
 def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None, process_set: Any = None) -> Group:
     check_process_set(process_set)
-    return Group([_gather(t, member(name, i, t))[0] for i, t in enumerate(tensors)])
+    claim("grouped_allgather", name)
+    return hold("grouped_allgather", name, Group([_gather(t, member(name, i))[0] for i, t in enumerate(tensors)]))
+
+
+class _GroupedAllgather(torch.autograd.Function):
+    """Each member's gradient as ``_Allgather``'s, the averages made in one grouped call."""
+
+    @staticmethod
+    def forward(ctx, name, *tensors):    # noqa: ANN001
+        gathered = [_gather(t, member(name, i)) for i, t in enumerate(tensors)]
+        ctx.sizes = [sizes for _, sizes in gathered]
+        return tuple(handle.wait() for handle, _ in gathered)
+
+    @staticmethod
+    def backward(ctx, *grads):    # noqa: ANN001
+        averaged = Group([sum_async(g, None, Average) for g in grads]).wait()
+        return (None, *(g.narrow(0, *_own_rows(sizes)) for g, sizes in zip(averaged, ctx.sizes)))
 
 
 def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None, process_set: Any = None) -> list:
+    if any(differentiable(t) for t in tensors):
+        check_process_set(process_set)
+        claim("grouped_allgather", name)
+        return list(_GroupedAllgather.apply(name, *tensors))
     return grouped_allgather_async(tensors, name, process_set).wait()
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list:
-    """Every worker's JSON-serializable ``obj``, in rank order. JSON, not pickle (as
-    ``broadcast_object``): nothing that came through the servers is unpickled."""
+    """Every worker's ``obj``, in rank order: any object in a job with a signing key,
+    plain data without one (ps/torch/objects.py)."""
     check_process_set(process_set)
-    data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
+    kv = runtime.store()
+    if kv is None:
+        return [obj]
+    data = torch.frombuffer(bytearray(objects.dumps(obj, kv, "allgather_object")), dtype=torch.uint8)
     handle, sizes = _gather(data, name, "allgather_object")
     raw = handle.wait().numpy().tobytes()
     starts = np.cumsum([0, *sizes])
-    return [json.loads(raw[starts[r]:starts[r + 1]].decode()) for r in range(len(sizes))]
+    return [objects.loads(raw[starts[r]:starts[r + 1]], kv, "allgather_object") for r in range(len(sizes))]
 
 
 def reduce_gathered(tensor: torch.Tensor, op: Any, name: str | None, prescale: float, postscale: float,
@@ -171,6 +196,29 @@ def reduce_gathered(tensor: torch.Tensor, op: Any, name: str | None, prescale: f
             target.copy_(out)
         return out
     return Deferred(handle, finish)
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: Any = Average,
+                           process_set: Any = None) -> Callable[[], torch.Tensor]:
+    """Horovod's sum (or average) of sparse COO tensors: an allgather of every worker's
+    indices and values. Returns a callable that gives the (uncoalesced) result."""
+    check_process_set(process_set)
+    reduce = reduce_op(op)
+    if reduce not in (Average, Sum):
+        raise UnsupportedError(f"sparse allreduce of {name!r}: op {reduce.name} is not supported (Average or Sum)")
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise TypeError(f"sparse_allreduce_async of {name!r} takes a sparse COO tensor, got "
+                        f"{type(tensor).__name__ if not isinstance(tensor, torch.Tensor) else tensor.layout}")
+    tag = f"sparse.{name}" if name is not None else None
+    indices, _ = _gather(tensor._indices().transpose(0, 1).contiguous(), f"{tag}.indices" if tag else None)
+    values, _ = _gather(tensor._values(), f"{tag}.values" if tag else None)
+
+    def result() -> torch.Tensor:
+        v, i = values.wait(), indices.wait()
+        if reduce is Average:
+            v = v / runtime.size()
+        return torch.sparse_coo_tensor(i.transpose(0, 1), v, tensor.size())
+    return result
 
 
 # -- alltoall --------------------------------------------------------------------------
@@ -227,6 +275,7 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None, 
     rows every rank sent it, in rank order. Returns them, and with ``splits`` given also
     how many came from each rank, as Horovod does."""
     check_process_set(process_set)
+    claim("alltoall", name)
     if differentiable(tensor):
         out, got = _Alltoall.apply(tensor, splits, name)
         received = got.tolist()
@@ -257,12 +306,13 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any =
     reduce = reduce_op(op)
     what = _what("reducescatter", name)
     if reduce not in (Average, Sum):
-        raise ValueError(f"{what}: op {reduce.name} is not supported (Average or Sum)")
+        raise UnsupportedError(f"{what}: op {reduce.name} is not supported (Average or Sum)")
     _need_dims(tensor, what)
+    claim("reducescatter", name)
     start, rows = _share(tensor.shape[0])
-    key = f"reducescatter.{name}" if name is not None else None
+    key = f"reducescatter.{name}" if name is not None else "reducescatter.noname"
     handle = sum_async(tensor.detach(), key, reduce, prescale_factor, postscale_factor, compression)
-    return Deferred(handle, lambda full: full.narrow(0, start, rows).clone())
+    return hold("reducescatter", name, Deferred(handle, lambda full: full.narrow(0, start, rows).clone()))
 
 
 class _Reducescatter(torch.autograd.Function):
@@ -296,14 +346,35 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: An
 def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = None, op: Any = Average,
                                 process_set: Any = None, prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0, *, compression: Any = Compression.none) -> Group:
-    return Group([reducescatter_async(t, member(name, i, t), op, process_set, prescale_factor, postscale_factor,
-                                      compression=compression)
-                  for i, t in enumerate(tensors)])
+    claim("grouped_reducescatter", name)
+    return hold("grouped_reducescatter", name, Group([
+        reducescatter_async(t, member(name, i), op, process_set, prescale_factor, postscale_factor,
+                            compression=compression)
+        for i, t in enumerate(tensors)]))
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    """Each member's gradient as ``_Reducescatter``'s, gathered in one grouped call."""
+
+    @staticmethod
+    def forward(ctx, name, op, prescale, postscale, compression, *tensors):    # noqa: ANN001
+        ctx.args = (reduce_op(op), prescale, postscale)
+        return tuple(grouped_reducescatter_async(list(tensors), name, op, None, prescale, postscale,
+                                                 compression=compression).wait())
+
+    @staticmethod
+    def backward(ctx, *grads):    # noqa: ANN001
+        op, prescale, postscale = ctx.args
+        factor = (runtime.size() if op is Sum else 1) * prescale * postscale
+        return (None,) * 5 + tuple(grouped_allgather([g * factor for g in grads]))
 
 
 def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None, compression: Any = Compression.none,
                           op: Any = Average, process_set: Any = None, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list:
+    if any(differentiable(t) for t in tensors):
+        check_process_set(process_set)
+        return list(_GroupedReducescatter.apply(name, op, prescale_factor, postscale_factor, compression, *tensors))
     return grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor, postscale_factor,
                                        compression=compression).wait()
 

@@ -1,24 +1,27 @@
 """Horovod's allreduce and broadcast, each one of ``sums``' sums (ps/torch/sums.py).
 
-Broadcast is the sum with zeros from every rank but the root, so it costs one round trip and
-needs no other message. Min, Max and Product, which a sum cannot give, reduce an allgather
-(ps/torch/gather.py).
+Broadcast is the sum with zeros from every rank but the root, so it costs one round trip;
+a two-number sum beside it (how many workers called themselves the root, and the roots
+they named) tells every worker alike when they disagree on ``root_rank``. Min, Max and
+Product, which a sum cannot give, reduce an allgather (ps/torch/gather.py).
 """
 from __future__ import annotations
 
 import itertools
-import json
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from . import runtime
+from ..collective import tensor_key
+from ..errors import MismatchError
+from . import objects, runtime
 from .compression import Compression
 from .gather import reduce_gathered
+from .optimizer import local_step
 from .process_sets import check as check_process_set
-from .sums import (GATHERED, Adasum, Average, Group, Handle, Max, Min, Product, ReduceOp, Sum, as_array,
-                   differentiable, ensure_keys, member, reduce_op, sum_async)
+from .sums import (GATHERED, Adasum, Average, Group, Handle, Max, Min, Product, ReduceOp, Sum, as_array, claim,
+                   differentiable, ensure_keys, hold, member, reduce_op, sum_async)
 
 _objects = itertools.count()        # unnamed broadcast_object calls, in the workers' common order
 
@@ -30,9 +33,12 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     """Start summing (averaging, ...) ``tensor`` over every worker; ``synchronize`` the handle."""
     check_process_set(process_set)
     reduce = reduce_op(op, average)
+    claim("allreduce", name)
     if reduce in GATHERED:
-        return reduce_gathered(tensor, reduce, name, prescale_factor, postscale_factor, _target)
-    return sum_async(tensor, name, reduce, prescale_factor, postscale_factor, compression, _target)
+        return hold("allreduce", name, reduce_gathered(tensor, reduce, name, prescale_factor, postscale_factor,
+                                                       _target))
+    return hold("allreduce", name, sum_async(tensor, name, reduce, prescale_factor, postscale_factor, compression,
+                                             _target))
 
 
 class _Allreduce(torch.autograd.Function):
@@ -78,15 +84,37 @@ def grouped_allreduce_async(tensors: list[torch.Tensor], average: bool | None = 
                             op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: Any = None, *, compression: Any = Compression.none,
                             _inplace: bool = False) -> Group:
-    return Group([allreduce_async(t, average, member(name, i, t), op, prescale_factor, postscale_factor, process_set,
-                                  compression=compression, _target=t if _inplace else None)
-                  for i, t in enumerate(tensors)])
+    claim("grouped_allreduce", name)
+    return hold("grouped_allreduce", name, Group([
+        allreduce_async(t, average, member(name, i), op, prescale_factor, postscale_factor, process_set,
+                        compression=compression, _target=t if _inplace else None)
+        for i, t in enumerate(tensors)]))
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    """The gradient of each member is the same grouped allreduce of the outputs' gradients."""
+
+    @staticmethod
+    def forward(ctx, average, name, op, prescale, postscale, compression, *tensors):    # noqa: ANN001
+        ctx.args = (average, op, prescale, postscale)
+        return tuple(grouped_allreduce_async(list(tensors), average, name, op, prescale, postscale,
+                                             compression=compression).wait())
+
+    @staticmethod
+    def backward(ctx, *grads):    # noqa: ANN001
+        average, op, prescale, postscale = ctx.args
+        return (None,) * 6 + tuple(grouped_allreduce_async(list(grads), average, None, op, prescale,
+                                                           postscale).wait())
 
 
 def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
                       compression: Any = Compression.none, op: Any = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0, process_set: Any = None) -> list[torch.Tensor]:
-    """Every tensor of the list allreduced, all in flight together."""
+    """Every tensor of the list allreduced, all in flight together; differentiable."""
+    if any(differentiable(t) for t in tensors):
+        check_process_set(process_set)
+        return list(_GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, compression,
+                                            *tensors))
     return grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor, process_set,
                                    compression=compression).wait()
 
@@ -104,25 +132,71 @@ def grouped_allreduce_(tensors: list[torch.Tensor], average: bool | None = None,
     return grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set).wait()
 
 
-def synchronize(handle: Handle) -> torch.Tensor:
+def synchronize(handle: Any) -> Any:
     return handle.wait()
 
 
-def poll(handle: Handle) -> bool:
+def poll(handle: Any) -> bool:
     return handle.done()
+
+
+# -- broadcast -------------------------------------------------------------------------
+def _check_root(root_rank: int) -> None:
+    size = runtime.size()
+    if not isinstance(root_rank, int) or not 0 <= root_rank < size:
+        raise ValueError(f"root_rank {root_rank!r} is out of range for a job of {size} workers")
+
+
+def _same_root(root_rank: int, name: str | None, what: str) -> tuple[Callable[[], None], ...]:
+    """Start the sum that shows whether every worker named ``root_rank``; the returned check
+    (run when it is in) raises MismatchError on every worker alike if not."""
+    if runtime.store() is None:
+        return ()
+    me, n = runtime.rank(), runtime.size()
+    mine = torch.tensor([1.0 if me == root_rank else 0.0, float(root_rank)], dtype=torch.float64)
+    handle = sum_async(mine, f"broadcast.root.{name}" if name is not None else "broadcast.root", Sum)
+
+    def check() -> None:
+        roots, named = handle.wait().tolist()
+        if roots != 1 or named != n * root_rank:
+            raise MismatchError(f"{what}: the workers disagree on root_rank (rank {me} named {root_rank}; "
+                                f"{int(roots)} of {n} workers called themselves the root)")
+    return (check,)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = None,
                     _target: torch.Tensor | None = None) -> Handle:
     check_process_set(process_set)
     _check_root(root_rank)
+    claim("broadcast", name)
     send = tensor.detach() if runtime.rank() == root_rank else torch.zeros_like(tensor)
     key = f"broadcast.{name}" if name is not None else None
-    return allreduce_async(send, name=key, op=Sum, _target=_target)
+    handle = sum_async(send, key, Sum, target=_target,
+                       checks=_same_root(root_rank, name, f"broadcast of {name!r}" if name else "broadcast"))
+    return hold("broadcast", name, handle)
+
+
+class _Broadcast(torch.autograd.Function):
+    """Horovod's gradient: the average of the output's gradient, on the root only."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):    # noqa: ANN001
+        ctx.root_rank = root_rank
+        return broadcast_async(tensor, root_rank, name).wait()
+
+    @staticmethod
+    def backward(ctx, grad):    # noqa: ANN001
+        reduced = allreduce_async(grad, True).wait()
+        if runtime.rank() != ctx.root_rank:
+            reduced = reduced * 0
+        return reduced, None, None
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = None) -> torch.Tensor:
-    """Rank ``root_rank``'s ``tensor`` on every worker (a new tensor)."""
+    """Rank ``root_rank``'s ``tensor`` on every worker (a new tensor); differentiable."""
+    if differentiable(tensor):
+        check_process_set(process_set)
+        return _Broadcast.apply(tensor, root_rank, name)
     return broadcast_async(tensor, root_rank, name, process_set).wait()
 
 
@@ -136,9 +210,10 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None, pr
         return broadcast_async_(tensor, root_rank, name, process_set).wait()
 
 
-def broadcast_parameters(params: Any, root_rank: int = 0) -> None:
+def broadcast_parameters(params: Any, root_rank: int = 0, process_set: Any = None) -> None:
     """Overwrite every tensor in ``params`` (a state_dict, or (name, tensor) pairs such as
     ``model.named_parameters()``) with rank ``root_rank``'s, in place; one round trip."""
+    check_process_set(process_set)
     items = list(params.items()) if hasattr(params, "items") else list(params)
     for entry in items:
         if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str)):
@@ -147,55 +222,63 @@ def broadcast_parameters(params: Any, root_rank: int = 0) -> None:
     if kv is None:
         return
     _check_root(root_rank)
-    flats = [(f"broadcast.{name}", t, as_array(t, f"broadcast of {name!r}"))
-             for name, t in items if isinstance(t, torch.Tensor)]
+    flats = [(tensor_key(f"broadcast.{name}", tuple(t.shape), flat.dtype), t, flat)
+             for name, t in items if isinstance(t, torch.Tensor)
+             for flat in (as_array(t, f"broadcast of {name!r}"),)]
     ensure_keys([(key, tuple(t.shape), flat.dtype) for key, t, flat in flats])
     pending = []
     for key, t, flat in flats:
         send = flat if kv.rank == root_rank else np.zeros_like(flat)
         result = np.empty_like(flat)
         pending.append((t, result, kv.pushpull(key, send, out=result, block=False)))
+    checks = _same_root(root_rank, "parameters", "broadcast_parameters")
     for t, result, handle in pending:
         handle.wait()
+    for check in checks:
+        check()
+    for t, result, _ in pending:
         with torch.no_grad():
             t.copy_(torch.from_numpy(result).view(t.shape).to(t.dtype))
 
 
-def _check_root(root_rank: int) -> None:
-    size = runtime.size()
-    if not isinstance(root_rank, int) or not 0 <= root_rank < size:
-        raise ValueError(f"root_rank {root_rank!r} is out of range for a job of {size} workers")
-
-
-def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
-    """Rank ``root_rank``'s JSON-serializable ``obj`` on every worker. Unlike Horovod's, not a
-    pickle: what comes back from the servers is never unpickled (docs/security.md)."""
-    if runtime.store() is None:
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> Any:
+    """Rank ``root_rank``'s ``obj`` on every worker: any object in a job with a signing key,
+    plain data without one (ps/torch/objects.py)."""
+    check_process_set(process_set)
+    kv = runtime.store()
+    if kv is None:
         return obj
     _check_root(root_rank)
-    data = json.dumps(obj).encode() if runtime.rank() == root_rank else b""
+    data = objects.dumps(obj, kv, "broadcast_object") if kv.rank == root_rank else b""
     tag = name or f"object.{next(_objects)}"
     n = int(broadcast(torch.tensor([len(data)], dtype=torch.int64), root_rank, name=f"{tag}.len").item())
     buf = torch.zeros(n, dtype=torch.uint8)
     if data:
         buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-    got = broadcast(buf, root_rank, name=f"{tag}.data.{n}")
-    return json.loads(got.numpy().tobytes().decode())
+    got = broadcast(buf, root_rank, name=f"{tag}.data")
+    return obj if kv.rank == root_rank else objects.loads(got.numpy().tobytes(), kv, "broadcast_object")
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0, model: Any = None) -> None:
     """Rank ``root_rank``'s optimizer state (momentum buffers, Adam moments and step counts)
-    and hyper-parameters on every worker, in place. Every worker must hold the same layout
-    of state: a fresh optimizer everywhere is fine (then only hyper-parameters move)."""
+    and hyper-parameters on every worker, in place. A worker whose optimizer has no state
+    yet (a fresh one, where the root loaded a checkpoint) makes it first with a step on zero
+    gradients, as Horovod does, but keeps its parameters as they were."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state (as in Horovod)")
     if runtime.store() is None:
         return
+    _fresh_grads(optimizer, model)
+    layout = _layout(optimizer)
+    theirs = broadcast_object(layout, root_rank)
+    if theirs != layout and not optimizer.state:
+        _make_state(optimizer)
+        layout = _layout(optimizer)
+    if theirs != layout:
+        raise MismatchError(f"rank {runtime.rank()}'s optimizer state differs in layout from rank {root_rank}'s "
+                            "(different optimizers, or parameters that only some workers have trained?)")
     params = [p for group in optimizer.param_groups for p in group["params"]]
     states = [(i, optimizer.state[p]) for i, p in enumerate(params) if p in optimizer.state]
-    layout = [[i, sorted([k, list(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__]
-                         for k, v in st.items())] for i, st in states]
-    if broadcast_object(layout, root_rank) != json.loads(json.dumps(layout)):
-        raise ValueError(f"rank {runtime.rank()}'s optimizer state differs in layout from rank {root_rank}'s "
-                         "(did only some workers load a checkpoint or take a step?)")
     broadcast_parameters([(f"optstate.{i}.{k}", v) for i, st in states for k, v in sorted(st.items())
                           if isinstance(v, torch.Tensor)], root_rank)
     scalars = {f"{i}.{k}": v for i, st in states for k, v in st.items() if not isinstance(v, torch.Tensor)}
@@ -205,9 +288,39 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
             if f"{i}.{k}" in got:
                 st[k] = got[f"{i}.{k}"]
     hyper = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-    for group, theirs in zip(optimizer.param_groups, broadcast_object(hyper, root_rank)):
-        for k, v in theirs.items():
-            group[k] = tuple(v) if isinstance(group.get(k), tuple) else v
+    for group, options in zip(optimizer.param_groups, broadcast_object(hyper, root_rank)):
+        group.update(options)
+
+
+def _layout(optimizer: torch.optim.Optimizer) -> list:
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return [[i, sorted((k, tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__)
+                       for k, v in optimizer.state[p].items())]
+            for i, p in enumerate(params) if p in optimizer.state]
+
+
+def _fresh_grads(optimizer: torch.optim.Optimizer, model: Any) -> None:
+    """Zero gradients where there are none, as Horovod leaves them (its state-making step
+    needs them; a script may read them after the broadcast)."""
+    sparse = {id(p) for m in (model.modules() if model is not None else ())
+              if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam) or id(p) in sparse:
+                    p.grad = p.grad.to_sparse()
+
+
+def _make_state(optimizer: torch.optim.Optimizer) -> None:
+    """One step of the optimizer's own class (not the distributed one, which every worker
+    would have to join) on zero gradients; the parameters keep their values."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    kept = [p.detach().clone() for p in params]
+    local_step(optimizer)
+    with torch.no_grad():
+        for p, value in zip(params, kept):
+            p.copy_(value)
 
 
 __all__ = ["Adasum", "Average", "Max", "Min", "Product", "Sum", "ReduceOp", "allreduce", "allreduce_",

@@ -9,22 +9,33 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Iterator
+import warnings
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 import torch
 
-from ..collective import predivide_factor
+from ..collective import predivide_factor, tensor_key
 from . import runtime
 from .compression import Compression
-from .sums import Average, Sum, as_array, ensure_keys, reduce_op
+from .gather import sparse_allreduce_async
+from .process_sets import check as check_process_set
+from .sums import Average, Sum, as_array, ensure_keys, reduce_op, scaled
+
+
+class _Sent(NamedTuple):
+    """A gradient on its way: the pushpull, where its sum lands, and how to undo the wire form."""
+    handle: Any
+    result: np.ndarray          # the sum, as it travels (a view of the gradient where it can be)
+    wire: torch.Tensor          # the compressed gradient that was sent
+    ctx: Any                    # the compressor's context for decompress
 
 
 class _Distributed:
     """Mixed in before the wrapped optimizer's own class (see DistributedOptimizer)."""
 
     def _ps_setup(self, named_parameters: Any, op: Any, compression: Any, passes: int,
-                  predivide: float = 1.0) -> None:
+                  predivide: float = 1.0, sparse_as_dense: bool = False) -> None:
         if not isinstance(passes, int) or passes < 1:
             raise ValueError(f"backward_passes_per_step must be a positive integer, got {passes!r}")
         self._ps_op = reduce_op(op)
@@ -38,46 +49,33 @@ class _Distributed:
         self._ps_predivide = predivide
         self._ps_compression = compression
         self._ps_passes = passes
-        params = [p for group in self.param_groups for p in group["params"]]
-        if named_parameters is None:
-            names = {p: f"param.{i}" for i, p in enumerate(params)}
-        else:
-            pairs = list(named_parameters)
-            seen: dict[str, int] = {}
-            for name, _ in pairs:
-                seen[name] = seen.get(name, 0) + 1
-            dup = sorted(n for n, c in seen.items() if c > 1)
-            if dup:
-                raise ValueError(f"named_parameters has duplicate names: {dup[:5]}")
-            names = {p: name for name, p in pairs}
-            missing = [i for i, p in enumerate(params) if p not in names]
-            if missing:
-                raise ValueError(f"named_parameters does not name {len(missing)} of the optimizer's parameters "
-                                 f"(indices {missing[:5]} in its param_groups); pass model.named_parameters() "
-                                 "of the model the optimizer trains")
-        self._ps_names = {p: names[p] for p in params if p.requires_grad}
+        self._ps_sparse_as_dense = bool(sparse_as_dense)
+        names = _names(self.param_groups, named_parameters)
+        self._parameter_names = names                   # Horovod's attribute: {parameter: name}
+        self._ps_names = {p: n for p, n in names.items() if p.requires_grad}
         self._ps_counts = {p: 0 for p in self._ps_names}
         # MXNet's rule: the first layer's sum is needed first (next forward), so it overtakes
         # the later layers' under PS_SEND_WINDOW although its gradient is ready last
         self._ps_priority = {p: -i for i, p in enumerate(self._ps_names)}
-        self._ps_inflight: dict[torch.Tensor, tuple[Any, np.ndarray]] = {}
+        self._ps_inflight: dict[torch.Tensor, _Sent] = {}
+        self._ps_sparse: list[torch.Tensor] = []        # sparse gradients, summed at synchronize()
         self._ps_synchronized = False
         self._ps_skip = False
         self.timeline: list[tuple[str, float]] = []    # (name, time.perf_counter()) of each send
-        arrays = {p: as_array(p.detach(), f"parameter {name!r}") for p, name in self._ps_names.items()}
         self._ps_kv = runtime.store()
-        half = compression.wire_dtype is torch.float16
-        ensure_keys([(self._ps_key(p), tuple(p.shape),
-                      np.dtype("float16") if half and p.is_floating_point() else arrays[p].dtype)
-                     for p in self._ps_names])
+        self._ps_keys = {}
+        for p, name in self._ps_names.items():
+            # the key is the gradient as it travels: a compressor may change its dtype or shape
+            wire, _ = compression.compress(torch.zeros_like(p.detach()))
+            flat = as_array(wire, f"parameter {name!r}")
+            self._ps_keys[p] = (tensor_key(f"allreduce.grad.{name}", tuple(wire.shape), flat.dtype),
+                                tuple(wire.shape), flat.dtype)
+        ensure_keys(list(self._ps_keys.values()))
         self._ps_hooks = [p.register_post_accumulate_grad_hook(self._ps_ready) for p in self._ps_names]
-
-    def _ps_key(self, p: torch.Tensor) -> str:
-        return f"allreduce.grad.{self._ps_names[p]}"
 
     def _ps_ready(self, p: torch.Tensor) -> None:
         """Autograd accumulated ``p.grad``: send it now if this was the last pass of the step."""
-        if p in self._ps_inflight:
+        if p in self._ps_inflight or p in self._ps_sparse:
             raise RuntimeError(f"the gradient of {self._ps_names[p]!r} was computed again before step(): "
                                f"call optimizer.step() (or synchronize()) after every {self._ps_passes} "
                                "backward pass(es), or raise backward_passes_per_step")
@@ -88,41 +86,57 @@ class _Distributed:
     def _ps_send(self, p: torch.Tensor) -> None:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
+        grad = p.grad
+        if grad.is_sparse:
+            if not self._ps_sparse_as_dense:
+                self._ps_sparse.append(p)           # an allgather: made at synchronize(), in order
+                return
+            grad = grad.to_dense()
         if self._ps_predivide != 1.0:      # in place: the average comes back into p.grad anyway
             with torch.no_grad():
-                p.grad.div_(self._ps_predivide)
-        grad = self._ps_compression.compress(p.grad)
-        flat = as_array(grad, f"gradient of {self._ps_names[p]!r}")
+                grad.div_(self._ps_predivide)
+        wire, ctx = self._ps_compression.compress(grad)
+        flat = as_array(wire, f"gradient of {self._ps_names[p]!r}")
         self.timeline.append((self._ps_names[p], time.perf_counter()))
         if self._ps_kv is None:
-            self._ps_inflight[p] = (None, flat)
+            self._ps_inflight[p] = _Sent(None, flat, wire, ctx)
             return
         # the sum comes back into the gradient's own memory when ``flat`` is a view of it: a
         # server answers a slice only after it has every worker's push of that slice, so
         # nothing still reads those bytes (a resending van copies its payloads anyway)
-        result = flat if np.shares_memory(flat, grad.numpy()) else np.empty_like(flat)
-        self._ps_inflight[p] = (self._ps_kv.pushpull(self._ps_key(p), flat, out=result, block=False,
-                                                     priority=self._ps_priority[p]), result)
+        result = flat if np.shares_memory(flat, wire.numpy()) else np.empty_like(flat)
+        key = self._ps_keys[p][0]
+        self._ps_inflight[p] = _Sent(self._ps_kv.pushpull(key, flat, out=result, block=False,
+                                                          priority=self._ps_priority[p]), result, wire, ctx)
 
     def synchronize(self) -> None:
         """Wait for every gradient's sum; gradients that no backward pass produced on this
         worker (unused layers) go out now as zeros, as the other workers wait for them."""
         for p in self._ps_names:
-            if p not in self._ps_inflight:
+            if p not in self._ps_inflight and p not in self._ps_sparse:
                 self._ps_send(p)
         divide = runtime.size() if self._ps_op is Average else 1
-        for p, (handle, result) in list(self._ps_inflight.items()):
-            if handle is not None:
-                handle.wait()
-            summed = torch.from_numpy(result).view(p.shape)
+        factor = self._ps_predivide / divide
+        for p, sent in list(self._ps_inflight.items()):
+            if sent.handle is not None:
+                sent.handle.wait()
+            summed = torch.from_numpy(sent.result).view(sent.wire.shape)
             with torch.no_grad():
-                if summed.data_ptr() != p.grad.data_ptr():
-                    p.grad.copy_(summed)
-                if self._ps_predivide != 1.0:
-                    p.grad.mul_(self._ps_predivide / divide)
-                elif divide > 1:
-                    p.grad.div_(divide)
+                if summed.dtype in (torch.float32, torch.float64):
+                    summed = summed.mul_(factor) if factor != 1.0 else summed
+                else:
+                    summed = scaled(summed, factor)
+                value = self._ps_compression.decompress(summed.to(sent.wire.dtype), sent.ctx)
+                if p.grad.is_sparse:                  # sparse_as_dense: back to the form step() expects
+                    p.grad.zero_().add_(value.to_sparse())
+                elif value.data_ptr() != p.grad.data_ptr():
+                    p.grad.copy_(value)
+        for p in self._ps_sparse:
+            summed = sparse_allreduce_async(p.grad, self._ps_names[p], Sum if divide == 1 else Average)()
+            with torch.no_grad():
+                p.grad.zero_().add_(summed)
         self._ps_inflight.clear()
+        self._ps_sparse.clear()
         for p in self._ps_counts:
             self._ps_counts[p] = 0
         self._ps_synchronized = True
@@ -138,30 +152,100 @@ class _Distributed:
             self._ps_skip = False
 
     def step(self, closure: Any = None) -> Any:
-        if not self._ps_skip and not self._ps_synchronized:
-            self.synchronize()
+        if not self._ps_skip:
+            if self._ps_synchronized:
+                # Horovod's warning (Horovod then sums the gradients again; ps has nothing left
+                # in flight, so it goes on with the sums it has)
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                              "consider using optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.")
+            else:
+                self.synchronize()
         self._ps_synchronized = False
         return super().step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._ps_inflight:
+        if self._ps_inflight or self._ps_sparse:
             raise RuntimeError("optimizer.zero_grad() was called after loss.backward() but before "
                                "optimizer.step() or optimizer.synchronize(): the gradients are still being summed")
         super().zero_grad(set_to_none=set_to_none)
 
 
+def local_step(optimizer: torch.optim.Optimizer) -> None:
+    """The optimizer's own step, without the sums (which every worker would have to join):
+    broadcast_optimizer_state makes a fresh optimizer's state with it."""
+    if isinstance(optimizer, _Distributed):
+        super(_Distributed, optimizer).step()
+    else:
+        optimizer.step()
+
+
+def _names(param_groups: list[dict], named_parameters: Any) -> dict[torch.Tensor, str]:
+    """Every parameter's name: ``named_parameters``' (which must name all, once), else
+    Horovod's ``allreduce.noname.<group>.<index>``."""
+    params = [p for group in param_groups for p in group["params"]]
+    if named_parameters is None:
+        return {p: f"allreduce.noname.{i}.{j}" for i, group in enumerate(param_groups)
+                for j, p in enumerate(group["params"])}
+    pairs = list(named_parameters)
+    if any(not (isinstance(e, tuple) and len(e) == 2) for e in pairs):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually produced by "
+                         "model.named_parameters()")
+    seen: dict[str, int] = {}
+    for name, _ in pairs:
+        seen[name] = seen.get(name, 0) + 1
+    dup = sorted(n for n, c in seen.items() if c > 1)
+    if dup:
+        raise ValueError(f"named_parameters has duplicate names: {dup[:5]}")
+    names = {p: name for name, p in pairs}
+    missing = [i for i, p in enumerate(params) if p not in names]
+    if missing:
+        raise ValueError(f"named_parameters does not name {len(missing)} of the optimizer's parameters "
+                         f"(indices {missing[:5]} in its param_groups); pass model.named_parameters() "
+                         "of the model the optimizer trains")
+    return {p: names[p] for p in params}
+
+
+def _check_groups(num_groups: Any, groups: Any) -> None:
+    """Horovod's fusion knobs, checked as Horovod checks them. ps sends every gradient on its
+    own the moment it is ready, so they change nothing else."""
+    if not isinstance(num_groups, int) or isinstance(num_groups, bool) or num_groups < 0:
+        raise ValueError(f"num_groups should be a non-negative integer, got {num_groups!r}")
+    if groups is None:
+        return
+    if not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
+        raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
+    if isinstance(groups, list):
+        seen: set[int] = set()
+        for group in groups:
+            for p in group:
+                if not isinstance(p, torch.Tensor):
+                    raise ValueError("groups must consist of torch.Tensor.")
+                if id(p) in seen:
+                    raise ValueError("A parameter can only appear once in groups.")
+                seen.add(id(p))
+
+
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
                          compression: Any = Compression.none, backward_passes_per_step: int = 1,
-                         op: Any = Average, gradient_predivide_factor: float = 1.0) -> torch.optim.Optimizer:
+                         op: Any = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups: Any = None, sparse_as_dense: bool = False,
+                         process_set: Any = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so its gradients are averaged (``op=Sum``: summed) over every worker
-    before each step. Collective: every worker calls it with the same parameters."""
+    before each step. Collective: every worker calls it with the same parameters. Sparse
+    gradients (``nn.Embedding(sparse=True)``) are summed as an allgather of their rows, or
+    dense with ``sparse_as_dense=True``."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if not runtime.is_initialized():
         raise ValueError("call ps.torch.init() before DistributedOptimizer")
+    check_process_set(process_set)
+    _check_groups(num_groups, groups)
     base = type(optimizer)
     cls = type(base.__name__, (_Distributed, base), {"__module__": base.__module__})
     wrapped = base.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)        # same param_groups, state, defaults
-    wrapped._ps_setup(named_parameters, op, compression, backward_passes_per_step, gradient_predivide_factor)
+    wrapped._ps_setup(named_parameters, op, compression, backward_passes_per_step, gradient_predivide_factor,
+                      sparse_as_dense)
     return wrapped

@@ -1,17 +1,19 @@
 """The one thing ps's servers do for ``ps.torch``: sum a named tensor over every worker.
 
-A name is a key. Its first use is a collective ``init`` (every worker, same order, as every
-Horovod collective), after which each call is one pushpull: the servers sum the workers'
-tensors and send the sum back (no optimizer runs there). Every collective of ``ops`` and
-``gather`` is made of these sums.
+A name is a key (with its shape and dtype: ``collective.tensor_key``). Its first use is a
+collective ``init`` (every worker, same order, as every Horovod collective), after which
+each call is one pushpull: the servers sum the workers' tensors and send the sum back (no
+optimizer runs there). Every collective of ``ops`` and ``gather`` is made of these sums.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import weakref
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
 
+from ..collective import tensor_key
 from . import runtime
 from .compression import Compression
 
@@ -28,8 +30,12 @@ Max = ReduceOp("Max")
 Product = ReduceOp("Product")
 _OPS = {op.name.lower(): op for op in (Average, Sum, Min, Max, Product)}
 GATHERED = (Min, Max, Product)        # reduced on the workers, from an allgather
-_WIRE_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int32, torch.int64, torch.uint8, torch.int8}
+_WIRE_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int16, torch.int32, torch.int64, torch.uint8,
+                torch.int8}
 
+
+class UnsupportedError(NotImplementedError, ValueError):
+    """What ps.torch does not do. A RuntimeError, as Horovod's refusals are, and a ValueError."""
 
 
 def reduce_op(op: Any, average: bool | None = None) -> ReduceOp:
@@ -38,25 +44,42 @@ def reduce_op(op: Any, average: bool | None = None) -> ReduceOp:
     name = op.name if isinstance(op, ReduceOp) else op
     found = _OPS.get(name.lower()) if isinstance(name, str) else None
     if found is None:
-        raise ValueError(f"op {name if isinstance(name, str) else op!r} is not supported: ps.torch reduces with "
-                         "Average, Sum, Min, Max or Product (no Adasum: the servers sum)")
+        raise UnsupportedError(f"op {name if isinstance(name, str) else op!r} is not supported: ps.torch reduces "
+                               "with Average, Sum, Min, Max or Product (no Adasum: the servers sum)")
     return found
 
 
 def as_array(tensor: torch.Tensor, what: str) -> np.ndarray:
-    """The tensor's memory as a numpy array (a view where it can be), or a clear error."""
+    """The tensor's memory as a numpy array (a view where it can be), or a clear error. Bool
+    travels as uint8, bfloat16 (which numpy lacks) as float32."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.device.type != "cpu":
         raise ValueError(f"{what}: tensor on device {tensor.device} is not supported: ps.torch moves CPU "
                          "tensors (copy it with .cpu() first)")
     if tensor.is_sparse:
-        raise ValueError(f"{what}: sparse tensors are not supported")
+        raise ValueError(f"{what}: sparse tensors are not supported here (sparse_allreduce_async, or "
+                         "DistributedOptimizer, takes them)")
     if tensor.dtype == torch.bool:
         tensor = tensor.to(torch.uint8)
+    elif tensor.dtype == torch.bfloat16:
+        tensor = tensor.to(torch.float32)
     if tensor.dtype not in _WIRE_DTYPES:
-        raise TypeError(f"{what}: dtype {tensor.dtype} is not supported (float16/32/64, int8/32/64, uint8, bool)")
+        raise TypeError(f"{what}: dtype {tensor.dtype} is not supported (float16/32/64, bfloat16, int8/16/32/64, "
+                        "uint8, bool)")
     return tensor.detach().contiguous().numpy().reshape(-1)
+
+
+def scaled(tensor: torch.Tensor, factor: float) -> torch.Tensor:
+    """``tensor * factor`` in ``tensor``'s dtype, computed as Horovod does on the CPU:
+    integers in float64, float16 and bfloat16 in float32, then cast back."""
+    if factor == 1.0 or tensor.dtype == torch.bool:
+        return tensor
+    if tensor.is_floating_point():
+        work = torch.float32 if tensor.dtype in (torch.float16, torch.bfloat16) else tensor.dtype
+    else:
+        work = torch.float64
+    return (tensor.to(work) * factor).to(tensor.dtype)
 
 
 def ensure_keys(items: list[tuple[str, tuple[int, ...], np.dtype]]) -> None:
@@ -69,54 +92,79 @@ def ensure_keys(items: list[tuple[str, tuple[int, ...], np.dtype]]) -> None:
     runtime.job.ensure_keys(items)
 
 
-class Handle:
-    """What ``allreduce_async`` returns; ``synchronize(handle)`` gives the result."""
+# -- names in flight ---------------------------------------------------------------------
+_inflight: dict[tuple[str, str], Any] = {}      # (kind, name) -> a weak reference to its handle
 
-    def __init__(self, pending: Any, out: torch.Tensor, result: np.ndarray, divide: int,
-                 target: torch.Tensor | None, scale: float = 1.0):
-        self._pending, self._out, self._result, self._divide, self._target = pending, out, result, divide, target
-        self._scale = scale
+
+def claim(kind: str, name: str | None) -> None:
+    """Horovod refuses a second operation of a name while the first is still in flight (its
+    workers could not tell the two apart); so does ps, before anything is sent."""
+    if name is None:
+        return
+    ref = _inflight.get((kind, name))
+    held = ref() if ref is not None else None
+    if held is not None and not held.done():
+        raise ValueError(f"{kind} of {name!r}: an operation of that name is still in flight (synchronize it "
+                         "first, or give this one another name)")
+
+
+def hold(kind: str, name: str | None, handle: Any) -> Any:
+    """Remember ``handle`` as the operation of ``name`` in flight (``claim``); returns it."""
+    if name is not None:
+        _inflight[(kind, name)] = weakref.ref(handle)
+    return handle
+
+
+class Handle:
+    """What ``allreduce_async`` returns; ``synchronize(handle)`` gives the result.
+
+    ``checks`` run once the sums are in, before anything is written: a broadcast's check
+    that every worker named the same root raises there, on every worker alike."""
+
+    def __init__(self, pending: Any, result: np.ndarray, out: torch.Tensor, scale: float,
+                 compression: Any = Compression.none, ctx: Any = None, target: torch.Tensor | None = None,
+                 checks: tuple[Callable[[], None], ...] = ()):
+        self._pending, self._result, self._out, self._scale = pending, result, out, scale
+        self._compression, self._ctx, self._target, self._checks = compression, ctx, target, checks
+        self._value: torch.Tensor | None = None
 
     def done(self) -> bool:
-        return self._pending is None or self._pending.done
+        return self._value is not None or self._pending is None or self._pending.done
 
     def wait(self) -> torch.Tensor:
-        if self._pending is not None:
-            self._pending.wait()
-            self._pending = None
-            res = torch.from_numpy(self._result).view(self._out.shape)
-            if self._divide > 1:          # true division: an integer tensor's mean, then cast back
-                res = torch.true_divide(res, self._divide)
-            if self._scale != 1.0:
-                res = res * self._scale
-            self._out.copy_(res)
+        if self._value is None:
+            if self._pending is not None:
+                self._pending.wait()
+            for check in self._checks:
+                check()
+            # scaled in the wire's dtype (a bfloat16 sum arrives as float32), then cast
+            self._out.copy_(scaled(torch.from_numpy(self._result).view(self._out.shape), self._scale))
+            value = self._compression.decompress(self._out, self._ctx)
             if self._target is not None:
-                self._target.copy_(self._out)
-        return self._out
+                self._target.copy_(value)
+            self._value = value
+        return self._value
 
 
 def sum_async(tensor: torch.Tensor, name: str | None, reduce: ReduceOp, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, compression: Any = Compression.none,
-              target: torch.Tensor | None = None) -> Handle:
-    """Start summing (``Average``: averaging) ``tensor`` over every worker: one pushpull."""
-    if prescale_factor != 1.0:
-        tensor = tensor * prescale_factor
-    sent = compression.compress(tensor) if isinstance(tensor, torch.Tensor) else tensor
+              target: torch.Tensor | None = None, checks: tuple[Callable[[], None], ...] = ()) -> Handle:
+    """Start summing (``Average``: averaging) ``tensor`` over every worker: one pushpull.
+    As Horovod's: prescale, compress, sum, average and postscale, decompress."""
+    sent, ctx = compression.compress(scaled(tensor.detach(), prescale_factor))
     flat = as_array(sent, f"allreduce of {name!r}" if name else "allreduce")
-    # unnamed: one key per shape and dtype, reused call after call (a new key per call would
-    # cost a collective init each time and grow the servers), in the callers' common order
-    name = f"allreduce.{name}" if name is not None else f"allreduce.noname.{tuple(tensor.shape)}.{flat.dtype}"
-    out = torch.empty_like(tensor)
+    out = torch.empty_like(sent)
     kv = runtime.store()
     if kv is None:
-        out.copy_(tensor * postscale_factor if postscale_factor != 1.0 else tensor)
-        if target is not None:
-            target.copy_(out)
-        return Handle(None, out, flat, 1, None)
-    ensure_keys([(name, tuple(tensor.shape), flat.dtype)])
+        return Handle(None, flat, out, postscale_factor, compression, ctx, target, checks)
+    # unnamed: one key per shape and dtype, reused call after call (a new key per call would
+    # cost a collective init each time and grow the servers), in the callers' common order
+    key = tensor_key(f"allreduce.{name}" if name is not None else "allreduce.noname", tuple(sent.shape), flat.dtype)
+    ensure_keys([(key, tuple(sent.shape), flat.dtype)])
     result = np.empty_like(flat)
-    pending = kv.pushpull(name, flat, out=result, block=False)
-    return Handle(pending, out, result, kv.num_workers if reduce is Average else 1, target, postscale_factor)
+    pending = kv.pushpull(key, flat, out=result, block=False)
+    scale = postscale_factor / kv.num_workers if reduce is Average else postscale_factor
+    return Handle(pending, result, out, scale, compression, ctx, target, checks)
 
 
 def differentiable(tensor: Any) -> bool:
@@ -125,11 +173,10 @@ def differentiable(tensor: Any) -> bool:
     return isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled()
 
 
-def member(name: str | None, i: int, tensor: torch.Tensor) -> str:
+def member(name: str | None, i: int) -> str:
     """The name of a group's ``i``-th tensor: each is a key of its own, named after the group,
-    else after its place and shape (the unnamed rule of one key per shape would put two of
-    them in one key)."""
-    return f"{name}.{i}" if name is not None else f"noname.group.{i}.{tuple(tensor.shape)}"
+    else after its place (the key adds its shape and dtype)."""
+    return f"{name}.{i}" if name is not None else f"noname.group.{i}"
 
 
 class Group:

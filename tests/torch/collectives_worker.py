@@ -12,6 +12,71 @@ def rows(rank, k, cols=3, dtype=torch.float32):
     return (torch.arange(k * cols, dtype=torch.float64).reshape(k, cols) + 100 * rank).to(dtype)
 
 
+class Halve(hvd.Compressor):
+    """A compressor of the script's own, in Horovod's interface."""
+
+    @staticmethod
+    def compress(tensor):
+        return tensor / 2, 2.0
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor * ctx
+
+
+def horovods_rules(out, r):
+    """What Horovod's own test suite checks: dtypes, a name reused with another shape, a name
+    twice in flight, roots that disagree, objects, compressors, sparse sums, autograd."""
+    out["i16"] = hvd.allreduce(torch.tensor([r + 1, -(r + 1)], dtype=torch.int16), op=hvd.Sum).tolist()
+    out["ag_i16"] = hvd.allgather(torch.tensor([r], dtype=torch.int16)).tolist()
+    out["bf16"] = hvd.allreduce(torch.tensor([0.5 * (r + 1)], dtype=torch.bfloat16)).float().tolist()
+    out["reuse"] = [hvd.allreduce(torch.ones(k), name="reuse", op=hvd.Sum).tolist() for k in (2, 3)]
+    out["int_prescale"] = hvd.allreduce(torch.tensor([7, -7], dtype=torch.int32), op=hvd.Sum,
+                                        prescale_factor=0.5).tolist()
+    first = hvd.allreduce_async(torch.ones(2), name="twice")
+    try:
+        hvd.allreduce_async(torch.ones(2), name="twice")
+        out["twice"] = None
+    except ValueError as exc:
+        out["twice"] = str(exc)
+    hvd.synchronize(first)
+    try:
+        hvd.broadcast(torch.ones(2), root_rank=r, name="roots")
+        out["roots"] = None
+    except hvd.HorovodInternalError as exc:
+        out["roots"] = str(exc)
+    obj = {"epoch": 3, 0: (1, 2), "t": torch.arange(3), "s": {"a"}} if r == 0 else None
+    out["bcast_obj"] = repr(hvd.broadcast_object(obj, root_rank=0))
+    out["ag_obj_keys"] = repr(hvd.allgather_object({r: (r,)}))
+    out["custom"] = hvd.allreduce(torch.full((2,), float(r + 1)), op=hvd.Sum, compression=Halve).tolist()
+    dense = torch.zeros(5, 2)
+    dense[r] = r + 1
+    dense[4] = 1
+    out["sparse"] = hvd.sparse_allreduce_async(dense.to_sparse(), name="sp", op=hvd.Sum)().to_dense().tolist()
+    for as_dense in (False, True):                  # Embedding(sparse=True) through the optimizer
+        emb = torch.nn.Embedding(5, 2, sparse=True)
+        torch.nn.init.zeros_(emb.weight)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=1.0), sparse_as_dense=as_dense)
+        emb(torch.tensor([r, 4])).sum().backward()
+        opt.step()
+        out[f"emb_{as_dense}"] = emb.weight.detach().tolist()
+    model = torch.nn.Linear(3, 2)                   # the checkpoint pattern: only the root has state
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    if r == 0:
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+    before = [p.detach().clone() for p in model.parameters()]
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    out["opt_state"] = [[float(st["step"]), st["exp_avg"].flatten().tolist()] for st in opt.state.values()]
+    out["params_kept"] = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    w = torch.full((2,), float(r + 1), requires_grad=True)
+    hvd.broadcast(w, root_rank=1).sum().backward()
+    out["bcast_grad"] = w.grad.tolist()
+    ws = [torch.ones(2, requires_grad=True), torch.ones(3, requires_grad=True)]
+    sum(t.sum() for t in hvd.grouped_allreduce(ws, op=hvd.Sum)).backward()
+    out["gar_grad"] = [t.grad.tolist() for t in ws]
+
+
 def main():
     hvd.init()
     r, n = hvd.rank(), hvd.size()
@@ -58,6 +123,7 @@ def main():
     w2 = torch.full((2,), float(r + 1), requires_grad=True)
     (hvd.allreduce(w2, op=hvd.Sum) * (r + 1)).sum().backward()
     out["ar_grad"] = w2.grad.tolist()
+    horovods_rules(out, r)
     hvd.barrier()
     try:
         hvd.allgather(torch.zeros(1, 4 if r == 1 else 3), name="bad")

@@ -66,6 +66,23 @@ def test_allgather_alltoall_reducescatter_and_min_max_product_on_three_workers(p
         first = sum(k + 1 for k in range(r))
         assert g["ag_grad"] == [[float(first + k)] * 2 for k in range(r + 1)]
         assert g["ar_grad"] == [6.0, 6.0]
+        # Horovod's own rules (collectives_worker.horovods_rules)
+        assert g["i16"] == [6, -6] and g["ag_i16"] == [0, 1, 2] and g["bf16"] == [1.0]
+        assert g["reuse"] == [[3.0] * 2, [3.0] * 3]                     # one name, two shapes
+        assert g["int_prescale"] == [9, -9]             # Horovod: 7 x 0.5 in float64, cast (3), summed
+        assert "an operation of that name is still in flight" in g["twice"], g["twice"]
+        assert "the workers disagree on root_rank" in g["roots"], g["roots"]
+        assert g["bcast_obj"] == "{'epoch': 3, 0: (1, 2), 't': tensor([0, 1, 2]), 's': {'a'}}", g["bcast_obj"]
+        assert g["ag_obj_keys"] == "[{0: (0,)}, {1: (1,)}, {2: (2,)}]", g["ag_obj_keys"]
+        assert g["custom"] == [6.0, 6.0]                # compressed, summed, decompressed
+        assert g["sparse"] == [[1.0] * 2, [2.0] * 2, [3.0] * 2, [0.0] * 2, [3.0] * 2]
+        for as_dense in (False, True):                  # rows 0-2 looked up once, row 4 by all, averaged
+            np.testing.assert_allclose(g[f"emb_{as_dense}"], [[-1 / 3] * 2] * 3 + [[0.0] * 2, [-1.0] * 2],
+                                       rtol=1e-6, err_msg=str(as_dense))
+        assert [s[0] for s in g["opt_state"]] == [1.0, 1.0] and g["params_kept"], g["opt_state"]
+        assert g["opt_state"] == got[0]["opt_state"]    # the root's moments everywhere
+        assert g["bcast_grad"] == ([1.0, 1.0] if r == 1 else [0.0, 0.0])
+        assert g["gar_grad"] == [[3.0] * 2, [3.0] * 3]
         assert "rank 1 has another shape past the first dimension" in g["mismatch"] or \
             (r == 1 and "rank 0 has another shape" in g["mismatch"]), g["mismatch"]
 
@@ -92,3 +109,37 @@ def test_the_rest_of_horovods_api_alone():
         hvd.allreduce(torch.ones(1), process_set=hvd.ProcessSet([0]))
     with pytest.raises(NotImplementedError, match="no process sets other than hvd.global_process_set"):
         hvd.add_process_set([0])
+
+
+def test_objects_travel_signed_with_the_job_key_or_as_plain_data(tmp_path):
+    """broadcast_object / allgather_object: any object when the job has a key (checked before
+    it is unpickled), plain data without one, and a clear refusal of the rest."""
+    import argparse
+    import types
+
+    from ps.torch import objects
+
+    def job(key_file=None):
+        return types.SimpleNamespace(config=types.SimpleNamespace(secret_file=None, job_key_file=key_file))
+
+    key = tmp_path / "key"
+    key.write_text("k" * 32)
+    ns = argparse.Namespace(lr=0.1, layers=(1, 2))
+    signed = objects.dumps(ns, job(str(key)), "broadcast_object")
+    assert objects.loads(signed, job(str(key)), "broadcast_object") == ns
+    other = tmp_path / "other"
+    other.write_text("o" * 32)
+    with pytest.raises(PermissionError, match="signature does not match"):
+        objects.loads(signed, job(str(other)), "broadcast_object")
+    with pytest.raises(PermissionError, match="signature does not match"):
+        objects.loads(signed, job(), "broadcast_object")            # no key: nothing is unpickled
+    plain = {0: (1, [2, {3}]), "a": np.arange(3, dtype=np.int16), "t": torch.ones(2, dtype=torch.bfloat16),
+             "n": None, "b": b"\x00", "big": 2 ** 70}
+    back = objects.loads(objects.dumps(plain, job(), "x"), job(), "x")
+    assert back[0] == (1, [2, {3}]) and back["n"] is None and back["b"] == b"\x00" and back["big"] == 2 ** 70
+    assert back["a"].dtype == np.int16 and back["a"].tolist() == [0, 1, 2]
+    assert back["t"].dtype == torch.bfloat16 and back["t"].tolist() == [1.0, 1.0]
+    with pytest.raises(TypeError, match="argparse.Namespace cannot travel as plain data.*PS_JOB_KEY_FILE"):
+        objects.dumps(ns, job(), "broadcast_object")
+    with pytest.raises(ValueError, match="no object ps sent"):
+        objects.loads(b"Xjunk", job(), "broadcast_object")

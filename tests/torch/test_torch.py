@@ -60,7 +60,7 @@ def test_two_workers_equal_one_process_on_both_batches(procs, mode, flags, tol, 
 @pytest.mark.timeout(200)
 def test_a_parameter_shaped_differently_on_one_worker_is_named_on_every_worker(procs):
     out = launch(procs, "mismatch", expect=1)
-    named = [ln for ln in out.splitlines() if "ValueError: tensor '0.weight' (a parameter's gradient) differs "
+    named = [ln for ln in out.splitlines() if "MismatchError: tensor '0.weight' (a parameter's gradient) differs "
              "across workers" in ln]
     assert named, out           # each worker raises it; the launcher may stop the slower one first
 

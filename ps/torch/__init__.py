@@ -17,13 +17,14 @@ from .ops import (Adasum, Average, Max, Min, Product, Sum, allreduce, allreduce_
 from .optimizer import DistributedOptimizer
 from .process_sets import ProcessSet, add_process_set, barrier, global_process_set, remove_process_set
 from .server_optimizer import ServerOptimizer
+from .sync_batch_norm import SyncBatchNorm
 from .runtime import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
                       init, is_homogeneous, is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
                       mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 
 __all__ = ["Adasum", "Average", "Compression", "Compressor", "DistributedOptimizer", "HorovodInternalError", "Max",
            "Min", "ProcessSet", "Product",
-           "ServerOptimizer", "Sum", "add_process_set", "allgather", "allgather_async", "allgather_object",
+           "ServerOptimizer", "Sum", "SyncBatchNorm", "add_process_set", "allgather", "allgather_async", "allgather_object",
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
            "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
            "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "cross_rank", "cross_size", "cuda_built",

@@ -222,9 +222,11 @@ def broadcast_parameters(params: Any, root_rank: int = 0, process_set: Any = Non
     if kv is None:
         return
     _check_root(root_rank)
-    flats = [(tensor_key(f"broadcast.{name}", tuple(t.shape), flat.dtype), t, flat)
-             for name, t in items if isinstance(t, torch.Tensor)
-             for flat in (as_array(t, f"broadcast of {name!r}"),)]
+    flats = []
+    for name, t in items:
+        if isinstance(t, torch.Tensor):
+            flat = as_array(t, f"broadcast of {name!r}")
+            flats.append((tensor_key(f"broadcast.{name}", tuple(t.shape), flat.dtype), t, flat))
     ensure_keys([(key, tuple(t.shape), flat.dtype) for key, t, flat in flats])
     pending = []
     for key, t, flat in flats:

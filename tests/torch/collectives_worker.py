@@ -75,6 +75,29 @@ def horovods_rules(out, r):
     ws = [torch.ones(2, requires_grad=True), torch.ones(3, requires_grad=True)]
     sum(t.sum() for t in hvd.grouped_allreduce(ws, op=hvd.Sum)).backward()
     out["gar_grad"] = [t.grad.tolist() for t in ws]
+    out["sync_bn"] = sync_batch_norm(r)
+
+
+def sync_batch_norm(r):
+    """hvd.SyncBatchNorm on rank r's two rows against BatchNorm1d on all rows in one process:
+    the largest difference in outputs, running stats and gradients of the sum of the losses."""
+    n = hvd.size()
+    data = (torch.arange(2 * n * 4, dtype=torch.float32).reshape(2 * n, 4) ** 1.5) / 7 + 30
+    weights = torch.linspace(-1.0, 2.0, 2 * n * 4).reshape(2 * n, 4)
+    sbn, bn = hvd.SyncBatchNorm(4), torch.nn.BatchNorm1d(4)
+    for m in (sbn, bn):
+        with torch.no_grad():
+            m.weight.copy_(torch.linspace(0.5, 2.0, 4))
+            m.bias.copy_(torch.linspace(-1.0, 1.0, 4))
+    x, full = data.clone().requires_grad_(), data.clone().requires_grad_()
+    own = slice(2 * r, 2 * r + 2)
+    y, y_full = sbn(x[own]), bn(full)
+    (y * weights[own]).sum().backward()
+    (y_full * weights).sum().backward()
+    summed = [hvd.allreduce(t, op=hvd.Sum, name=f"sbn.{i}") for i, t in enumerate((sbn.weight.grad, sbn.bias.grad))]
+    return max(float((a - b).abs().max()) for a, b in [
+        (y, y_full[own]), (sbn.running_mean, bn.running_mean), (sbn.running_var, bn.running_var),
+        (x.grad[own], full.grad[own]), (summed[0], bn.weight.grad), (summed[1], bn.bias.grad)])
 
 
 def main():

@@ -83,6 +83,7 @@ def test_allgather_alltoall_reducescatter_and_min_max_product_on_three_workers(p
         assert g["opt_state"] == got[0]["opt_state"]    # the root's moments everywhere
         assert g["bcast_grad"] == ([1.0, 1.0] if r == 1 else [0.0, 0.0])
         assert g["gar_grad"] == [[3.0] * 2, [3.0] * 3]
+        assert g["sync_bn"] < 1e-5, g["sync_bn"]         # SyncBatchNorm = BatchNorm1d on every row
         assert "rank 1 has another shape past the first dimension" in g["mismatch"] or \
             (r == 1 and "rank 0 has another shape" in g["mismatch"]), g["mismatch"]
 

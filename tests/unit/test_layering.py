@@ -66,8 +66,9 @@ ALLOWED = {
     "torch.ops": {"collective", "errors", "torch.compression", "torch.gather", "torch.objects", "torch.optimizer",
                   "torch.process_sets", "torch.runtime", "torch.sums"},
     "torch.server_optimizer": {"optim", "torch.runtime", "torch.sums"},
+    "torch.sync_batch_norm": {"torch.ops", "torch.runtime", "torch.sums"},
     "torch": {"errors", "torch.compression", "torch.gather", "torch.ops", "torch.optimizer", "torch.process_sets",
-              "torch.runtime", "torch.server_optimizer"},
+              "torch.runtime", "torch.server_optimizer", "torch.sync_batch_norm"},
     # benchmarks: drive real processes; only their workers import ps
     "bench": set(), "bench.measure": set(), "bench.report": set(),
     "bench.cluster": {"launcher.process", "netutil"},

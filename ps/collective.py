@@ -134,18 +134,18 @@ class Job:
         if np.array_equal(total, mine[:2] * n):
             return
         if total[0] != mine[0] * n:
-            raise MismatchError(f"rank {kv.rank} asks for {len(items)} new tensors, but the workers disagree on how "
-                             f"many (every worker must register the same parameters / names in the same order)")
+            raise MismatchError(f"rank {kv.rank} asks for {len(items)} new tensors, but the workers disagree on "
+                                "how many (every worker must register the same parameters / names in the same order)")
         each = f"{probe}.each"
         kv.init(each, np.zeros(len(mine) - 2, np.float64))
         sums = kv.pushpull(each, mine[2:])
         for (name, shape, dtype), got, own in zip(items, sums, mine[2:]):
             if got != own * n:
                 raise MismatchError(f"tensor {_label(name)} differs across workers: rank {kv.rank} has shape "
-                                 f"{tuple(shape)} and dtype {dtype}, another worker has a different shape, dtype "
-                                 "or order")
+                                    f"{tuple(shape)} and dtype {dtype}, another worker has a different shape, "
+                                    "dtype or order")
         raise MismatchError(f"the {len(items)} tensors of rank {kv.rank} differ from another worker's "
-                         "(names, shapes, dtypes or order)")
+                            "(names, shapes, dtypes or order)")
 
     def shutdown(self) -> None:
         if self._store is not None:

@@ -67,9 +67,9 @@ def _table(tag: str, row: list[float], what: str, tensor: torch.Tensor) -> np.nd
     table = sum_async(mine, f"{tag}.table", Sum).wait().numpy()
     differ = [r for r in range(n) if table[r, -1] != row[-1]]
     if differ:
-        raise MismatchError(f"{what}: rank {me} has a tensor of shape {tuple(tensor.shape)} and dtype {tensor.dtype}, "
-                         f"but rank {differ[0]} has another shape past the first dimension or another dtype "
-                         "(only the first dimension may differ between workers)")
+        raise MismatchError(f"{what}: rank {me} has a tensor of shape {tuple(tensor.shape)} and dtype "
+                            f"{tensor.dtype}, but rank {differ[0]} has another shape past the first dimension or "
+                            "another dtype (only the first dimension may differ between workers)")
     return table
 
 

@@ -157,7 +157,7 @@ def test_bare_mpirun_with_the_schedulers_port_taken_fails_at_once(mpi_path):
         taken.listen()
         port = taken.getsockname()[1]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_"))}
-        env.update(PATH=path, PYTHONPATH=ROOT, DMLC_PS_ROOT_PORT=str(port), PS_CONNECT_TIMEOUT="10")
+        env.update(PATH=path, PYTHONPATH=ROOT, DMLC_PS_ROOT_PORT=str(port), PS_CONNECT_TIMEOUT="4")
         t0 = time.monotonic()
         proc = subprocess.run([*argv, PY, "-c", HVD_SCRIPT], env=env, capture_output=True, text=True, timeout=100)
     took = time.monotonic() - t0
@@ -166,7 +166,7 @@ def test_bare_mpirun_with_the_schedulers_port_taken_fails_at_once(mpi_path):
             "listened") in proc.stderr, proc.stderr
     assert took < (60 if kind == "mpich" else 30), f"the job took {took:.0f}s to end: {proc.stderr}"
     if kind == "mpich":
-        assert f"no answer from the scheduler at tcp://127.0.0.1:{port} within 10s" in proc.stderr, proc.stderr
+        assert f"no answer from the scheduler at tcp://127.0.0.1:{port} within 4s" in proc.stderr, proc.stderr
     assert not hvd_results(proc.stdout), proc.stdout
     assert poll_for(lambda: no_ps_processes_of(env["DMLC_PS_ROOT_PORT"]), 10)
 

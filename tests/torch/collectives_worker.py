@@ -79,16 +79,22 @@ def horovods_rules(out, r):
 
 
 def sync_batch_norm(r):
-    """hvd.SyncBatchNorm on rank r's two rows against BatchNorm1d on all rows in one process:
-    the largest difference in outputs, running stats and gradients of the sum of the losses."""
-    n = hvd.size()
-    data = (torch.arange(2 * n * 4, dtype=torch.float32).reshape(2 * n, 4) ** 1.5) / 7 + 30
-    weights = torch.linspace(-1.0, 2.0, 2 * n * 4).reshape(2 * n, 4)
-    sbn, bn = hvd.SyncBatchNorm(4), torch.nn.BatchNorm1d(4)
+    """hvd.SyncBatchNorm on rank r's two rows against BatchNorm1d (and, on images, BatchNorm2d)
+    on all rows in one process: the largest difference in outputs, running stats and
+    gradients of the sum of the losses."""
+    return max(_sync_batch_norm(r, (4,), torch.nn.BatchNorm1d), _sync_batch_norm(r, (3, 2, 2), torch.nn.BatchNorm2d))
+
+
+def _sync_batch_norm(r, shape, reference):
+    n, c = hvd.size(), shape[0]
+    count = 2 * n * int(torch.tensor(shape).prod())
+    data = (torch.arange(count, dtype=torch.float32).reshape(2 * n, *shape) ** 1.5) / 7 + 30
+    weights = torch.linspace(-1.0, 2.0, count).reshape(2 * n, *shape)
+    sbn, bn = hvd.SyncBatchNorm(c), reference(c)
     for m in (sbn, bn):
         with torch.no_grad():
-            m.weight.copy_(torch.linspace(0.5, 2.0, 4))
-            m.bias.copy_(torch.linspace(-1.0, 1.0, 4))
+            m.weight.copy_(torch.linspace(0.5, 2.0, c))
+            m.bias.copy_(torch.linspace(-1.0, 1.0, c))
     x, full = data.clone().requires_grad_(), data.clone().requires_grad_()
     own = slice(2 * r, 2 * r + 2)
     y, y_full = sbn(x[own]), bn(full)

@@ -109,9 +109,15 @@ def claim(kind: str, name: str | None) -> None:
 
 
 def hold(kind: str, name: str | None, handle: Any) -> Any:
-    """Remember ``handle`` as the operation of ``name`` in flight (``claim``); returns it."""
+    """Remember ``handle`` as the operation of ``name`` in flight (``claim``); returns it.
+    The entry goes when the handle does (names with a step number in them must not pile up)."""
     if name is not None:
-        _inflight[(kind, name)] = weakref.ref(handle)
+        key = (kind, name)
+
+        def forget(ref: Any) -> None:
+            if _inflight.get(key) is ref:
+                del _inflight[key]
+        _inflight[key] = weakref.ref(handle, forget)
     return handle
 
 

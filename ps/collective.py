@@ -1,17 +1,19 @@
 """A Horovod-style job as both framework adapters (``ps.torch``, ``ps.mxnet``'s Horovod calls)
 see it: one numpy ``KVStore`` per process, who this process is, and named sums.
 
-Horovod's collectives have no keys: a tensor is named at the call. Here a name is a key, made
-by a collective ``init`` the first time it is used. Every worker must then ask for the same
-names with the same shapes in the same order; ``ensure_keys`` checks that first, so a script
-whose workers disagree gets an error naming the tensor instead of a sync round that never closes.
+Horovod's collectives have no keys: a tensor is named at the call. Here a name is a key,
+declared by each worker the first time it uses it (the servers make it at its first push, so
+nobody waits for anybody). Every worker must ask for the same names with the same shapes in
+the same order; ``ensure_keys`` checks that with a sum beside the first pushes, so a script
+whose workers disagree gets an error naming the tensor instead of a sync round that never
+closes. Groups (Horovod's process sets) are the same over some of the workers.
 """
 from __future__ import annotations
 
 import hashlib
 import itertools
 import os
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -20,6 +22,13 @@ from .errors import MismatchError
 from .kvstore import KVStore
 
 KeySpec = tuple[str, tuple[int, ...], np.dtype]     # a key's name, the caller's shape, its dtype
+CHECKED = 61                # keys checked one by one in a first-use check (the rest by the sum of all)
+GROUP_PREFIX = "set"        # a group's keys: "set<id>/<name>", apart from every other group's
+
+
+def group_key(gid: int, key: str) -> str:
+    """The key a group's collective uses for ``key`` (group 0: every worker, the key itself)."""
+    return f"{GROUP_PREFIX}{gid}/{key}" if gid else key
 
 
 def tensor_key(name: str, shape: tuple[int, ...], dtype: Any) -> str:
@@ -47,6 +56,10 @@ class Job:
         self._alone = False
         self._keys: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
         self._probes = itertools.count()
+        self._checks: set[str] = set()                  # check keys declared so far
+        self._excused: set[int] = set()                 # server keys summed without this worker (join)
+        self._groups: dict[int, tuple[int, ...]] = {}   # group id -> its ranks (Horovod's process sets)
+        self._group_ids = itertools.count(1)            # never reused: a group's keys keep its ranks
 
     def init(self, kvstore: str = "dist_sync") -> None:
         """Join the job (idempotent)."""
@@ -105,53 +118,182 @@ class Job:
         hosts = self._hosts()
         return len({hosts.count(h) for h in hosts}) == 1
 
-    def ensure_keys(self, items: list[KeySpec]) -> None:
-        """Initialize the keys not seen yet, flat (one collective for all of them), after
-        checking that every worker asks for the same names, shapes and dtypes: a mismatch
-        raises MismatchError (a ValueError and a RuntimeError) on every worker, naming the
-        first differing key."""
-        new = [(name, tuple(shape), np.dtype(dtype)) for name, shape, dtype in items if name not in self._keys]
+    # -- groups: collectives over some of the workers ---------------------------------------
+    def add_group(self, ranks: Any) -> int:
+        """Collective over every worker (in the same order everywhere, as Horovod's
+        ``add_process_set``): a group of ``ranks`` whose own keys only its members push.
+        Returns its id (1, 2, ...; never reused). Raises ValueError for ranks outside the job
+        or a group of these ranks that exists already."""
+        try:
+            group = tuple(sorted({int(r) for r in ranks}))
+        except (TypeError, ValueError):
+            raise ValueError(f"a process set is a list of ranks, got {ranks!r:.80}") from None
+        size = self.size()
+        if not group or any(not 0 <= r < size for r in group):
+            raise ValueError(f"process set ranks {list(group)}: not a non-empty list of ranks of this job's "
+                             f"{size} workers")
+        if group == tuple(range(size)) or group in self._groups.values():
+            raise ValueError(f"a process set with ranks {list(group)} exists already")
+        gid = next(self._group_ids)
         kv = self._store
-        if kv is not None and new:
-            self.check_same_everywhere(new)
-            kv.init([name for name, _, _ in new], [np.zeros(int(np.prod(shape)), dtype) for _, shape, dtype in new])
-        for name, shape, dtype in new:
-            self._keys[name] = (shape, dtype)
+        if kv is not None:
+            self._agree(f"process set {gid}: ranks {list(group)}",
+                        f"the workers disagree on process set {gid} (rank {kv.rank} adds ranks {list(group)}); "
+                        "every worker must add the same process sets in the same order")
+            if kv.rank in group:
+                kv.init(self._meeting(gid), np.zeros(2, np.float64), members=group)
+            kv.barrier()            # the meeting key is on the servers before any member uses it
+        self._groups[gid] = group
+        return gid
 
-    def check_same_everywhere(self, items: list[KeySpec]) -> None:
-        """Sum each key's fingerprint (and the count) over the workers: equal everywhere iff
-        the sum is size x our own (exact in float64: 40-bit fingerprints). A collective."""
-        kv = self.store()
+    def remove_group(self, gid: int) -> None:
+        """Collective over every worker. The servers keep the group's keys (small, unused)."""
+        if gid not in self._groups:
+            raise ValueError(f"process set {gid} is not registered")
+        kv = self._store
+        if kv is not None:
+            kv.barrier()
+        del self._groups[gid]
+
+    def group_ranks(self, gid: int) -> tuple[int, ...] | None:
+        """A registered group's ranks, or None."""
+        return self._groups.get(gid)
+
+    @staticmethod
+    def _meeting(gid: int) -> str:
+        return f"{GROUP_PREFIX}{gid}/meeting"
+
+    def meet(self, gid: int, text: str, what: str) -> None:
+        """Wait until every member of group ``gid`` got here, checking they all say ``text``:
+        one pushpull of two numbers on the group's own key. Raises MismatchError (``what``)
+        on every member alike if they do not."""
+        kv = self._store
         if kv is None:
             return
-        probe = f"{self.api}.check.{next(self._probes)}"
-        mine = np.array([len(items), fingerprint(repr([(n, s, str(d)) for n, s, d in items]))]
-                        + [fingerprint(f"{n}{s}{d}") for n, s, d in items[:64]], np.float64)
-        head = f"{probe}.head"
-        kv.init(head, np.zeros(2, np.float64))
-        total = kv.pushpull(head, mine[:2])
-        n = kv.num_workers
-        if np.array_equal(total, mine[:2] * n):
-            return
-        if total[0] != mine[0] * n:
-            raise MismatchError(f"rank {kv.rank} asks for {len(items)} new tensors, but the workers disagree on "
-                                "how many (every worker must register the same parameters / names in the same order)")
-        each = f"{probe}.each"
-        kv.init(each, np.zeros(len(mine) - 2, np.float64))
-        sums = kv.pushpull(each, mine[2:])
-        for (name, shape, dtype), got, own in zip(items, sums, mine[2:]):
-            if got != own * n:
-                raise MismatchError(f"tensor {_label(name)} differs across workers: rank {kv.rank} has shape "
-                                    f"{tuple(shape)} and dtype {dtype}, another worker has a different shape, "
-                                    "dtype or order")
-        raise MismatchError(f"the {len(items)} tensors of rank {kv.rank} differ from another worker's "
-                            "(names, shapes, dtypes or order)")
+        mine = np.array([1.0, fingerprint(text)], np.float64)
+        total = kv.pushpull(self._meeting(gid), mine)
+        if not np.array_equal(total, mine * len(self._groups[gid])):
+            raise MismatchError(what)
+
+    def _agree(self, text: str, what: str) -> None:
+        """Every worker says ``text``, or MismatchError(``what``) on every worker. A collective."""
+        kv = self._store
+        probe = f"{self.api}.agree.{next(self._probes)}"
+        kv.declare(probe, (1,), np.float64)
+        mine = np.array([fingerprint(text)], np.float64)
+        if not np.array_equal(kv.pushpull(probe, mine), mine * kv.num_workers):
+            raise MismatchError(what)
+
+    def ensure_keys(self, items: list[KeySpec], group: int = 0, joinable: bool = False) -> Callable[[], None]:
+        """Make the keys not seen yet, and check that every worker asks for the same names,
+        shapes and dtypes. Returns ``verify``: call it before using what the keys bring back;
+        on a mismatch it raises MismatchError (a ValueError and a RuntimeError) on every
+        worker, naming the first differing key.
+
+        Over every worker nobody waits here: the keys are declared (the servers make them at
+        their first push) and the check is a sum that travels beside those pushes, so a
+        worker may start a new name's collective while another is still at a barrier, as
+        in Horovod. ``group``: only that group's members take part; its lowest rank makes
+        the keys (with the group's members on the servers), then the members meet, which
+        checks them too (``verify`` has nothing left to do). ``joinable``: sums that go on
+        without workers in ``join`` (KVStore.declare)."""
+        new = [(name, tuple(shape), np.dtype(dtype)) for name, shape, dtype in items if name not in self._keys]
+        kv = self._store
+        verify = _nothing
+        # keys the other workers made while this one was in join: checked without it
+        fresh = [item for item in new if kv is None or kv.server_key(item[0]) not in self._excused]
+        if kv is not None and new and group:
+            kv.init([name for name, _, _ in new], [np.zeros(int(np.prod(shape)), dtype) for _, shape, dtype in new],
+                    members=self._groups[group])
+            self.meet(group, repr([(n, s, str(d)) for n, s, d in new]),
+                      f"the members of process set {group} ask for different new tensors (rank {kv.rank}: "
+                      f"{', '.join(_label(n) for n, _, _ in new[:3])}{', ...' if len(new) > 3 else ''}): every "
+                      "member must use the same names, shapes and dtypes in the same order")
+        elif kv is not None and new:
+            for name, shape, dtype in new:
+                kv.declare(name, (int(np.prod(shape)),), dtype, joinable=joinable)
+            verify = self.start_check(fresh) if fresh else _nothing
+        for name, shape, dtype in new:
+            self._keys[name] = (shape, dtype)
+        return verify
+
+    def check_same_everywhere(self, items: list[KeySpec]) -> None:
+        """Wait until every worker asked for ``items``; MismatchError if they differ."""
+        self.start_check(items)()
+
+    def start_check(self, items: list[KeySpec]) -> Callable[[], None]:
+        """Start summing each key's fingerprint (and the count) over the workers: equal
+        everywhere iff the sum is n x our own, n the workers that took part (exact in float64:
+        40-bit fingerprints). One pushpull of a fixed size (workers that disagree on the
+        count still meet on it), which goes on without workers in ``join``; returns what
+        waits for it and raises MismatchError on every worker alike.
+
+        The check's key is named after the first key's name (without its shape): workers
+        that disagree on that name wait on two keys instead (the servers' stall warning
+        names them), but a worker back from ``join`` finds the checks it missed among the
+        rounds it skipped, where a numbered check key would be out of step."""
+        kv = self.store()
+        if kv is None:
+            return _nothing
+        probe = f"{self.api}.check.{_base(items[0][0])}"
+        mine = np.zeros(3 + CHECKED, np.float64)
+        mine[:3] = 1.0, len(items), fingerprint(repr([(n, s, str(d)) for n, s, d in items]))
+        prints = [fingerprint(f"{n}{s}{d}") for n, s, d in items[:CHECKED]]
+        mine[3:3 + len(prints)] = prints
+        if probe not in self._checks:
+            kv.declare(probe, mine.shape, mine.dtype, joinable=True)
+            self._checks.add(probe)
+        total = np.empty_like(mine)
+        handle = kv.pushpull(probe, mine, out=total, block=False)
+
+        def verify() -> None:
+            handle.wait()
+            n = total[0]                # the workers that took part (those in join did not)
+            if np.array_equal(total, mine * n):
+                return
+            if total[1] != mine[1] * n:
+                raise MismatchError(f"rank {kv.rank} asks for {len(items)} new tensors, but the workers disagree "
+                                    "on how many (every worker must register the same parameters / names in the "
+                                    "same order)")
+            for (name, shape, dtype), got, own in zip(items, total[3:], mine[3:]):
+                if got != own * n:
+                    raise MismatchError(f"tensor {_label(name)} differs across workers: rank {kv.rank} has shape "
+                                        f"{tuple(shape)} and dtype {dtype}, another worker has a different shape, "
+                                        "dtype or order")
+            raise MismatchError(f"the {len(items)} tensors of rank {kv.rank} differ from another worker's "
+                                "(names, shapes, dtypes or order)")
+        return verify
+
+    def join(self) -> int:
+        """Horovod's join (KVStore.join): the last rank to join. Remembers the keys summed
+        without this worker, whose first use here is then not checked again."""
+        kv = self.store()
+        if kv is None:
+            return 0
+        joined = kv.join()
+        self._excused.update(key for key, rounds in joined.skipped.items() if rounds)
+        return joined.last
 
     def shutdown(self) -> None:
         if self._store is not None:
             self._store.close()
         self._store, self._alone = None, False
         self._keys.clear()
+        self._checks.clear()
+        self._excused.clear()
+        self._groups.clear()
+        self._group_ids = itertools.count(1)
+
+
+def _base(key: str) -> str:
+    """A tensor key's name without its shape and dtype (``tensor_key``)."""
+    head, _, dtype = key.rpartition(":")
+    base, _, shape = head.rpartition(":")
+    return base if base and dtype and all(p.isdigit() for p in shape.split("x") if p) else key
+
+
+def _nothing() -> None:
+    """``verify`` when there is nothing to check."""
 
 
 def fingerprint(text: str) -> float:
@@ -161,11 +303,16 @@ def fingerprint(text: str) -> float:
 
 def _label(key: str) -> str:
     """A key as the script knows it: ``allreduce.w:3:<f4`` is the allreduce of 'w'."""
-    head, _, dtype = key.rpartition(":")
-    base, _, shape = head.rpartition(":")
-    if base and dtype and all(p.isdigit() for p in shape.split("x") if p):
-        key = base
-    kind, _, rest = key.partition(".")
+    where = ""
+    if key.startswith(GROUP_PREFIX) and "/" in key:
+        gid, _, rest = key[len(GROUP_PREFIX):].partition("/")
+        if gid.isdigit():
+            key, where = rest, f" in process set {gid}"
+    return _plain_label(key) + where
+
+
+def _plain_label(key: str) -> str:
+    kind, _, rest = _base(key).partition(".")
     if rest.startswith("grad."):
         return f"{rest[len('grad.'):]!r} (a parameter's gradient)"
     return f"{rest!r} ({kind})"

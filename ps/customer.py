@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ._timing import Deadline
-from .errors import PeerLostError, PSError, PSTimeoutError, RemoteError
+from .errors import CollectiveError, PeerLostError, PSError, PSTimeoutError, RemoteError
 from .message import Message, Op, node_name
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class Customer:
             if error is not None:
                 kind, text = error
                 text = f"{req.what}: {text}"     # the server knows str keys only by their hash
-                exc_type = PeerLostError if kind == "PeerLostError" else None
+                exc_type = {"PeerLostError": PeerLostError, "CollectiveError": CollectiveError}.get(kind)
                 req.error = exc_type(text) if exc_type else RemoteError(text, kind, node_name(msg.sender))
                 self._finish(req)
                 continue

@@ -14,8 +14,8 @@ import atexit
 import functools
 import logging
 import weakref
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -37,6 +37,13 @@ TYPES = ("dist_sync", "dist_async", "dist_sync_device", "dist_device_sync", "dis
 CLOSE_WAIT = 60.0   # seconds close() waits for outstanding requests when PS_REQUEST_TIMEOUT is 0
 
 
+class Joined(NamedTuple):
+    """What :meth:`KVStore.join` returns."""
+
+    last: int                   # the rank of the last worker to join
+    skipped: dict[int, int]     # server key -> rounds that closed without this worker
+
+
 @dataclass(frozen=True)
 class KeyInfo:
     """What every worker records at init: enough to check and route later calls."""
@@ -49,6 +56,8 @@ class KeyInfo:
     slices: tuple[Slice, ...]
     row_len: int = 1          # elements per row (slices hold whole rows)
     label: str = ""           # how messages name it: the caller's key (see init's labels)
+    declared: bool = False    # made by its first push (declare), not by init
+    joinable: bool = False    # its rounds may close without workers that joined (declare, join)
 
     @property
     def size(self) -> int:
@@ -253,15 +262,20 @@ class KVStore:
         return np.ascontiguousarray(arr)
 
     # -- operations ----------------------------------------------------------------------
-    def init(self, key: Any, value: Any, labels: Any = None) -> None:
+    def init(self, key: Any, value: Any, labels: Any = None, members: Sequence[int] | None = None) -> None:
         """Collective: every worker calls it with the same keys; rank 0's value is stored.
 
         ``labels`` (a str, or one per key): how error messages name the keys, for a caller
         that moved its users' keys (ps.mxnet's second kvstore of a process) so that errors,
         the servers' too, name the key the user wrote.
+        ``members``: the ranks that alone push these keys (a Horovod process set): their sync
+        rounds close when those ranks pushed. Only they call init; the lowest of them tells
+        the servers and sends its values, and nobody waits for the others, so the members
+        must meet (a pushpull of a key they already share) before any of them pushes.
         Raises ValueError for a key initialized twice, RemoteError if a server refuses.
         """
         self._check_open()
+        group = None if members is None else self._members(members)
         pairs = self._pairs(key, value)
         labels = [None] * len(pairs) if labels is None else [labels] if isinstance(labels, str) else list(labels)
         if len(labels) != len(pairs):
@@ -271,12 +285,19 @@ class KVStore:
             arr = np.asarray(v[0] if isinstance(v, (list, tuple)) else v)
             infos.append((self._new_info(k, arr, label), arr))
         requests = []
+        sender = 0 if group is None else group[0]
         for info, arr in infos:
             self._keys[info.name] = info
-            if self.rank == 0:
+        if group is not None and self.rank == sender:
+            self._worker.command("set_members", {"keys": [info.key for info, _ in infos], "ranks": group})
+        for info, arr in infos:
+            if self.rank == sender:
                 flat = np.ascontiguousarray(arr).reshape(-1)
                 requests.append(self._request(Op.INIT, info, flat, None, f"init of key {info.label}"))
         self._worker.flush()
+        if group is not None:
+            self._finish(requests, lambda: None, block=True)
+            return
         error = None
         try:
             self._finish(requests, lambda: None, block=True)
@@ -285,6 +306,54 @@ class KVStore:
         self._po.barrier("workers", what="every worker to finish init")
         if error is not None:
             raise error
+
+    def declare(self, key: Any, shape: Sequence[int], dtype: Any, joinable: bool = False) -> None:
+        """Register ``key`` on this worker alone: no message, no barrier. The servers make it,
+        zeros, when the first worker's push of it arrives, so workers may declare a key at
+        different moments (Horovod's collectives, whose first use of a name meets nobody:
+        a worker may start one while another is at a barrier). For keys whose value is the
+        last round's sum (no optimizer on the servers); a pull before any push finds no key.
+        ``joinable``: while workers are in :meth:`join`, the key's rounds close without them
+        (a sum that takes their share as zero); other keys' rounds fail then."""
+        self._check_open()
+        value = np.broadcast_to(np.zeros((), np.dtype(dtype)), tuple(int(d) for d in shape))    # no memory
+        dtype_code(value.dtype)                 # an unsupported dtype is named now
+        info = self._new_info(key, value)
+        self._keys[info.name] = replace(info, declared=True, joinable=bool(joinable))
+
+    def join(self, timeout: float | None = None) -> Joined:
+        """Horovod's ``join``, for uneven data: this worker has no more pushes until every
+        worker called join. Meanwhile the other workers' rounds of ``joinable`` keys close
+        without it (its share zero), and their other rounds fail with CollectiveError
+        naming it. Returns the rank of the last worker to join (the same everywhere) and,
+        per key, the rounds closed without this worker.
+
+        Waits as long as the other workers train (``timeout`` seconds if given); a worker
+        that dies meanwhile ends the wait with an error."""
+        self._check_open()
+        self.wait_all(timeout)
+        self._worker.command("join", {"rank": self.rank})
+        self._po.barrier("workers", deadline=Deadline(timeout), what="every worker to join (kv.join)")
+        answers = self._worker.command("leave", {"rank": self.rank})
+        skipped: dict[int, int] = {}
+        for answer in answers.values():
+            for key, rounds in answer["skipped"]:
+                skipped[int(key)] = max(skipped.get(int(key), 0), int(rounds))
+        self._worker.skip_rounds(skipped)
+        # nobody pushes before every worker left the join on every server
+        self._po.barrier("workers", what="every worker to leave the join (kv.join)")
+        return Joined(int(answers[min(answers)]["last"]), skipped)
+
+    def _members(self, members: Sequence[int]) -> list[int]:
+        """``members`` checked: ranks of this job, this one among them; sorted, once each."""
+        ranks = sorted({int(r) for r in members})
+        bad = [r for r in ranks if not 0 <= r < self.num_workers]
+        if not ranks or bad:
+            raise ValueError(f"members {list(members)!r}: not a non-empty list of ranks of this job's "
+                             f"{self.num_workers} workers")
+        if self.rank not in ranks:
+            raise ValueError(f"rank {self.rank} is not one of the members {ranks} it initializes keys for")
+        return ranks
 
     def push(self, key: Any, value: Any, priority: int = 0, block: bool = False) -> Handle | None:
         """Send a gradient (summed over a list); returns a Handle (``block=True`` waits).
@@ -435,6 +504,8 @@ class KVStore:
                 op, value = op | Op.FP16, value.astype(np.float16)
         if op & Op.PULL and self._compression and self._compression.get("pull") and info.dtype == np.float32:
             op |= Op.HALF_PULL
+        if info.declared and op & Op.PUSH:
+            op |= Op.CREATE | (Op.JOINABLE if info.joinable else 0)
         return self._worker.request(op, info.key, info.slices, info.dtype_code, value, out, what, encode, priority)
 
     def _finish(self, requests: list[Request], finalize: Any, block: bool) -> Any:
@@ -504,10 +575,12 @@ class KVStore:
         self._check_open()
         return self._worker.command(cmd, {**(payload or {}), **namespace_field(namespace)}, servers=servers)
 
-    def barrier(self, timeout: float | None = None) -> None:
-        """Block until every worker reaches its barrier."""
+    def barrier(self, timeout: float | None = None, wait: bool = True) -> None:
+        """Block until every worker reaches its barrier; first, unless ``wait=False``
+        (Horovod's barrier), until this worker's own requests are answered."""
         self._check_open()
-        self.wait_all(timeout)
+        if wait:
+            self.wait_all(timeout)
         self._po.barrier("workers", timeout=timeout)
 
     def wait_all(self, timeout: float | None = None) -> None:

@@ -82,6 +82,8 @@ class Op:
     ROWS = 32       # whole rows: row ids travel with the values (row_sparse push / pull)
     HALF_PULL = 64  # the pulled values travel as float16 (fp16 compression), the key keeps its dtype
     STREAM = 128    # a pushpull across a network: answer each chunk as soon as it is summed (Store._stream)
+    CREATE = 256    # a push that makes its key, zeros, if the server has none (KVStore.declare)
+    JOINABLE = 512  # a push whose round may close without joined workers, their share zero (KVStore.join)
 
 
 DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (

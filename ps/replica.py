@@ -88,9 +88,17 @@ def updater_events(opts: Optimizers, compression: Any) -> list[Event]:
     return events
 
 
+def members_events(members: dict[int, frozenset[int]]) -> list[Event]:
+    """Which keys only some workers push, as events (one per set of workers)."""
+    by_group: dict[frozenset[int], list[int]] = {}
+    for key, group in members.items():
+        by_group.setdefault(group, []).append(key)
+    return [Event("members", 0, 0, [keys, sorted(group)]) for group, keys in by_group.items()]
+
+
 def snapshot(store: Store) -> list[Event]:
     """Everything a backup needs to mirror ``store`` (call between rounds: see half_applied)."""
-    events = updater_events(store.opts, store.compression)
+    events = updater_events(store.opts, store.compression) + members_events(store.members)
     events.append(Event("workers", 0, 0, store.replays.info()))
     for ks in store.keys.values():
         if ks.ready:
@@ -112,6 +120,8 @@ def restore(store: Store, events: list[Event]) -> None:
             opts.updaters[ev.key].set_states(ev.info)
         elif ev.kind == "ns":
             store.set_namespace(list(ev.info), ev.key)
+        elif ev.kind == "members":
+            store.set_members([int(k) for k in ev.info[0]], [int(w) for w in ev.info[1]])
         elif ev.kind == "compression":
             store.compression = ev.info
         elif ev.kind == "workers":
@@ -138,6 +148,7 @@ class Mirror:
         self.keys: dict[int, MirrorKey] = {}
         self.opts = Optimizers()
         self.compression: Any = None
+        self.members: dict[int, frozenset[int]] = {}
         self.events = 0
         self.broken: str | None = None      # a change it cannot replay arrived (the copy is useless)
         self.replays = Replays()            # the primary's restarted workers (ps/store.py)
@@ -152,7 +163,7 @@ class Mirror:
 
     def snapshot(self) -> list[Event]:
         """This copy as the events :func:`restore` reads (the open rounds' sums left out)."""
-        events = updater_events(self.opts, self.compression)
+        events = updater_events(self.opts, self.compression) + members_events(self.members)
         events.append(Event("workers", 0, 0, self.replays.info()))
         for key, mk in self.keys.items():
             events.append(Event("key", key, 0, [mk.dtype_code, mk.closed, list(mk.applied.items())], (mk.value,)))
@@ -231,6 +242,10 @@ class Mirror:
     def _on_ns(self, ev: Event) -> None:
         self.opts.assign(ev.info, ev.key)
 
+    def _on_members(self, ev: Event) -> None:
+        group = frozenset(int(w) for w in ev.info[1])
+        self.members.update((int(k), group) for k in ev.info[0])
+
     def _on_params(self, ev: Event) -> None:
         opt = self._optimizer_of(ev.key).optimizer
         if "learning_rate" in ev.info:
@@ -262,7 +277,7 @@ class Mirror:
     _HANDLERS = {
         "init": _on_init, "key": _on_key, "chunk": _on_chunk, "close": _on_close, "whole": _on_whole,
         "dense": _on_dense, "rows": _on_rows, "async": _on_async, "arows": _on_arows, "opt": _on_opt,
-        "states": _on_states, "ns": _on_ns, "params": _on_params, "compression": _on_compression,
+        "states": _on_states, "ns": _on_ns, "members": _on_members, "params": _on_params, "compression": _on_compression,
         "unreplicable": _on_unreplicable, "workers": _on_workers, "died": _on_replays,
         "caught_up": _on_replays, "setting": _on_replays,
     }

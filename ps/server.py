@@ -16,7 +16,7 @@ from .config import Config
 from .errors import PSError
 from .keys import CHUNK_BYTES
 from .message import (Batch, Command, Flag, Message, Op, entry_has_data, id_to_rank, namespace_of,
-                      node_name)
+                      node_name, worker_id)
 from .postoffice import SCHEDULER, Postoffice
 from .profiler import ServerProfiler
 from .replication import Replication
@@ -344,6 +344,18 @@ class KVServer:
     def _set_namespace(self, store: Store, body: dict[str, Any]) -> None:
         store.set_namespace([int(k) for k in body["keys"]], namespace_of(body))
 
+    def _set_members(self, store: Store, body: dict[str, Any]) -> None:
+        store.set_members([int(k) for k in body["keys"]], [worker_id(int(r)) for r in body["ranks"]])
+
+    def _join(self, store: Store, body: dict[str, Any]) -> None:
+        replies = store.join(worker_id(int(body["rank"])))
+        if replies:
+            self.replication.after(lambda: self._send(replies))
+
+    def _leave(self, store: Store, body: dict[str, Any]) -> dict[str, Any]:
+        last, skipped = store.leave(worker_id(int(body["rank"])))
+        return {"last": id_to_rank(last), "skipped": skipped}
+
     def _set_compression(self, store: Store, body: dict[str, Any]) -> None:
         store.compression = compression.parse(body["params"])
         store.record(Event("compression", 0, 0, store.compression))
@@ -367,6 +379,9 @@ class KVServer:
         "set_states": _set_states,
         "set_compression": _set_compression,
         "set_namespace": _set_namespace,
+        "set_members": _set_members,
+        "join": _join,
+        "leave": _leave,
         "stats": _stats,
         "pushed": _pushed,
         "profiler": _profile,

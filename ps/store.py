@@ -32,14 +32,14 @@ import collections
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
 import numpy as np
 
 from . import compression as comp
 from .bufguard import BufferGuard
 from .keys import CHUNK_BYTES, chunks
-from .message import DTYPES, Entry, Op, Rows, id_to_rank, node_name
+from .message import DTYPES, Entry, Op, Rows, id_to_rank, node_name, worker_id
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ DEAD = -1       # Round.members: a push a dead worker began; its restart finishe
 
 class Round:
     __slots__ = ("merged", "members", "received", "complete", "waiters", "pulls", "frames", "started",
-                 "rows", "row_len", "opened", "skip", "pulling", "streamed")
+                 "rows", "row_len", "opened", "skip", "pulling", "streamed", "joinable")
 
     def __init__(self, opened: float = 0.0) -> None:
         self.opened = opened                    # when its first push arrived (Store's clock)
@@ -162,6 +162,7 @@ class Round:
         self.skip: dict[int, int] = {}          # restarted worker -> leading elements its dead self sent
         self.pulling: dict[int, int] = {}       # worker -> op of its pushpull in this round (chunks answered as summed)
         self.streamed: dict[int, dict[int, int]] = {}   # such a worker -> {offset: length} of the chunks it got
+        self.joinable = False                   # may close without joined workers (Op.JOINABLE pushes)
 
 
 class Waiter(NamedTuple):
@@ -184,7 +185,7 @@ class Stall(NamedTuple):
 
 class KeyState:
     __slots__ = ("key", "value", "dtype_code", "total", "init_src", "init_got", "rounds", "spare",
-                 "partial", "merge_dtype", "closed", "applied", "before")
+                 "partial", "merge_dtype", "closed", "applied", "before", "excused")
 
     def __init__(self, key: int, dtype_code: int, total: int, init_src: tuple[int, int]):
         self.key = key
@@ -202,6 +203,7 @@ class KeyState:
         # (n, copy of the value after round n) from just before round n + 1 changed it
         # (Store.keep_before): what a restarted worker replaying round n must be answered
         self.before: tuple[int, np.ndarray] | None = None
+        self.excused: dict[int, int] = {}       # joined worker -> rounds closed without it (KVStore.join)
 
     @property
     def ready(self) -> bool:
@@ -268,6 +270,13 @@ class Store:
         self.chunk_bytes = chunk_bytes
         self.keys: dict[int, KeyState] = {}
         self.opts = Optimizers()
+        # keys only some workers push (a Horovod process set): key -> those workers' node ids;
+        # their rounds close when those workers pushed. Every other key waits for all.
+        self.members: dict[int, frozenset[int]] = {}
+        # workers that joined (KVStore.join, Horovod's uneven data): rounds pushed JOINABLE close
+        # without them, their share zero; other rounds they were needed in fail. In join order.
+        self.joined: dict[int, None] = {}
+        self.join_order: list[int] = []
         self.compression: dict[str, Any] | None = None
         self.closed_workers: set[int] = set()
         self.journal: list[Event] | None = None  # recorded changes, for a backup (ps/replica.py)
@@ -340,9 +349,58 @@ class Store:
             return [Reply(sender, Entry(ts, entry.op, key, 0, 0, total, code), None)]
         return []
 
+    def _needed(self, ks: KeyState) -> int:
+        """How many workers' pushes close a round of ``ks``."""
+        group = self.members.get(ks.key)
+        return self.num_workers if group is None else len(group)
+
+    def _required(self, ks: KeyState) -> Iterable[int]:
+        group = self.members.get(ks.key)
+        return self._all_workers() if group is None else group
+
+    def _round_full(self, ks: KeyState, rnd: Round) -> bool:
+        """Every worker ``rnd`` needs pushed whole, or is excused by a join."""
+        if self.joined and rnd.joinable:
+            return all(w in rnd.complete or w in self.joined for w in self._required(ks))
+        return len(rnd.complete) >= self._needed(ks)
+
+    def _chunk_full(self, ks: KeyState, rnd: Round, pend: list) -> bool:
+        """Every worker ``rnd`` needs sent this chunk (``pend``), or is excused by a join."""
+        if self.joined and rnd.joinable:
+            have = {w for w, _ in pend}
+            return all(w in have or w in self.joined for w in self._required(ks))
+        return len(pend) >= self._needed(ks)
+
+    def _excuse(self, ks: KeyState, rnd: Round) -> None:
+        """``rnd`` closed without the joined workers it needed: count it for each."""
+        group = self.members.get(ks.key)
+        for w in self.joined:
+            if w not in rnd.complete and (group is None or w in group):
+                ks.excused[w] = ks.excused.get(w, 0) + 1
+
+    def _check_member(self, ks: KeyState, sender: int) -> None:
+        group = self.members.get(ks.key)
+        if group is not None and sender not in group:
+            raise StoreError("ValueError", f"key {ks.key} is pushed only by workers "
+                                           f"{sorted(id_to_rank(w) for w in group)}, not by {self._who(sender)}")
+
+    def _create(self, entry: Entry) -> None:
+        """The first push of a declared key (KVStore.declare) makes it: zeros, ready."""
+        code, total = entry.dtype_code, entry.total
+        if not 0 <= code < len(DTYPES) or total < 0:
+            raise StoreError("ProtocolError", f"key {entry.key}: dtype code {code} or size {total} is not valid")
+        ks = self.keys[entry.key] = KeyState(entry.key, code, total, (-1, -1))
+        ks.value[:] = 0
+        ks.init_got = total
+        self.record(Event("init", entry.key, 0, [code, total], (ks.value.copy(),)))
+
     # -- push ----------------------------------------------------------------------------
     def push(self, sender: int, entry: Entry, data: np.ndarray) -> list[Reply]:
+        if entry.op & Op.CREATE and entry.key not in self.keys:
+            self._create(entry)
         ks = self._ready_key(entry)
+        if self.members:
+            self._check_member(ks, sender)
         if sender in self.closed_workers:
             raise StoreError("PeerLostError", f"{self._who(sender)} already closed its store")
         if self._applied_before(ks, sender, entry):
@@ -355,6 +413,8 @@ class Store:
         rnd = self._round_for(ks, sender, entry.ts)
         if _sent_before(rnd, sender, entry):
             return []                        # its dead self sent this chunk: counted already
+        if entry.op & Op.JOINABLE:
+            rnd.joinable = True
         if entry.op & Op.STREAM and entry.op & Op.PULL:
             rnd.pulling[sender] = entry.op
         streamed = self._gather(ks, rnd, sender, entry.offset, entry.length, data)
@@ -428,6 +488,8 @@ class Store:
 
     def push_rows(self, sender: int, entry: Entry, data: Rows) -> list[Reply]:
         ks = self._rows_key(entry, data.ids)
+        if self.members:
+            self._check_member(ks, sender)
         if sender in self.closed_workers:
             raise StoreError("PeerLostError", f"{self._who(sender)} already closed its store")
         if self._applied_before(ks, sender, entry):
@@ -542,7 +604,8 @@ class Store:
         elif pend[0][1].size != n:
             raise StoreError("ProtocolError", f"key {ks.key}: workers cut the value into different chunks")
         pend.append((sender, data))
-        if len(pend) >= self.num_workers and (rnd is ks.rounds[0] or _whole_key(self.opts.updater(ks.key))):
+        full = len(pend) >= self.num_workers if not (self.members or self.joined) else self._chunk_full(ks, rnd, pend)
+        if full and (rnd is ks.rounds[0] or _whole_key(self.opts.updater(ks.key))):
             return self._reduce(ks, rnd, off, rnd.frames.pop(off))
         return []
 
@@ -630,9 +693,13 @@ class Store:
 
     def _close_rounds(self, ks: KeyState) -> list[Reply]:
         replies: list[Reply] = []
-        while ks.rounds and len(ks.rounds[0].complete) >= self.num_workers:
+        plain = not (self.members or self.joined)         # the usual case: every worker, nobody joined
+        while ks.rounds and (len(ks.rounds[0].complete) >= self.num_workers if plain
+                             else self._round_full(ks, ks.rounds[0])):
             rnd = ks.rounds.pop(0)
             ks.closed += 1
+            if self.joined:
+                self._excuse(ks, rnd)
             self._apply_round(ks, rnd)
             if self.journal is not None:
                 self.journal.append(Event("close", ks.key, 0, ks.closed))
@@ -642,7 +709,8 @@ class Store:
                 replies += self._answer(ks, waiter)
             if ks.rounds:                      # chunks the next round completed while it waited
                 nxt = ks.rounds[0]
-                for off in [o for o, pend in nxt.frames.items() if len(pend) >= self.num_workers]:
+                for off in [o for o, pend in nxt.frames.items()
+                            if (len(pend) >= self.num_workers if plain else self._chunk_full(ks, nxt, pend))]:
                     replies += self._reduce(ks, nxt, off, nxt.frames.pop(off))
         return replies + self._fail_doomed(ks)
 
@@ -761,7 +829,9 @@ class Store:
             if not ks.rounds or now - ks.rounds[0].opened < after:
                 continue
             rnd = ks.rounds[0]
-            missing = tuple(w for w in workers if w not in rnd.complete)
+            group = self.members.get(ks.key)
+            missing = tuple(w for w in workers if w not in rnd.complete and (group is None or w in group)
+                            and not (rnd.joinable and w in self.joined))
             waiting = tuple(sorted(rnd.complete | {p.worker for p in rnd.pulls}))
             found.append(Stall(ks.key, ks.closed + 1, now - rnd.opened, missing, waiting))
         return found
@@ -830,24 +900,62 @@ class Store:
         return replies
 
     def _fail_doomed(self, ks: KeyState) -> list[Reply]:
-        if not self.closed_workers:           # the common case, on every round close
+        if not self.closed_workers and not self.joined:     # the common case, on every round close
             return []
         replies: list[Reply] = []
         keep = []
+        group = self.members.get(ks.key)
         for rnd in ks.rounds:
-            gone = sorted(w for w in self.closed_workers if w not in rnd.members)
-            if not gone:
-                keep.append(rnd)
-                continue
-            text = (f"the sync round of key {ks.key} can never complete: "
+            gone = sorted(w for w in self.closed_workers if w not in rnd.members and (group is None or w in group))
+            joined = [] if rnd.joinable else sorted(w for w in self.joined if w not in rnd.members
+                                                    and (group is None or w in group))
+            if gone:
+                kind, text = "PeerLostError", (
+                    f"the sync round of key {ks.key} can never complete: "
                     f"{', '.join(self._who(w) for w in gone)} closed its store without pushing "
                     "(do all workers run the same number of steps?)")
+            elif joined:
+                kind, text = "CollectiveError", (
+                    f"{', '.join(self._who(w) for w in joined)} joined (hvd.join) and will not push key "
+                    f"{ks.key}: while a worker has joined, only sums (allreduce) run, its share zero")
+            else:
+                keep.append(rnd)
+                continue
             unanswered = [Waiter(w, Entry(t, Op.PUSH, ks.key, 0, 0, ks.total, ks.dtype_code))
                           for w, t in rnd.members.items() if w not in rnd.complete]
             for waiter in rnd.waiters + rnd.pulls + unanswered:
-                replies.append(self._error(waiter.worker, waiter.entry, "PeerLostError", text))
+                replies.append(self._error(waiter.worker, waiter.entry, kind, text))
         ks.rounds = keep
         return replies
+
+    # -- workers joining (Horovod's join: uneven data) --------------------------------------
+    def join(self, worker: int) -> list[Reply]:
+        """``worker`` has nothing more to push until every worker joined: rounds pushed
+        JOINABLE close without it (its share zero), every other round it is needed in fails.
+        Returns the replies of the rounds that close or fail now."""
+        self.joined[worker] = None
+        self.join_order.append(worker)
+        replies: list[Reply] = []
+        for ks in self.keys.values():
+            if ks.rounds and ks.rounds[0].joinable:
+                rnd = ks.rounds[0]
+                for off in [o for o, pend in rnd.frames.items() if self._chunk_full(ks, rnd, pend)]:
+                    replies += self._reduce(ks, rnd, off, rnd.frames.pop(off))
+                replies += self._close_rounds(ks)
+            else:
+                replies += self._fail_doomed(ks)
+        return replies
+
+    def leave(self, worker: int) -> tuple[int, list[tuple[int, int]]]:
+        """Every worker joined; ``worker`` pushes again. Returns the last worker to join, and
+        per key the rounds closed without ``worker`` (its next push of the key counts after
+        them). The join ends for this store when every joined worker left."""
+        last = self.join_order[-1] if self.join_order else worker
+        self.joined.pop(worker, None)
+        if not self.joined:
+            self.join_order.clear()
+        skipped = [(ks.key, ks.excused.pop(worker)) for ks in self.keys.values() if worker in ks.excused]
+        return last, skipped
 
     @staticmethod
     def _who(worker: int) -> str:
@@ -876,6 +984,26 @@ class Store:
         self.opts.assign(new, ns)
         self._merge_dtypes([k for k in new if k in self.keys])
         self.record(Event("ns", ns, 0, new))
+
+    def set_members(self, keys: list[int], workers: list[int]) -> None:
+        """Only ``workers`` (node ids) push ``keys`` (idempotent: sent before the keys' init)."""
+        group = frozenset(workers)
+        if not group or not group <= set(self._all_workers()):
+            raise RuntimeError(f"cannot restrict keys to workers {sorted(id_to_rank(w) for w in workers)}: not a "
+                               f"non-empty set of this job's {self.num_workers} workers")
+        new = [k for k in keys if self.members.get(k) != group]
+        if not new:
+            return
+        started = sorted(k for k in new if k in self.keys and (self.keys[k].rounds or self.keys[k].closed))
+        if started:
+            raise RuntimeError(f"cannot restrict keys {started} to workers {sorted(id_to_rank(w) for w in group)}: "
+                               "they were pushed already")
+        for key in new:
+            self.members[key] = group
+        self.record(Event("members", 0, 0, [new, sorted(group)]))
+
+    def _all_workers(self) -> list[int]:
+        return [worker_id(r) for r in range(self.num_workers)]
 
     def _merge_dtypes(self, keys: list[int]) -> None:
         for key in keys:                # fp16 keys sum in fp32 under multi_precision

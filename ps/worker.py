@@ -92,6 +92,13 @@ class KVWorker:
         seq = self._push_seq[key] = self._push_seq.get(key, self._seq_start) + 1
         return seq
 
+    def skip_rounds(self, rounds: dict[int, int]) -> None:
+        """The servers closed ``rounds[key]`` rounds of each key without this worker (it had
+        joined): its next push of the key counts after them."""
+        with self._lock:
+            for key, n in rounds.items():
+                self._push_seq[key] = self._push_seq.get(key, self._seq_start) + n
+
     def resume(self, round_: int) -> None:
         """Number the next push to every key ``round_ + 1`` (a restarted worker skipping ahead)."""
         with self._lock:

@@ -15,12 +15,13 @@ from .ops import (Adasum, Average, Max, Min, Product, Sum, allreduce, allreduce_
                   broadcast_optimizer_state, broadcast_parameters, grouped_allreduce, grouped_allreduce_,
                   grouped_allreduce_async, grouped_allreduce_async_, poll, synchronize)
 from .optimizer import DistributedOptimizer
-from .process_sets import ProcessSet, add_process_set, barrier, global_process_set, remove_process_set
+from .process_sets import (ProcessSet, add_process_set, barrier, global_process_set, init, process_set_by_id,
+                           remove_process_set, shutdown)
 from .server_optimizer import ServerOptimizer
 from .sync_batch_norm import SyncBatchNorm
 from .runtime import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
-                      init, is_homogeneous, is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
-                      mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
+                      is_homogeneous, is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
+                      mpi_threads_supported, nccl_built, rank, rocm_built, size)
 
 __all__ = ["Adasum", "Average", "Compression", "Compressor", "DistributedOptimizer", "HorovodInternalError", "Max",
            "Min", "ProcessSet", "Product",
@@ -32,5 +33,5 @@ __all__ = ["Adasum", "Average", "Compression", "Compressor", "DistributedOptimiz
            "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
            "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async", "init",
            "is_homogeneous", "is_initialized", "join", "local_rank", "local_size", "mpi_built", "mpi_enabled",
-           "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async",
+           "mpi_threads_supported", "nccl_built", "poll", "process_set_by_id", "rank", "reducescatter", "reducescatter_async",
            "remove_process_set", "rocm_built", "shutdown", "size", "sparse_allreduce_async", "synchronize"]

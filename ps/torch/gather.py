@@ -26,7 +26,7 @@ from . import objects, runtime
 from .compression import Compression
 from .sums import (Average, Group, Max, Min, Product, Sum, UnsupportedError, claim, differentiable, hold, member,
                    reduce_op, sum_async)
-from .process_sets import check as check_process_set
+from .process_sets import Scope, scope
 
 
 class Deferred:
@@ -58,16 +58,16 @@ def _shape_print(tensor: torch.Tensor) -> float:
     return fingerprint(f"{tuple(tensor.shape[1:])}{tensor.dtype}")
 
 
-def _table(tag: str, row: list[float], what: str, tensor: torch.Tensor) -> np.ndarray:
-    """Every rank's ``row`` (its last entry the fingerprint of ``tensor``'s shape past the
-    first dimension and dtype), as one (size, len(row)) array."""
-    n, me = runtime.size(), runtime.rank()
+def _table(tag: str, row: list[float], what: str, tensor: torch.Tensor, where: Scope) -> np.ndarray:
+    """Every member's ``row`` (its last entry the fingerprint of ``tensor``'s shape past the
+    first dimension and dtype), as one (size, len(row)) array, in rank order."""
+    n, me = where.size, where.rank
     mine = torch.zeros((n, len(row)), dtype=torch.float64)
     mine[me] = torch.tensor(row, dtype=torch.float64)
-    table = sum_async(mine, f"{tag}.table", Sum).wait().numpy()
-    differ = [r for r in range(n) if table[r, -1] != row[-1]]
+    table = sum_async(mine, f"{tag}.table", Sum, where=where).wait().numpy()
+    differ = [where.ranks[r] for r in range(n) if table[r, -1] != row[-1]]
     if differ:
-        raise MismatchError(f"{what}: rank {me} has a tensor of shape {tuple(tensor.shape)} and dtype "
+        raise MismatchError(f"{what}: rank {runtime.rank()} has a tensor of shape {tuple(tensor.shape)} and dtype "
                             f"{tensor.dtype}, but rank {differ[0]} has another shape past the first dimension or "
                             "another dtype (only the first dimension may differ between workers)")
     return table
@@ -80,30 +80,29 @@ def _need_dims(tensor: Any, what: str) -> None:
         raise ValueError(f"{what}: a 0-d tensor has no first dimension to concatenate or split on")
 
 
-def _gather_rows(tensor: torch.Tensor, tag: str, sizes: list[int]) -> Deferred:
-    """The concatenation of every rank's ``tensor`` (rank r's has ``sizes[r]`` rows)."""
+def _gather_rows(tensor: torch.Tensor, tag: str, sizes: list[int], where: Scope) -> Deferred:
+    """The concatenation of every member's ``tensor`` (the r-th member's has ``sizes[r]`` rows)."""
     total = sum(sizes)
     rows = 1 << max(total - 1, 0).bit_length()
     buf = torch.zeros((rows, *tensor.shape[1:]), dtype=tensor.dtype)
-    start, count = _own_rows(sizes)
+    start, count = _own_rows(sizes, where)
     buf[start:start + count] = tensor.detach()
-    return Deferred(sum_async(buf, f"{tag}.rows", Sum), lambda out: out[:total])
+    return Deferred(sum_async(buf, f"{tag}.rows", Sum, where=where), lambda out: out[:total])
 
 
-def _gather(tensor: torch.Tensor, name: str | None, kind: str = "allgather") -> tuple[Deferred, list[int]]:
+def _gather(tensor: torch.Tensor, name: str | None, where: Scope, kind: str = "allgather") -> tuple[Deferred, list[int]]:
     what = _what(kind, name)
     _need_dims(tensor, what)
     if runtime.store() is None:
         return Deferred(None, lambda _: tensor.detach().clone()), [tensor.shape[0]]
     tag = _tag(kind, name)
-    table = _table(tag, [tensor.shape[0], _shape_print(tensor)], what, tensor)
+    table = _table(tag, [tensor.shape[0], _shape_print(tensor)], what, tensor, where)
     sizes = [int(x) for x in table[:, 0]]
-    return _gather_rows(tensor, tag, sizes), sizes
+    return _gather_rows(tensor, tag, sizes, where), sizes
 
 
-def _own_rows(sizes: list[int]) -> tuple[int, int]:
-    me = runtime.rank()
-    return sum(sizes[:me]), sizes[me]
+def _own_rows(sizes: list[int], where: Scope) -> tuple[int, int]:
+    return sum(sizes[:where.rank]), sizes[where.rank]
 
 
 class _Allgather(torch.autograd.Function):
@@ -111,80 +110,83 @@ class _Allgather(torch.autograd.Function):
     rank's rows of it."""
 
     @staticmethod
-    def forward(ctx, tensor, name):    # noqa: ANN001
-        handle, ctx.sizes = _gather(tensor, name)
+    def forward(ctx, tensor, name, process_set):    # noqa: ANN001
+        ctx.where = scope(process_set)
+        handle, ctx.sizes = _gather(tensor, name, ctx.where)
         return handle.wait()
 
     @staticmethod
     def backward(ctx, grad):    # noqa: ANN001
-        start, rows = _own_rows(ctx.sizes)
-        return sum_async(grad, None, Average).wait().narrow(0, start, rows), None
+        start, rows = _own_rows(ctx.sizes, ctx.where)
+        return sum_async(grad, None, Average, where=ctx.where).wait().narrow(0, start, rows), None, None
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: Any = None) -> Deferred:
-    check_process_set(process_set)
+    where = scope(process_set)
     claim("allgather", name)
-    return hold("allgather", name, _gather(tensor, name)[0])
+    return hold("allgather", name, _gather(tensor, name, where)[0])
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = None) -> torch.Tensor:
-    """Every worker's ``tensor`` concatenated on the first dimension, in rank order (the
-    first dimensions may differ between workers, nothing else may)."""
-    check_process_set(process_set)
+    """Every worker's (of ``process_set``) ``tensor`` concatenated on the first dimension, in
+    rank order (the first dimensions may differ between workers, nothing else may)."""
+    where = scope(process_set)
     claim("allgather", name)
     if differentiable(tensor):
-        return _Allgather.apply(tensor, name)
-    return _gather(tensor, name)[0].wait()
+        return _Allgather.apply(tensor, name, process_set)
+    return _gather(tensor, name, where)[0].wait()
 
 
 def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None, process_set: Any = None) -> Group:
-    check_process_set(process_set)
+    where = scope(process_set)
     claim("grouped_allgather", name)
-    return hold("grouped_allgather", name, Group([_gather(t, member(name, i))[0] for i, t in enumerate(tensors)]))
+    return hold("grouped_allgather", name,
+                Group([_gather(t, member(name, i), where)[0] for i, t in enumerate(tensors)]))
 
 
 class _GroupedAllgather(torch.autograd.Function):
     """Each member's gradient as ``_Allgather``'s, the averages made in one grouped call."""
 
     @staticmethod
-    def forward(ctx, name, *tensors):    # noqa: ANN001
-        gathered = [_gather(t, member(name, i)) for i, t in enumerate(tensors)]
+    def forward(ctx, name, process_set, *tensors):    # noqa: ANN001
+        ctx.where = scope(process_set)
+        gathered = [_gather(t, member(name, i), ctx.where) for i, t in enumerate(tensors)]
         ctx.sizes = [sizes for _, sizes in gathered]
         return tuple(handle.wait() for handle, _ in gathered)
 
     @staticmethod
     def backward(ctx, *grads):    # noqa: ANN001
-        averaged = Group([sum_async(g, None, Average) for g in grads]).wait()
-        return (None, *(g.narrow(0, *_own_rows(sizes)) for g, sizes in zip(averaged, ctx.sizes)))
+        averaged = Group([sum_async(g, None, Average, where=ctx.where) for g in grads]).wait()
+        return (None, None, *(g.narrow(0, *_own_rows(sizes, ctx.where)) for g, sizes in zip(averaged, ctx.sizes)))
 
 
 def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None, process_set: Any = None) -> list:
     if any(differentiable(t) for t in tensors):
-        check_process_set(process_set)
+        scope(process_set)
         claim("grouped_allgather", name)
-        return list(_GroupedAllgather.apply(name, *tensors))
+        return list(_GroupedAllgather.apply(name, process_set, *tensors))
     return grouped_allgather_async(tensors, name, process_set).wait()
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list:
-    """Every worker's ``obj``, in rank order: any object in a job with a signing key,
-    plain data without one (ps/torch/objects.py)."""
-    check_process_set(process_set)
+    """Every worker's (of ``process_set``) ``obj``, in rank order: any object in a job with
+    a signing key, plain data without one (ps/torch/objects.py)."""
+    where = scope(process_set)
     kv = runtime.store()
     if kv is None:
         return [obj]
     data = torch.frombuffer(bytearray(objects.dumps(obj, kv, "allgather_object")), dtype=torch.uint8)
-    handle, sizes = _gather(data, name, "allgather_object")
+    handle, sizes = _gather(data, name, where, "allgather_object")
     raw = handle.wait().numpy().tobytes()
     starts = np.cumsum([0, *sizes])
     return [objects.loads(raw[starts[r]:starts[r + 1]], kv, "allgather_object") for r in range(len(sizes))]
 
 
 def reduce_gathered(tensor: torch.Tensor, op: Any, name: str | None, prescale: float, postscale: float,
-                    target: torch.Tensor | None) -> Deferred:
+                    target: torch.Tensor | None, where: Scope) -> Deferred:
     """Min, Max or Product over the workers: gather every rank's tensor, reduce here."""
     sent = tensor.detach() * prescale if prescale != 1.0 else tensor.detach()
-    handle, _ = _gather(sent.reshape(1, *sent.shape), name, f"allreduce.{op.name.lower()}")
+    handle, _ = _gather(sent.reshape(1, *sent.shape), name, where, f"allreduce.{op.name.lower()}")
 
     def finish(every: torch.Tensor) -> torch.Tensor:
         if every.dtype == torch.bool:
@@ -202,7 +204,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: Any = Ave
                            process_set: Any = None) -> Callable[[], torch.Tensor]:
     """Horovod's sum (or average) of sparse COO tensors: an allgather of every worker's
     indices and values. Returns a callable that gives the (uncoalesced) result."""
-    check_process_set(process_set)
+    where = scope(process_set)
     reduce = reduce_op(op)
     if reduce not in (Average, Sum):
         raise UnsupportedError(f"sparse allreduce of {name!r}: op {reduce.name} is not supported (Average or Sum)")
@@ -210,20 +212,20 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: Any = Ave
         raise TypeError(f"sparse_allreduce_async of {name!r} takes a sparse COO tensor, got "
                         f"{type(tensor).__name__ if not isinstance(tensor, torch.Tensor) else tensor.layout}")
     tag = f"sparse.{name}" if name is not None else None
-    indices, _ = _gather(tensor._indices().transpose(0, 1).contiguous(), f"{tag}.indices" if tag else None)
-    values, _ = _gather(tensor._values(), f"{tag}.values" if tag else None)
+    indices, _ = _gather(tensor._indices().transpose(0, 1).contiguous(), f"{tag}.indices" if tag else None, where)
+    values, _ = _gather(tensor._values(), f"{tag}.values" if tag else None, where)
 
     def result() -> torch.Tensor:
         v, i = values.wait(), indices.wait()
         if reduce is Average:
-            v = v / runtime.size()
+            v = v / where.size
         return torch.sparse_coo_tensor(i.transpose(0, 1), v, tensor.size())
     return result
 
 
 # -- alltoall --------------------------------------------------------------------------
-def _splits(tensor: torch.Tensor, splits: Any, what: str) -> list[int]:
-    n, rows = runtime.size(), tensor.shape[0]
+def _splits(tensor: torch.Tensor, splits: Any, what: str, where: Scope) -> list[int]:
+    n, rows = where.size, tensor.shape[0]
     if splits is None:
         if rows % n:
             raise ValueError(f"{what}: the first dimension ({rows}) does not split evenly over {n} workers; "
@@ -236,17 +238,17 @@ def _splits(tensor: torch.Tensor, splits: Any, what: str) -> list[int]:
     return [int(s) for s in got]
 
 
-def _alltoall(tensor: torch.Tensor, splits: Any, name: str | None) -> tuple[torch.Tensor, list[int]]:
+def _alltoall(tensor: torch.Tensor, splits: Any, name: str | None, where: Scope) -> tuple[torch.Tensor, list[int]]:
     what = _what("alltoall", name)
     _need_dims(tensor, what)
-    mine = _splits(tensor, splits, what)
+    mine = _splits(tensor, splits, what, where)
     if runtime.store() is None:
         return tensor.detach().clone(), mine
-    tag, n, me = _tag("alltoall", name), runtime.size(), runtime.rank()
-    table = _table(tag, [*mine, _shape_print(tensor)], what, tensor)
-    sent = [[int(x) for x in table[r, :n]] for r in range(n)]      # sent[i][j]: rows rank i sends rank j
+    tag, n, me = _tag("alltoall", name), where.size, where.rank
+    table = _table(tag, [*mine, _shape_print(tensor)], what, tensor, where)
+    sent = [[int(x) for x in table[r, :n]] for r in range(n)]      # sent[i][j]: rows member i sends member j
     sizes = [sum(row) for row in sent]
-    every = _gather_rows(tensor, tag, sizes).wait()
+    every = _gather_rows(tensor, tag, sizes, where).wait()
     parts, base = [], 0
     for i in range(n):
         start = base + sum(sent[i][:me])
@@ -259,28 +261,29 @@ class _Alltoall(torch.autograd.Function):
     """The gradient goes back the way the rows came: an alltoall by the received splits."""
 
     @staticmethod
-    def forward(ctx, tensor, splits, name):    # noqa: ANN001
-        out, ctx.received = _alltoall(tensor, splits, name)
+    def forward(ctx, tensor, splits, name, process_set):    # noqa: ANN001
+        ctx.where = scope(process_set)
+        out, ctx.received = _alltoall(tensor, splits, name, ctx.where)
         received = torch.tensor(ctx.received, dtype=torch.int64)
         ctx.mark_non_differentiable(received)
         return out, received
 
     @staticmethod
     def backward(ctx, grad, _received):    # noqa: ANN001
-        return _alltoall(grad, ctx.received, None)[0], None, None
+        return _alltoall(grad, ctx.received, None, ctx.where)[0], None, None, None
 
 
 def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None, process_set: Any = None) -> Any:
     """Rank r sends ``splits[j]`` rows of ``tensor`` (in order) to each rank j and gets the
     rows every rank sent it, in rank order. Returns them, and with ``splits`` given also
     how many came from each rank, as Horovod does."""
-    check_process_set(process_set)
+    where = scope(process_set)
     claim("alltoall", name)
     if differentiable(tensor):
-        out, got = _Alltoall.apply(tensor, splits, name)
+        out, got = _Alltoall.apply(tensor, splits, name, process_set)
         received = got.tolist()
     else:
-        out, received = _alltoall(tensor, splits, name)
+        out, received = _alltoall(tensor, splits, name, where)
     if splits is None:
         return out
     return out, torch.tensor(received, dtype=splits.dtype if isinstance(splits, torch.Tensor) else torch.int32)
@@ -293,25 +296,25 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
 
 
 # -- reducescatter ---------------------------------------------------------------------
-def _share(rows: int) -> tuple[int, int]:
+def _share(rows: int, where: Scope) -> tuple[int, int]:
     """This rank's rows of ``rows``: the first ``rows % size`` ranks get one more (Horovod)."""
-    n, me = runtime.size(), runtime.rank()
+    n, me = where.size, where.rank
     return me * (rows // n) + min(me, rows % n), rows // n + (1 if me < rows % n else 0)
 
 
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any = Average, process_set: Any = None,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
                         compression: Any = Compression.none) -> Deferred:
-    check_process_set(process_set)
+    where = scope(process_set)
     reduce = reduce_op(op)
     what = _what("reducescatter", name)
     if reduce not in (Average, Sum):
         raise UnsupportedError(f"{what}: op {reduce.name} is not supported (Average or Sum)")
     _need_dims(tensor, what)
     claim("reducescatter", name)
-    start, rows = _share(tensor.shape[0])
+    start, rows = _share(tensor.shape[0], where)
     key = f"reducescatter.{name}" if name is not None else "reducescatter.noname"
-    handle = sum_async(tensor.detach(), key, reduce, prescale_factor, postscale_factor, compression)
+    handle = sum_async(tensor.detach(), key, reduce, prescale_factor, postscale_factor, compression, where=where)
     return hold("reducescatter", name, Deferred(handle, lambda full: full.narrow(0, start, rows).clone()))
 
 
@@ -320,15 +323,16 @@ class _Reducescatter(torch.autograd.Function):
     for Sum, and the scale factors)."""
 
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale, postscale, compression):    # noqa: ANN001
-        ctx.args = (reduce_op(op), prescale, postscale)
-        return reducescatter_async(tensor, name, op, None, prescale, postscale, compression=compression).wait()
+    def forward(ctx, tensor, name, op, prescale, postscale, compression, process_set):    # noqa: ANN001
+        ctx.args = (reduce_op(op), prescale, postscale, process_set)
+        return reducescatter_async(tensor, name, op, process_set, prescale, postscale,
+                                   compression=compression).wait()
 
     @staticmethod
     def backward(ctx, grad):    # noqa: ANN001
-        op, prescale, postscale = ctx.args
-        grad = grad * (runtime.size() if op is Sum else 1) * prescale * postscale
-        return allgather(grad), None, None, None, None, None
+        op, prescale, postscale, process_set = ctx.args
+        grad = grad * (scope(process_set).size if op is Sum else 1) * prescale * postscale
+        return allgather(grad, process_set=process_set), None, None, None, None, None, None
 
 
 def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: Any = Compression.none,
@@ -336,10 +340,10 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: An
                   postscale_factor: float = 1.0) -> torch.Tensor:
     """The average (or sum) over the workers, split on the first dimension: each rank keeps
     its part (the first ``rows % size`` ranks one row more)."""
-    check_process_set(process_set)
+    scope(process_set)
     if differentiable(tensor):
-        return _Reducescatter.apply(tensor, name, op, prescale_factor, postscale_factor, compression)
-    return reducescatter_async(tensor, name, op, None, prescale_factor, postscale_factor,
+        return _Reducescatter.apply(tensor, name, op, prescale_factor, postscale_factor, compression, process_set)
+    return reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor,
                                compression=compression).wait()
 
 
@@ -357,24 +361,25 @@ class _GroupedReducescatter(torch.autograd.Function):
     """Each member's gradient as ``_Reducescatter``'s, gathered in one grouped call."""
 
     @staticmethod
-    def forward(ctx, name, op, prescale, postscale, compression, *tensors):    # noqa: ANN001
-        ctx.args = (reduce_op(op), prescale, postscale)
-        return tuple(grouped_reducescatter_async(list(tensors), name, op, None, prescale, postscale,
+    def forward(ctx, name, op, prescale, postscale, compression, process_set, *tensors):    # noqa: ANN001
+        ctx.args = (reduce_op(op), prescale, postscale, process_set)
+        return tuple(grouped_reducescatter_async(list(tensors), name, op, process_set, prescale, postscale,
                                                  compression=compression).wait())
 
     @staticmethod
     def backward(ctx, *grads):    # noqa: ANN001
-        op, prescale, postscale = ctx.args
-        factor = (runtime.size() if op is Sum else 1) * prescale * postscale
-        return (None,) * 5 + tuple(grouped_allgather([g * factor for g in grads]))
+        op, prescale, postscale, process_set = ctx.args
+        factor = (scope(process_set).size if op is Sum else 1) * prescale * postscale
+        return (None,) * 6 + tuple(grouped_allgather([g * factor for g in grads], process_set=process_set))
 
 
 def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None, compression: Any = Compression.none,
                           op: Any = Average, process_set: Any = None, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list:
     if any(differentiable(t) for t in tensors):
-        check_process_set(process_set)
-        return list(_GroupedReducescatter.apply(name, op, prescale_factor, postscale_factor, compression, *tensors))
+        scope(process_set)
+        return list(_GroupedReducescatter.apply(name, op, prescale_factor, postscale_factor, compression,
+                                                process_set, *tensors))
     return grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor, postscale_factor,
                                        compression=compression).wait()
 

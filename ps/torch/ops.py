@@ -19,26 +19,28 @@ from . import objects, runtime
 from .compression import Compression
 from .gather import reduce_gathered
 from .optimizer import local_step
-from .process_sets import check as check_process_set
+from .process_sets import Scope, scope
 from .sums import (GATHERED, Adasum, Average, Group, Handle, Max, Min, Product, ReduceOp, Sum, as_array, claim,
                    differentiable, ensure_keys, hold, member, reduce_op, sum_async)
 
-_objects = itertools.count()        # unnamed broadcast_object calls, in the workers' common order
+# unnamed broadcast_object calls, in the common order of the workers of each process set
+_objects: dict[int, itertools.count] = {}
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                     op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: Any = None, *, compression: Any = Compression.none,
                     _target: torch.Tensor | None = None) -> Any:
-    """Start summing (averaging, ...) ``tensor`` over every worker; ``synchronize`` the handle."""
-    check_process_set(process_set)
+    """Start summing (averaging, ...) ``tensor`` over every worker (of ``process_set``);
+    ``synchronize`` the handle."""
+    where = scope(process_set)
     reduce = reduce_op(op, average)
     claim("allreduce", name)
     if reduce in GATHERED:
         return hold("allreduce", name, reduce_gathered(tensor, reduce, name, prescale_factor, postscale_factor,
-                                                       _target))
+                                                       _target, where))
     return hold("allreduce", name, sum_async(tensor, name, reduce, prescale_factor, postscale_factor, compression,
-                                             _target))
+                                             _target, where=where, joinable=True))
 
 
 class _Allreduce(torch.autograd.Function):
@@ -46,15 +48,16 @@ class _Allreduce(torch.autograd.Function):
     output's gradient (every worker runs backward, as every worker ran forward)."""
 
     @staticmethod
-    def forward(ctx, tensor, average, name, op, prescale, postscale, compression):    # noqa: ANN001
-        ctx.args = (average, op, prescale, postscale)
-        return allreduce_async(tensor, average, name, op, prescale, postscale, compression=compression).wait()
+    def forward(ctx, tensor, average, name, op, prescale, postscale, compression, process_set):    # noqa: ANN001
+        ctx.args = (average, op, prescale, postscale, process_set)
+        return allreduce_async(tensor, average, name, op, prescale, postscale, process_set,
+                               compression=compression).wait()
 
     @staticmethod
     def backward(ctx, grad):    # noqa: ANN001
-        average, op, prescale, postscale = ctx.args
-        return (allreduce_async(grad, average, None, op, prescale, postscale).wait(),
-                None, None, None, None, None, None)
+        average, op, prescale, postscale, process_set = ctx.args
+        return (allreduce_async(grad, average, None, op, prescale, postscale, process_set).wait(),
+                None, None, None, None, None, None, None)
 
 
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -63,8 +66,9 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     """The mean (default), sum, min, max or product of ``tensor`` over every worker, as a new
     tensor; differentiable, as Horovod's."""
     if differentiable(tensor):
-        check_process_set(process_set)
-        return _Allreduce.apply(tensor, average, name, op, prescale_factor, postscale_factor, compression)
+        scope(process_set)
+        return _Allreduce.apply(tensor, average, name, op, prescale_factor, postscale_factor, compression,
+                                process_set)
     return allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set,
                            compression=compression).wait()
 
@@ -95,16 +99,16 @@ class _GroupedAllreduce(torch.autograd.Function):
     """The gradient of each member is the same grouped allreduce of the outputs' gradients."""
 
     @staticmethod
-    def forward(ctx, average, name, op, prescale, postscale, compression, *tensors):    # noqa: ANN001
-        ctx.args = (average, op, prescale, postscale)
-        return tuple(grouped_allreduce_async(list(tensors), average, name, op, prescale, postscale,
+    def forward(ctx, average, name, op, prescale, postscale, compression, process_set, *tensors):    # noqa: ANN001
+        ctx.args = (average, op, prescale, postscale, process_set)
+        return tuple(grouped_allreduce_async(list(tensors), average, name, op, prescale, postscale, process_set,
                                              compression=compression).wait())
 
     @staticmethod
     def backward(ctx, *grads):    # noqa: ANN001
-        average, op, prescale, postscale = ctx.args
-        return (None,) * 6 + tuple(grouped_allreduce_async(list(grads), average, None, op, prescale,
-                                                           postscale).wait())
+        average, op, prescale, postscale, process_set = ctx.args
+        return (None,) * 7 + tuple(grouped_allreduce_async(list(grads), average, None, op, prescale,
+                                                           postscale, process_set).wait())
 
 
 def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
@@ -112,9 +116,9 @@ def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None, 
                       postscale_factor: float = 1.0, process_set: Any = None) -> list[torch.Tensor]:
     """Every tensor of the list allreduced, all in flight together; differentiable."""
     if any(differentiable(t) for t in tensors):
-        check_process_set(process_set)
+        scope(process_set)
         return list(_GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, compression,
-                                            *tensors))
+                                            process_set, *tensors))
     return grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor, process_set,
                                    compression=compression).wait()
 
@@ -141,20 +145,23 @@ def poll(handle: Any) -> bool:
 
 
 # -- broadcast -------------------------------------------------------------------------
-def _check_root(root_rank: int) -> None:
-    size = runtime.size()
-    if not isinstance(root_rank, int) or not 0 <= root_rank < size:
-        raise ValueError(f"root_rank {root_rank!r} is out of range for a job of {size} workers")
+def _check_root(root_rank: int, where: Scope) -> None:
+    """``root_rank`` (a rank of the job, as in Horovod) must be one of ``where``'s."""
+    if not isinstance(root_rank, int) or root_rank not in where.ranks:
+        if where.group:
+            raise ValueError(f"root_rank {root_rank!r} is not in process set {where.group} (ranks "
+                             f"{list(where.ranks)})")
+        raise ValueError(f"root_rank {root_rank!r} is out of range for a job of {where.size} workers")
 
 
-def _same_root(root_rank: int, name: str | None, what: str) -> tuple[Callable[[], None], ...]:
+def _same_root(root_rank: int, name: str | None, what: str, where: Scope) -> tuple[Callable[[], None], ...]:
     """Start the sum that shows whether every worker named ``root_rank``; the returned check
     (run when it is in) raises MismatchError on every worker alike if not."""
     if runtime.store() is None:
         return ()
-    me, n = runtime.rank(), runtime.size()
+    me, n = runtime.rank(), where.size
     mine = torch.tensor([1.0 if me == root_rank else 0.0, float(root_rank)], dtype=torch.float64)
-    handle = sum_async(mine, f"broadcast.root.{name}" if name is not None else "broadcast.root", Sum)
+    handle = sum_async(mine, f"broadcast.root.{name}" if name is not None else "broadcast.root", Sum, where=where)
 
     def check() -> None:
         roots, named = handle.wait().tolist()
@@ -166,13 +173,13 @@ def _same_root(root_rank: int, name: str | None, what: str) -> tuple[Callable[[]
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = None,
                     _target: torch.Tensor | None = None) -> Handle:
-    check_process_set(process_set)
-    _check_root(root_rank)
+    where = scope(process_set)
+    _check_root(root_rank, where)
     claim("broadcast", name)
     send = tensor.detach() if runtime.rank() == root_rank else torch.zeros_like(tensor)
     key = f"broadcast.{name}" if name is not None else None
-    handle = sum_async(send, key, Sum, target=_target,
-                       checks=_same_root(root_rank, name, f"broadcast of {name!r}" if name else "broadcast"))
+    handle = sum_async(send, key, Sum, target=_target, where=where,
+                       checks=_same_root(root_rank, name, f"broadcast of {name!r}" if name else "broadcast", where))
     return hold("broadcast", name, handle)
 
 
@@ -180,23 +187,24 @@ class _Broadcast(torch.autograd.Function):
     """Horovod's gradient: the average of the output's gradient, on the root only."""
 
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):    # noqa: ANN001
-        ctx.root_rank = root_rank
-        return broadcast_async(tensor, root_rank, name).wait()
+    def forward(ctx, tensor, root_rank, name, process_set):    # noqa: ANN001
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return broadcast_async(tensor, root_rank, name, process_set).wait()
 
     @staticmethod
     def backward(ctx, grad):    # noqa: ANN001
-        reduced = allreduce_async(grad, True).wait()
+        reduced = allreduce_async(grad, True, process_set=ctx.process_set).wait()
         if runtime.rank() != ctx.root_rank:
             reduced = reduced * 0
-        return reduced, None, None
+        return reduced, None, None, None
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = None) -> torch.Tensor:
-    """Rank ``root_rank``'s ``tensor`` on every worker (a new tensor); differentiable."""
+    """Rank ``root_rank``'s ``tensor`` on every worker (of ``process_set``; a new tensor);
+    differentiable."""
     if differentiable(tensor):
-        check_process_set(process_set)
-        return _Broadcast.apply(tensor, root_rank, name)
+        scope(process_set)
+        return _Broadcast.apply(tensor, root_rank, name, process_set)
     return broadcast_async(tensor, root_rank, name, process_set).wait()
 
 
@@ -213,7 +221,7 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None, pr
 def broadcast_parameters(params: Any, root_rank: int = 0, process_set: Any = None) -> None:
     """Overwrite every tensor in ``params`` (a state_dict, or (name, tensor) pairs such as
     ``model.named_parameters()``) with rank ``root_rank``'s, in place; one round trip."""
-    check_process_set(process_set)
+    where = scope(process_set)
     items = list(params.items()) if hasattr(params, "items") else list(params)
     for entry in items:
         if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str)):
@@ -221,23 +229,23 @@ def broadcast_parameters(params: Any, root_rank: int = 0, process_set: Any = Non
     kv = runtime.store()
     if kv is None:
         return
-    _check_root(root_rank)
+    _check_root(root_rank, where)
     flats = []
     for name, t in items:
         if isinstance(t, torch.Tensor):
             flat = as_array(t, f"broadcast of {name!r}")
-            flats.append((tensor_key(f"broadcast.{name}", tuple(t.shape), flat.dtype), t, flat))
-    ensure_keys([(key, tuple(t.shape), flat.dtype) for key, t, flat in flats])
+            flats.append((where.key(tensor_key(f"broadcast.{name}", tuple(t.shape), flat.dtype)), t, flat))
+    verify = ensure_keys([(key, tuple(t.shape), flat.dtype) for key, t, flat in flats], where)
     pending = []
     for key, t, flat in flats:
         send = flat if kv.rank == root_rank else np.zeros_like(flat)
         result = np.empty_like(flat)
         pending.append((t, result, kv.pushpull(key, send, out=result, block=False)))
-    checks = _same_root(root_rank, "parameters", "broadcast_parameters")
+    checks = _same_root(root_rank, "parameters", "broadcast_parameters", where)
+    for check in (verify, *checks):
+        check()
     for t, result, handle in pending:
         handle.wait()
-    for check in checks:
-        check()
     for t, result, _ in pending:
         with torch.no_grad():
             t.copy_(torch.from_numpy(result).view(t.shape).to(t.dtype))
@@ -246,18 +254,18 @@ def broadcast_parameters(params: Any, root_rank: int = 0, process_set: Any = Non
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> Any:
     """Rank ``root_rank``'s ``obj`` on every worker: any object in a job with a signing key,
     plain data without one (ps/torch/objects.py)."""
-    check_process_set(process_set)
+    where = scope(process_set)
     kv = runtime.store()
     if kv is None:
         return obj
-    _check_root(root_rank)
+    _check_root(root_rank, where)
     data = objects.dumps(obj, kv, "broadcast_object") if kv.rank == root_rank else b""
-    tag = name or f"object.{next(_objects)}"
-    n = int(broadcast(torch.tensor([len(data)], dtype=torch.int64), root_rank, name=f"{tag}.len").item())
+    tag = name or f"object.{next(_objects.setdefault(where.group, itertools.count()))}"
+    n = int(broadcast(torch.tensor([len(data)], dtype=torch.int64), root_rank, f"{tag}.len", process_set).item())
     buf = torch.zeros(n, dtype=torch.uint8)
     if data:
         buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-    got = broadcast(buf, root_rank, name=f"{tag}.data")
+    got = broadcast(buf, root_rank, f"{tag}.data", process_set)
     return obj if kv.rank == root_rank else objects.loads(got.numpy().tobytes(), kv, "broadcast_object")
 
 

@@ -19,7 +19,7 @@ from ..collective import predivide_factor, tensor_key
 from . import runtime
 from .compression import Compression
 from .gather import sparse_allreduce_async
-from .process_sets import check as check_process_set
+from .process_sets import Scope, outside, scope
 from .sums import Average, Sum, as_array, ensure_keys, reduce_op, scaled
 
 
@@ -35,7 +35,8 @@ class _Distributed:
     """Mixed in before the wrapped optimizer's own class (see DistributedOptimizer)."""
 
     def _ps_setup(self, named_parameters: Any, op: Any, compression: Any, passes: int,
-                  predivide: float = 1.0, sparse_as_dense: bool = False) -> None:
+                  predivide: float = 1.0, sparse_as_dense: bool = False, where: Scope | None = None,
+                  alone: bool = False) -> None:
         if not isinstance(passes, int) or passes < 1:
             raise ValueError(f"backward_passes_per_step must be a positive integer, got {passes!r}")
         self._ps_op = reduce_op(op)
@@ -63,14 +64,20 @@ class _Distributed:
         self._ps_skip = False
         self.timeline: list[tuple[str, float]] = []    # (name, time.perf_counter()) of each send
         self._ps_kv = runtime.store()
+        self._ps_where = where or scope()        # the process set whose workers share the gradients
+        self._ps_alone = alone                   # not in that set: trains on its own gradients (Horovod)
         self._ps_keys = {}
+        if alone:
+            self._ps_hooks = []
+            return
         for p, name in self._ps_names.items():
             # the key is the gradient as it travels: a compressor may change its dtype or shape
             wire, _ = compression.compress(torch.zeros_like(p.detach()))
             flat = as_array(wire, f"parameter {name!r}")
-            self._ps_keys[p] = (tensor_key(f"allreduce.grad.{name}", tuple(wire.shape), flat.dtype),
+            self._ps_keys[p] = (self._ps_where.key(tensor_key(f"allreduce.grad.{name}", tuple(wire.shape),
+                                                              flat.dtype)),
                                 tuple(wire.shape), flat.dtype)
-        ensure_keys(list(self._ps_keys.values()))
+        ensure_keys(list(self._ps_keys.values()), self._ps_where, joinable=True)()     # every worker has them
         self._ps_hooks = [p.register_post_accumulate_grad_hook(self._ps_ready) for p in self._ps_names]
 
     def _ps_ready(self, p: torch.Tensor) -> None:
@@ -112,10 +119,13 @@ class _Distributed:
     def synchronize(self) -> None:
         """Wait for every gradient's sum; gradients that no backward pass produced on this
         worker (unused layers) go out now as zeros, as the other workers wait for them."""
+        if self._ps_alone:
+            self._ps_synchronized = True
+            return
         for p in self._ps_names:
             if p not in self._ps_inflight and p not in self._ps_sparse:
                 self._ps_send(p)
-        divide = runtime.size() if self._ps_op is Average else 1
+        divide = self._ps_where.size if self._ps_op is Average else 1
         factor = self._ps_predivide / divide
         for p, sent in list(self._ps_inflight.items()):
             if sent.handle is not None:
@@ -132,7 +142,8 @@ class _Distributed:
                 elif value.data_ptr() != p.grad.data_ptr():
                     p.grad.copy_(value)
         for p in self._ps_sparse:
-            summed = sparse_allreduce_async(p.grad, self._ps_names[p], Sum if divide == 1 else Average)()
+            summed = sparse_allreduce_async(p.grad, self._ps_names[p], Sum if self._ps_op is Sum else Average,
+                                            self._ps_where)()
             with torch.no_grad():
                 p.grad.zero_().add_(summed)
         self._ps_inflight.clear()
@@ -235,17 +246,19 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     """Wrap ``optimizer`` so its gradients are averaged (``op=Sum``: summed) over every worker
     before each step. Collective: every worker calls it with the same parameters. Sparse
     gradients (``nn.Embedding(sparse=True)``) are summed as an allgather of their rows, or
-    dense with ``sparse_as_dense=True``."""
+    dense with ``sparse_as_dense=True``. With ``process_set``, over its members; a worker
+    outside it steps on its own gradients, as under Horovod."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if not runtime.is_initialized():
         raise ValueError("call ps.torch.init() before DistributedOptimizer")
-    check_process_set(process_set)
+    alone = outside(process_set)
+    where = None if alone else scope(process_set)
     _check_groups(num_groups, groups)
     base = type(optimizer)
     cls = type(base.__name__, (_Distributed, base), {"__module__": base.__module__})
     wrapped = base.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)        # same param_groups, state, defaults
     wrapped._ps_setup(named_parameters, op, compression, backward_passes_per_step, gradient_predivide_factor,
-                      sparse_as_dense)
+                      sparse_as_dense, where, alone)
     return wrapped

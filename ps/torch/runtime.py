@@ -68,14 +68,11 @@ def is_homogeneous() -> bool:
 
 
 def join(device: int = -1) -> int:
-    """Wait for every worker to get here; returns the last rank to join (Horovod returns the
-    last one too). Workers that still have steps to run must not call it: ps has no uneven
-    data support, and a sync round missing this worker fails with its rank named.
-    ``device`` (where Horovod makes its zero tensors) does not matter on CPU."""
-    kv = store()
-    if kv is not None:
-        kv.barrier()
-    return size() - 1
+    """Horovod's join, for uneven data: this worker is done until every worker joined;
+    meanwhile the others' allreduces (and DistributedOptimizer steps) go on with its share
+    zero, and their other collectives raise. Returns the last rank to join, the same on
+    every worker. ``device`` (where Horovod makes its zero tensors) does not matter on CPU."""
+    return job.join()
 
 
 def _absent() -> bool:

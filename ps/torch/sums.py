@@ -1,4 +1,5 @@
-"""The one thing ps's servers do for ``ps.torch``: sum a named tensor over every worker.
+"""The one thing ps's servers do for ``ps.torch``: sum a named tensor over every worker (or a
+process set's members).
 
 A name is a key (with its shape and dtype: ``collective.tensor_key``). Its first use is a
 collective ``init`` (every worker, same order, as every Horovod collective), after which
@@ -7,7 +8,6 @@ optimizer runs there). Every collective of ``ops`` and ``gather`` is made of the
 """
 from __future__ import annotations
 
-import weakref
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -16,6 +16,7 @@ import torch
 from ..collective import tensor_key
 from . import runtime
 from .compression import Compression
+from .process_sets import Scope, scope
 
 
 class ReduceOp(NamedTuple):
@@ -82,50 +83,66 @@ def scaled(tensor: torch.Tensor, factor: float) -> torch.Tensor:
     return (tensor.to(work) * factor).to(tensor.dtype)
 
 
-def ensure_keys(items: list[tuple[str, tuple[int, ...], np.dtype]]) -> None:
-    """Initialize the keys not seen yet, after checking every worker asks for the same ones
-    (ps/collective.py)."""
+def ensure_keys(items: list[tuple[str, tuple[int, ...], np.dtype]], where: Scope | None = None,
+                joinable: bool = False) -> Callable[[], None]:
+    """Make the keys not seen yet; returns what checks that every worker (of ``where``) asked
+    for the same ones: call it before using a result (ps/collective.py). ``joinable``: sums
+    that go on while workers are in ``hvd.join()``, their share zero."""
     runtime.store()
     if runtime.server_optimizer:
         raise RuntimeError("a ServerOptimizer runs on the servers of this job, and they update every key they "
                            "hold: allreduce and broadcast of new tensors are not available after it is created")
-    runtime.job.ensure_keys(items)
+    return runtime.job.ensure_keys(items, where.group if where is not None else 0, joinable)
 
 
 # -- names in flight ---------------------------------------------------------------------
-_inflight: dict[tuple[str, str], Any] = {}      # (kind, name) -> a weak reference to its handle
+class _InFlight:
+    """The operations of each name still in flight. Held strongly: a script may drop the
+    handle of an ``allreduce_async`` it never synchronizes, and the name stays taken until
+    the operation is done, as in Horovod. Done entries go at the next sweep (names with a
+    step number in them must not pile up), swept when the table has doubled since the last."""
+
+    def __init__(self) -> None:
+        self.ops: dict[tuple[str, str], Any] = {}
+        self.sweep_at = 64
+
+    def busy(self, key: tuple[str, str]) -> bool:
+        held = self.ops.get(key)
+        return held is not None and not held.done()
+
+    def add(self, key: tuple[str, str], handle: Any) -> None:
+        self.ops[key] = handle
+        if len(self.ops) >= self.sweep_at:
+            for done in [k for k, h in self.ops.items() if h.done()]:
+                del self.ops[done]
+            self.sweep_at = max(64, 2 * len(self.ops))
+
+
+_inflight = _InFlight()
 
 
 def claim(kind: str, name: str | None) -> None:
     """Horovod refuses a second operation of a name while the first is still in flight (its
     workers could not tell the two apart); so does ps, before anything is sent."""
-    if name is None:
-        return
-    ref = _inflight.get((kind, name))
-    held = ref() if ref is not None else None
-    if held is not None and not held.done():
+    if name is not None and _inflight.busy((kind, name)):
         raise ValueError(f"{kind} of {name!r}: an operation of that name is still in flight (synchronize it "
                          "first, or give this one another name)")
 
 
 def hold(kind: str, name: str | None, handle: Any) -> Any:
-    """Remember ``handle`` as the operation of ``name`` in flight (``claim``); returns it.
-    The entry goes when the handle does (names with a step number in them must not pile up)."""
+    """Remember ``handle`` as the operation of ``name`` in flight (``claim``); returns it."""
     if name is not None:
-        key = (kind, name)
-
-        def forget(ref: Any) -> None:
-            if _inflight.get(key) is ref:
-                del _inflight[key]
-        _inflight[key] = weakref.ref(handle, forget)
+        _inflight.add((kind, name), handle)
     return handle
 
 
 class Handle:
     """What ``allreduce_async`` returns; ``synchronize(handle)`` gives the result.
 
-    ``checks`` run once the sums are in, before anything is written: a broadcast's check
-    that every worker named the same root raises there, on every worker alike."""
+    ``checks`` run first, before the sum is waited for or anything written: that every
+    worker asked for the same new keys (a mismatch would leave the sum's round open for
+    good), and a broadcast's check that every worker named the same root. They raise on
+    every worker alike."""
 
     def __init__(self, pending: Any, result: np.ndarray, out: torch.Tensor, scale: float,
                  compression: Any = Compression.none, ctx: Any = None, target: torch.Tensor | None = None,
@@ -139,10 +156,10 @@ class Handle:
 
     def wait(self) -> torch.Tensor:
         if self._value is None:
-            if self._pending is not None:
-                self._pending.wait()
             for check in self._checks:
                 check()
+            if self._pending is not None:
+                self._pending.wait()
             # scaled in the wire's dtype (a bfloat16 sum arrives as float32), then cast
             self._out.copy_(scaled(torch.from_numpy(self._result).view(self._out.shape), self._scale))
             value = self._compression.decompress(self._out, self._ctx)
@@ -154,9 +171,11 @@ class Handle:
 
 def sum_async(tensor: torch.Tensor, name: str | None, reduce: ReduceOp, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, compression: Any = Compression.none,
-              target: torch.Tensor | None = None, checks: tuple[Callable[[], None], ...] = ()) -> Handle:
-    """Start summing (``Average``: averaging) ``tensor`` over every worker: one pushpull.
-    As Horovod's: prescale, compress, sum, average and postscale, decompress."""
+              target: torch.Tensor | None = None, checks: tuple[Callable[[], None], ...] = (),
+              where: Scope | None = None, joinable: bool = False) -> Handle:
+    """Start summing (``Average``: averaging) ``tensor`` over every worker (of ``where``, a
+    process set's Scope): one pushpull. As Horovod's: prescale, compress, sum, average and
+    postscale, decompress. ``joinable`` (allreduce): workers in ``hvd.join()`` add zeros."""
     sent, ctx = compression.compress(scaled(tensor.detach(), prescale_factor))
     flat = as_array(sent, f"allreduce of {name!r}" if name else "allreduce")
     out = torch.empty_like(sent)
@@ -165,12 +184,14 @@ def sum_async(tensor: torch.Tensor, name: str | None, reduce: ReduceOp, prescale
         return Handle(None, flat, out, postscale_factor, compression, ctx, target, checks)
     # unnamed: one key per shape and dtype, reused call after call (a new key per call would
     # cost a collective init each time and grow the servers), in the callers' common order
-    key = tensor_key(f"allreduce.{name}" if name is not None else "allreduce.noname", tuple(sent.shape), flat.dtype)
-    ensure_keys([(key, tuple(sent.shape), flat.dtype)])
+    where = where or scope()
+    key = where.key(tensor_key(f"allreduce.{name}" if name is not None else "allreduce.noname", tuple(sent.shape),
+                               flat.dtype))
+    verify = ensure_keys([(key, tuple(sent.shape), flat.dtype)], where, joinable)
     result = np.empty_like(flat)
     pending = kv.pushpull(key, flat, out=result, block=False)
-    scale = postscale_factor / kv.num_workers if reduce is Average else postscale_factor
-    return Handle(pending, result, out, scale, compression, ctx, target, checks)
+    scale = postscale_factor / where.size if reduce is Average else postscale_factor
+    return Handle(pending, result, out, scale, compression, ctx, target, (verify, *checks))
 
 
 def differentiable(tensor: Any) -> bool:

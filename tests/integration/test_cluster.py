@@ -392,3 +392,50 @@ def test_pipelined_pushes_and_pulls_of_a_multi_chunk_key_each_see_their_round(tr
     with local_cluster(1, 2, van=transport, send_window=0) as c:
         for got, _ in c.run(pipelined_rounds):
             assert got == [(20.0 * r + 3,) * 2 for r in range(6)], got
+
+
+def test_declared_keys_are_made_by_their_first_push_without_any_meeting(van):
+    """declare: no message and no barrier. Worker 0 pushes a new key while worker 1 sits at a
+    barrier (Horovod's first use of a name); the servers make the key at that push. A big
+    key is split over both servers; a pull of a key nobody pushed is refused."""
+    big = 3_000_001
+
+    def job(kv):
+        kv.declare("early", (4,), np.float32)
+        kv.declare("big", (big,), np.float64)
+        handles = []
+        if kv.rank == 0:
+            handles = [kv.pushpull("early", np.ones(4, np.float32), block=False),
+                       kv.pushpull("big", np.full(big, 0.5), block=False)]
+        kv.barrier(wait=False)             # worker 0's pushes are still in flight
+        if kv.rank == 1:
+            handles = [kv.pushpull("early", np.full(4, 2.0, np.float32), block=False),
+                       kv.pushpull("big", np.full(big, 0.25), block=False)]
+        early, whole = (h.wait() for h in handles)
+        kv.declare("never_pushed", (2,), np.float32)
+        with pytest.raises(ps.RemoteError, match="is not initialized"):
+            kv.pull("never_pushed")
+        return early.tolist(), float(whole.min()), float(whole.max())
+    with local_cluster(2, 2, van=van, bigarray_bound=1000) as c:
+        assert c.run(job) == [([3.0] * 4, 0.75, 0.75)] * 2
+
+
+def test_a_key_of_some_workers_closes_its_rounds_when_they_pushed(van):
+    """init(members=): only those workers push the key; the lowest makes it, the members then
+    meet on a key they share; a worker outside them is refused with the members named."""
+    def job(kv):
+        if kv.rank == 1:
+            with pytest.raises(ValueError, match=r"rank 1 is not one of the members \[0, 2\]"):
+                kv.init("pair", np.zeros(3, np.float32), members=[0, 2])
+            kv.declare("pair", (3,), np.float32)
+        else:
+            kv.init("pair", np.full(3, 7.0, np.float32), members=[0, 2])
+        kv.barrier()                       # "pair" is on the servers, with its members
+        if kv.rank == 1:
+            with pytest.raises(ps.RemoteError, match=r"pushed only by workers \[0, 2\], not by worker 1"):
+                kv.pushpull("pair", np.ones(3, np.float32))
+            return None
+        return [kv.pushpull("pair", np.full(3, kv.rank + 1.0, np.float32)).tolist() for _ in range(3)]
+    with local_cluster(2, 3, van=van) as c:
+        first, outside, third = c.run(job)
+    assert first == third == [[4.0] * 3] * 3 and outside is None

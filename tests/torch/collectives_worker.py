@@ -40,6 +40,22 @@ def horovods_rules(out, r):
     except ValueError as exc:
         out["twice"] = str(exc)
     hvd.synchronize(first)
+    if r == 0:                  # a new name's first use meets nobody: rank 0 starts it while the others
+        early = hvd.allreduce_async(torch.ones(2), name="first_use", op=hvd.Sum)     # wait at a barrier
+    hvd.barrier()
+    if r != 0:
+        early = hvd.allreduce_async(torch.ones(2), name="first_use", op=hvd.Sum)
+    out["first_use"] = hvd.synchronize(early).tolist()
+    if r == 0:                  # a handle dropped at once: the name stays taken while in flight
+        hvd.allreduce_async(torch.ones(2), name="dropped")
+        try:
+            hvd.allreduce_async(torch.ones(2), name="dropped")
+            out["dropped"] = None
+        except ValueError as exc:
+            out["dropped"] = str(exc)
+    hvd.barrier()
+    if r != 0:
+        hvd.synchronize(hvd.allreduce_async(torch.ones(2), name="dropped"))
     try:
         hvd.broadcast(torch.ones(2), root_rank=r, name="roots")
         out["roots"] = None
@@ -76,6 +92,86 @@ def horovods_rules(out, r):
     sum(t.sum() for t in hvd.grouped_allreduce(ws, op=hvd.Sum)).backward()
     out["gar_grad"] = [t.grad.tolist() for t in ws]
     out["sync_bn"] = sync_batch_norm(r)
+
+
+def process_sets(out, r):
+    """Collectives over some of the workers: ranks {0, 2} and {1} at once, each set's results
+    its own members' only; then the refusals."""
+    even, odd = hvd.add_process_set([0, 2]), hvd.add_process_set(hvd.ProcessSet([1]))
+    mine = even if r % 2 == 0 else odd
+    got = out["sets"] = {"id": mine.process_set_id, "rank": mine.rank(), "size": mine.size()}
+    got["sum"] = hvd.allreduce(torch.full((3,), float(r + 1)), op=hvd.Sum, name="x", process_set=mine).tolist()
+    got["avg"] = hvd.allreduce(torch.full((2,), float(r + 1)), process_set=mine).tolist()
+    got["ag"] = hvd.allgather(rows(r, r + 1), process_set=mine).tolist()
+    got["bcast"] = hvd.broadcast(torch.full((2,), float(r)), root_rank=mine.ranks[-1], process_set=mine).tolist()
+    got["obj"] = hvd.broadcast_object({"from": r} if r == mine.ranks[0] else None, mine.ranks[0], process_set=mine)
+    got["a2a"] = hvd.alltoall(rows(r, 2 * mine.size()), process_set=mine).tolist()
+    got["rs"] = hvd.reducescatter(rows(r, 3), op=hvd.Sum, process_set=mine).tolist()
+    hvd.barrier(process_set=mine)
+    torch.manual_seed(r)                            # a model per set, trained on each member's data
+    model = torch.nn.Linear(3, 1)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=mine.ranks[0], process_set=mine)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), process_set=mine)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(4, 3)).pow(2).sum().backward()
+        opt.step()
+    got["weights"] = hvd.allgather(model.weight.detach(), name="weights").tolist()     # every worker's
+    solo, alone = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)  # the even set's optimizer, on every worker
+    alone.load_state_dict(solo.state_dict())
+    opts = [hvd.DistributedOptimizer(torch.optim.SGD(solo.parameters(), lr=0.5), process_set=even),
+            torch.optim.SGD(alone.parameters(), lr=0.5)]
+    for m, opt in zip((solo, alone), opts):
+        m(torch.full((1, 2), float(r + 1))).sum().backward()
+        opt.step()
+    got["own_step"] = torch.equal(solo.weight, alone.weight)    # outside the set: its own gradients
+    got["global"] = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="after").tolist()
+    refused = got["refused"] = []
+    for call in (lambda: hvd.allreduce(torch.ones(1), process_set=odd if mine is even else even),
+                 lambda: hvd.add_process_set([0, 2]),
+                 lambda: hvd.add_process_set([0, 1] if r == 0 else [1, 2])):
+        try:
+            call()
+            refused.append(None)
+        except ValueError as exc:
+            refused.append(str(exc))
+    got["removed"] = [hvd.remove_process_set(odd), hvd.remove_process_set(even),
+                      hvd.remove_process_set(hvd.global_process_set), odd.process_set_id]
+    try:
+        hvd.allreduce(torch.ones(1), process_set=mine)
+        refused.append(None)
+    except ValueError as exc:
+        refused.append(str(exc))
+
+
+def joins(out, r):
+    """Uneven work (Horovod's join): rank r runs r + 1 steps of a sum and of a
+    DistributedOptimizer, then joins; the ranks still running sum without it (its share
+    zero, an average still over every rank). Then, with rank 0 joined, an allgather is refused."""
+    got = out["join"] = {"sums": []}
+    model = torch.nn.Linear(2, 1)
+    torch.nn.init.zeros_(model.weight)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), named_parameters=model.named_parameters())
+    for _ in range(r + 1):
+        got["sums"].append(hvd.allreduce(torch.ones(2) * (r + 1), op=hvd.Sum, name="uneven").tolist())
+        opt.zero_grad()
+        model(torch.ones(1, 2)).sum().backward()
+        opt.step()
+    if r == 2:                  # ranks 0 and 1 have joined
+        got["avg"] = hvd.allreduce(torch.full((1,), 3.0), name="uneven_avg").tolist()
+    got["weight"] = model.weight.detach().flatten().tolist()
+    got["last"] = hvd.join()
+    got["after"] = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="uneven").tolist()     # every rank again
+    if r == 0:
+        hvd.join()
+    else:
+        try:
+            hvd.allgather(torch.ones(1, 1), name="while_joined")
+            got["refused"] = None
+        except RuntimeError as exc:
+            got["refused"] = str(exc)
+        hvd.join()
 
 
 def sync_batch_norm(r):
@@ -153,6 +249,8 @@ def main():
     (hvd.allreduce(w2, op=hvd.Sum) * (r + 1)).sum().backward()
     out["ar_grad"] = w2.grad.tolist()
     horovods_rules(out, r)
+    process_sets(out, r)
+    joins(out, r)
     hvd.barrier()
     try:
         hvd.allgather(torch.zeros(1, 4 if r == 1 else 3), name="bad")

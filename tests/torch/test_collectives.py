@@ -71,6 +71,8 @@ def test_allgather_alltoall_reducescatter_and_min_max_product_on_three_workers(p
         assert g["reuse"] == [[3.0] * 2, [3.0] * 3]                     # one name, two shapes
         assert g["int_prescale"] == [9, -9]             # Horovod: 7 x 0.5 in float64, cast (3), summed
         assert "an operation of that name is still in flight" in g["twice"], g["twice"]
+        assert g["first_use"] == [3.0, 3.0]
+        assert r != 0 or "an operation of that name is still in flight" in g["dropped"], g["dropped"]
         assert "the workers disagree on root_rank" in g["roots"], g["roots"]
         assert g["bcast_obj"] == "{'epoch': 3, 0: (1, 2), 't': tensor([0, 1, 2]), 's': {'a'}}", g["bcast_obj"]
         assert g["ag_obj_keys"] == "[{0: (0,)}, {1: (1,)}, {2: (2,)}]", g["ag_obj_keys"]
@@ -86,6 +88,46 @@ def test_allgather_alltoall_reducescatter_and_min_max_product_on_three_workers(p
         assert g["sync_bn"] < 1e-5, g["sync_bn"]         # SyncBatchNorm = BatchNorm1d on every row
         assert "rank 1 has another shape past the first dimension" in g["mismatch"] or \
             (r == 1 and "rank 0 has another shape" in g["mismatch"]), g["mismatch"]
+        check_process_sets(r, g["sets"], [got[k]["sets"] for k in range(N)])
+        check_joins(r, g["join"])
+
+
+def check_joins(r, j):
+    """collectives_worker.joins: rank r ran r + 1 steps."""
+    assert j["sums"] == [[6.0] * 2, [5.0] * 2, [3.0] * 2][:r + 1]      # step s: the ranks k >= s, k + 1 each
+    assert j["last"] == 2 and j["after"] == [3.0, 3.0]
+    assert j.get("avg", [1.0]) == [1.0]                                 # 3 / 3: the joined count as zeros
+    # the gradient is 1 per rank and step; its average is over all 3 ranks, the joined adding 0
+    np.testing.assert_allclose(j["weight"], [-sum((N - s) / N for s in range(r + 1))] * 2, rtol=1e-6)
+    if r:
+        assert "worker 0" in j["refused"] and "joined (hvd.join)" in j["refused"], j["refused"]
+
+
+def check_process_sets(r, s, every):
+    """collectives_worker.process_sets: ranks {0, 2} and {1}, side by side."""
+    members = [0, 2] if r % 2 == 0 else [1]
+    assert (s["id"], s["rank"], s["size"]) == ((1, members.index(r), 2) if r % 2 == 0 else (2, 0, 1))
+    assert s["sum"] == [float(sum(k + 1 for k in members))] * 3
+    assert s["avg"] == [sum(k + 1 for k in members) / len(members)] * 2
+    np.testing.assert_array_equal(s["ag"], cat([rows(k, k + 1) for k in members]))
+    assert s["bcast"] == [float(members[-1])] * 2 and s["obj"] == {"from": members[0]}
+    me = members.index(r)
+    np.testing.assert_array_equal(s["a2a"], cat([rows(k, 2 * len(members))[2 * me:2 * me + 2] for k in members]))
+    total = sum(rows(k, 3) for k in members)
+    start, count = [(0, 2), (2, 1)][me] if len(members) == 2 else (0, 3)
+    np.testing.assert_array_equal(s["rs"], total[start:start + count])
+    weights = np.reshape(s["weights"], (N, 3))
+    np.testing.assert_array_equal(weights[0], weights[2])        # one model per set
+    assert not np.array_equal(weights[0], weights[1])
+    assert s["global"] == [3.0]
+    assert s["own_step"] == (r == 1)                   # rank 1 is outside the set: it trains alone
+    assert s == {**s, "weights": every[0]["weights"]}
+    wrong, again, disagree, removed = s["refused"]
+    assert f"rank {r} is not in ProcessSet" in wrong, wrong
+    assert "a process set with ranks [0, 2] exists already" in again, again
+    assert "the workers disagree on process set 3" in disagree, disagree
+    assert s["removed"] == [True, True, False, None]
+    assert "is not registered" in removed, removed
 
 
 def test_the_rest_of_horovods_api_alone():
@@ -106,10 +148,12 @@ def test_the_rest_of_horovods_api_alone():
         hvd.allgather(torch.tensor(1.0))
     with pytest.raises(ValueError, match=r"splits \[1, 2\] must be 1 non-negative integers"):
         hvd.alltoall(torch.ones(3), splits=[1, 2])
-    with pytest.raises(ValueError, match="process_set ProcessSet\\(ranks=\\[0\\]\\) is not supported"):
+    with pytest.raises(ValueError, match=r"ProcessSet\(process_set_id=None, ranks=\[0\]\) is not registered"):
         hvd.allreduce(torch.ones(1), process_set=hvd.ProcessSet([0]))
-    with pytest.raises(NotImplementedError, match="no process sets other than hvd.global_process_set"):
-        hvd.add_process_set([0])
+    with pytest.raises(ValueError, match=r"a process set with ranks \[0\] exists already"):
+        hvd.add_process_set([0])                    # alone, that is every worker
+    with pytest.raises(ValueError, match="not a non-empty list of ranks of this job's 1 workers"):
+        hvd.add_process_set([1])
 
 
 def test_objects_travel_signed_with_the_job_key_or_as_plain_data(tmp_path):

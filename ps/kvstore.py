@@ -331,7 +331,8 @@ class KVStore:
         Waits as long as the other workers train (``timeout`` seconds if given); a worker
         that dies meanwhile ends the wait with an error."""
         self._check_open()
-        self.wait_all(timeout)
+        # this worker's last requests end first (a refused one is its own handle's to report)
+        self._worker.wait_all(Deadline(self._timeout if timeout is None else timeout), errors=False)
         self._worker.command("join", {"rank": self.rank})
         self._po.barrier("workers", deadline=Deadline(timeout), what="every worker to join (kv.join)")
         answers = self._worker.command("leave", {"rank": self.rank})

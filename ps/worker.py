@@ -241,10 +241,15 @@ class KVWorker:
         return Handle(requests, finalize, self.po.config.request_timeout, lambda: self.po.failure,
                       self.customer)
 
-    def wait_all(self, deadline: Deadline) -> None:
-        """Wait for every request this worker still has outstanding."""
+    def wait_all(self, deadline: Deadline, errors: bool = True) -> None:
+        """Wait for every request this worker still has outstanding. ``errors=False``: a
+        request a server refused does not raise here (its own handle reports it)."""
         for req in self.customer.pending():
-            req.wait(deadline, lambda: self.po.failure)
+            try:
+                req.wait(deadline, lambda: self.po.failure)
+            except PSError:
+                if errors or req.error is None:
+                    raise
 
     def fail_all(self, exc: PSError) -> None:
         """End every outstanding request with ``exc`` (nobody waits on it forever)."""

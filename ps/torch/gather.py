@@ -15,18 +15,22 @@ keeping its part. Fine for metrics, embeddings and routing tables; not a fast pa
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from ..collective import fingerprint
-from ..errors import MismatchError
+from ..errors import CollectiveError, MismatchError
 from . import objects, runtime
 from .compression import Compression
 from .sums import (Average, Group, Max, Min, Product, Sum, UnsupportedError, claim, differentiable, hold, member,
                    reduce_op, sum_async)
 from .process_sets import Scope, scope
+
+
+START_WAIT = 60.0       # s: an allgather's rows start on the I/O thread the moment its sizes are in
 
 
 class Deferred:
@@ -58,14 +62,22 @@ def _shape_print(tensor: torch.Tensor) -> float:
     return fingerprint(f"{tuple(tensor.shape[1:])}{tensor.dtype}")
 
 
+def _table_sum(tag: str, row: list[float], where: Scope) -> Any:
+    """Start summing every member's ``row`` into one (size, len(row)) table, in rank order."""
+    mine = torch.zeros((where.size, len(row)), dtype=torch.float64)
+    mine[where.rank] = torch.tensor(row, dtype=torch.float64)
+    return sum_async(mine, f"{tag}.table", Sum, where=where)
+
+
 def _table(tag: str, row: list[float], what: str, tensor: torch.Tensor, where: Scope) -> np.ndarray:
     """Every member's ``row`` (its last entry the fingerprint of ``tensor``'s shape past the
     first dimension and dtype), as one (size, len(row)) array, in rank order."""
-    n, me = where.size, where.rank
-    mine = torch.zeros((n, len(row)), dtype=torch.float64)
-    mine[me] = torch.tensor(row, dtype=torch.float64)
-    table = sum_async(mine, f"{tag}.table", Sum, where=where).wait().numpy()
-    differ = [where.ranks[r] for r in range(n) if table[r, -1] != row[-1]]
+    return _checked(_table_sum(tag, row, where).wait().numpy(), row, what, tensor, where)
+
+
+def _checked(table: np.ndarray, row: list[float], what: str, tensor: torch.Tensor, where: Scope) -> np.ndarray:
+    """``table``, once every member's fingerprint (its last column) matches ours."""
+    differ = [where.ranks[r] for r in range(where.size) if table[r, -1] != row[-1]]
     if differ:
         raise MismatchError(f"{what}: rank {runtime.rank()} has a tensor of shape {tuple(tensor.shape)} and dtype "
                             f"{tensor.dtype}, but rank {differ[0]} has another shape past the first dimension or "
@@ -90,15 +102,63 @@ def _gather_rows(tensor: torch.Tensor, tag: str, sizes: list[int], where: Scope)
     return Deferred(sum_async(buf, f"{tag}.rows", Sum, where=where), lambda out: out[:total])
 
 
-def _gather(tensor: torch.Tensor, name: str | None, where: Scope, kind: str = "allgather") -> tuple[Deferred, list[int]]:
+class _Gathering:
+    """An allgather in flight: first the sum of every member's first dimension, then, started
+    on the I/O thread the moment those sizes are in, the sum of the rows. So ``allgather_async``
+    returns at once, as Horovod's, and no rank waits for another to synchronize before its
+    rows leave. ``wait`` runs the checks on the caller's thread; ``sizes`` is set by then.
+    In a process set the rows start here, after the sizes: a set's new key is a meeting."""
+
+    def __init__(self, tensor: torch.Tensor, tag: str, what: str, where: Scope) -> None:
+        self._tensor = tensor.detach().clone()      # as it is now: the rows leave later
+        self._tag, self._what, self._where = tag, what, where
+        self._row = [tensor.shape[0], _shape_print(tensor)]
+        self._rows: Deferred | None = None
+        self._error: BaseException | None = None
+        self._started = threading.Event()
+        self.sizes: list[int] = []
+        self._table = _table_sum(tag, self._row, where)
+        if where.group:     # a process set's new key is a meeting of its members: not on the I/O thread
+            self._start_rows(self._table.wait().numpy())
+            return
+        kv = runtime.store()        # the rows start as a task of their own, not inside reply handling
+        self._table.when_summed(lambda table: kv.call_soon(lambda: self._start_rows(table)))
+
+    def _start_rows(self, table: np.ndarray | None) -> None:
+        if table is None:           # the sizes' sum failed: wait() raises its error
+            self._started.set()
+            return
+        try:
+            self.sizes = [int(x) for x in table.reshape(self._where.size, -1)[:, 0]]
+            self._rows = _gather_rows(self._tensor, self._tag, self.sizes, self._where)
+        except BaseException as exc:    # noqa: BLE001 - raised again by wait, on the caller's thread
+            self._error = exc
+        finally:
+            self._started.set()
+
+    def done(self) -> bool:
+        return self._started.is_set() and (self._rows is None or self._rows.done())
+
+    def wait(self) -> torch.Tensor:
+        _checked(self._table.wait().numpy(), self._row, self._what, self._tensor, self._where)
+        if not self._started.wait(START_WAIT):
+            raise CollectiveError(f"{self._what}: the rows were not started within {START_WAIT:g}s of the sizes "
+                                  "arriving (this worker's I/O thread is stuck)")
+        if self._error is not None:
+            raise self._error
+        return self._rows.wait()
+
+
+def _gather(tensor: torch.Tensor, name: str | None, where: Scope, kind: str = "allgather") -> Any:
+    """Start gathering ``tensor`` from every member; ``wait()`` gives the concatenation, and
+    ``sizes`` then holds every member's first dimension."""
     what = _what(kind, name)
     _need_dims(tensor, what)
     if runtime.store() is None:
-        return Deferred(None, lambda _: tensor.detach().clone()), [tensor.shape[0]]
-    tag = _tag(kind, name)
-    table = _table(tag, [tensor.shape[0], _shape_print(tensor)], what, tensor, where)
-    sizes = [int(x) for x in table[:, 0]]
-    return _gather_rows(tensor, tag, sizes, where), sizes
+        alone = Deferred(None, lambda _: tensor.detach().clone())
+        alone.sizes = [tensor.shape[0]]
+        return alone
+    return _Gathering(tensor, _tag(kind, name), what, where)
 
 
 def _own_rows(sizes: list[int], where: Scope) -> tuple[int, int]:
@@ -112,8 +172,10 @@ class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):    # noqa: ANN001
         ctx.where = scope(process_set)
-        handle, ctx.sizes = _gather(tensor, name, ctx.where)
-        return handle.wait()
+        gathering = _gather(tensor, name, ctx.where)
+        out = gathering.wait()
+        ctx.sizes = gathering.sizes
+        return out
 
     @staticmethod
     def backward(ctx, grad):    # noqa: ANN001
@@ -124,7 +186,7 @@ class _Allgather(torch.autograd.Function):
 def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: Any = None) -> Deferred:
     where = scope(process_set)
     claim("allgather", name)
-    return hold("allgather", name, _gather(tensor, name, where)[0])
+    return hold("allgather", name, _gather(tensor, name, where))
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = None) -> torch.Tensor:
@@ -134,14 +196,14 @@ def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = 
     claim("allgather", name)
     if differentiable(tensor):
         return _Allgather.apply(tensor, name, process_set)
-    return _gather(tensor, name, where)[0].wait()
+    return _gather(tensor, name, where).wait()
 
 
 def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None, process_set: Any = None) -> Group:
     where = scope(process_set)
     claim("grouped_allgather", name)
     return hold("grouped_allgather", name,
-                Group([_gather(t, member(name, i), where)[0] for i, t in enumerate(tensors)]))
+                Group([_gather(t, member(name, i), where) for i, t in enumerate(tensors)]))
 
 
 class _GroupedAllgather(torch.autograd.Function):
@@ -151,8 +213,9 @@ class _GroupedAllgather(torch.autograd.Function):
     def forward(ctx, name, process_set, *tensors):    # noqa: ANN001
         ctx.where = scope(process_set)
         gathered = [_gather(t, member(name, i), ctx.where) for i, t in enumerate(tensors)]
-        ctx.sizes = [sizes for _, sizes in gathered]
-        return tuple(handle.wait() for handle, _ in gathered)
+        outs = tuple(g.wait() for g in gathered)
+        ctx.sizes = [g.sizes for g in gathered]
+        return outs
 
     @staticmethod
     def backward(ctx, *grads):    # noqa: ANN001
@@ -176,8 +239,9 @@ def allgather_object(obj: Any, name: str | None = None, process_set: Any = None)
     if kv is None:
         return [obj]
     data = torch.frombuffer(bytearray(objects.dumps(obj, kv, "allgather_object")), dtype=torch.uint8)
-    handle, sizes = _gather(data, name, where, "allgather_object")
-    raw = handle.wait().numpy().tobytes()
+    gathering = _gather(data, name, where, "allgather_object")
+    raw = gathering.wait().numpy().tobytes()
+    sizes = gathering.sizes
     starts = np.cumsum([0, *sizes])
     return [objects.loads(raw[starts[r]:starts[r + 1]], kv, "allgather_object") for r in range(len(sizes))]
 
@@ -186,7 +250,7 @@ def reduce_gathered(tensor: torch.Tensor, op: Any, name: str | None, prescale: f
                     target: torch.Tensor | None, where: Scope) -> Deferred:
     """Min, Max or Product over the workers: gather every rank's tensor, reduce here."""
     sent = tensor.detach() * prescale if prescale != 1.0 else tensor.detach()
-    handle, _ = _gather(sent.reshape(1, *sent.shape), name, where, f"allreduce.{op.name.lower()}")
+    handle = _gather(sent.reshape(1, *sent.shape), name, where, f"allreduce.{op.name.lower()}")
 
     def finish(every: torch.Tensor) -> torch.Tensor:
         if every.dtype == torch.bool:
@@ -212,8 +276,8 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: Any = Ave
         raise TypeError(f"sparse_allreduce_async of {name!r} takes a sparse COO tensor, got "
                         f"{type(tensor).__name__ if not isinstance(tensor, torch.Tensor) else tensor.layout}")
     tag = f"sparse.{name}" if name is not None else None
-    indices, _ = _gather(tensor._indices().transpose(0, 1).contiguous(), f"{tag}.indices" if tag else None, where)
-    values, _ = _gather(tensor._values(), f"{tag}.values" if tag else None, where)
+    indices = _gather(tensor._indices().transpose(0, 1).contiguous(), f"{tag}.indices" if tag else None, where)
+    values = _gather(tensor._values(), f"{tag}.values" if tag else None, where)
 
     def result() -> torch.Tensor:
         v, i = values.wait(), indices.wait()

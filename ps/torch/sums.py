@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..collective import tensor_key
+from ..errors import PSError
 from . import runtime
 from .compression import Compression
 from .process_sets import Scope, scope
@@ -153,6 +154,24 @@ class Handle:
 
     def done(self) -> bool:
         return self._value is not None or self._pending is None or self._pending.done
+
+    def when_summed(self, fn: Callable[[np.ndarray | None], None]) -> None:
+        """Call ``fn(sum)`` with the raw sum (unscaled, unchecked: a first step, such as a
+        gather's sizes, that must not wait for the caller) once the replies are in, usually
+        on the I/O thread; at once when running alone; ``fn(None)`` if the sum failed (then
+        ``wait()`` raises why). ``wait()`` still runs the checks."""
+        if self._pending is None:
+            fn(self._result)
+            return
+
+        def done(pending: Any) -> None:
+            try:
+                pending.wait()
+            except PSError:
+                fn(None)
+                return
+            fn(self._result)
+        self._pending.add_done_callback(done)
 
     def wait(self) -> torch.Tensor:
         if self._value is None:

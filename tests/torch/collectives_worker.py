@@ -56,6 +56,16 @@ def horovods_rules(out, r):
     hvd.barrier()
     if r != 0:
         hvd.synchronize(hvd.allreduce_async(torch.ones(2), name="dropped"))
+    # an allgather_async goes on by itself: rank 0 waits for it before an allreduce the
+    # others make first, and they synchronize their gathers only after that allreduce
+    gathering = hvd.allgather_async(torch.full((r + 1, 2), float(r)), name="order")
+    if r == 0:
+        got = hvd.synchronize(gathering)
+        total = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="order_sum")
+    else:
+        total = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="order_sum")
+        got = hvd.synchronize(gathering)
+    out["gather_order"] = [got[:, 0].tolist(), total.item()]
     try:
         hvd.broadcast(torch.ones(2), root_rank=r, name="roots")
         out["roots"] = None
@@ -171,6 +181,11 @@ def joins(out, r):
             got["refused"] = None
         except RuntimeError as exc:
             got["refused"] = str(exc)
+        try:                    # its sum fails too, after the root check raised: join still waits it out
+            hvd.broadcast(torch.ones(3), root_rank=1, name="while_joined")
+            got["refused_bcast"] = None
+        except RuntimeError as exc:
+            got["refused_bcast"] = str(exc)
         hvd.join()
 
 

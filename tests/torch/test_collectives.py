@@ -72,6 +72,7 @@ def test_allgather_alltoall_reducescatter_and_min_max_product_on_three_workers(p
         assert g["int_prescale"] == [9, -9]             # Horovod: 7 x 0.5 in float64, cast (3), summed
         assert "an operation of that name is still in flight" in g["twice"], g["twice"]
         assert g["first_use"] == [3.0, 3.0]
+        assert g["gather_order"] == [[0.0, 1.0, 1.0, 2.0, 2.0, 2.0], 3.0]
         assert r != 0 or "an operation of that name is still in flight" in g["dropped"], g["dropped"]
         assert "the workers disagree on root_rank" in g["roots"], g["roots"]
         assert g["bcast_obj"] == "{'epoch': 3, 0: (1, 2), 't': tensor([0, 1, 2]), 's': {'a'}}", g["bcast_obj"]
@@ -101,6 +102,7 @@ def check_joins(r, j):
     np.testing.assert_allclose(j["weight"], [-sum((N - s) / N for s in range(r + 1))] * 2, rtol=1e-6)
     if r:
         assert "worker 0" in j["refused"] and "joined (hvd.join)" in j["refused"], j["refused"]
+        assert "joined (hvd.join)" in j["refused_bcast"], j["refused_bcast"]
 
 
 def check_process_sets(r, s, every):

@@ -58,7 +58,7 @@ ALLOWED = {
     # the PyTorch adapter (Horovod's API): the public KVStore only
     "torch.compression": set(), "torch.runtime": {"__init__", "collective"}, "torch.objects": {"_security"},
     "torch.process_sets": {"collective", "torch.runtime"},
-    "torch.sums": {"collective", "torch.compression", "torch.process_sets", "torch.runtime"},
+    "torch.sums": {"collective", "errors", "torch.compression", "torch.process_sets", "torch.runtime"},
     "torch.gather": {"collective", "errors", "torch.compression", "torch.objects", "torch.process_sets",
                      "torch.runtime", "torch.sums"},
     "torch.optimizer": {"collective", "torch.compression", "torch.gather", "torch.process_sets", "torch.runtime",

@@ -1,10 +1,11 @@
 """The one thing ps's servers do for ``ps.torch``: sum a named tensor over every worker (or a
 process set's members).
 
-A name is a key (with its shape and dtype: ``collective.tensor_key``). Its first use is a
-collective ``init`` (every worker, same order, as every Horovod collective), after which
-each call is one pushpull: the servers sum the workers' tensors and send the sum back (no
-optimizer runs there). Every collective of ``ops`` and ``gather`` is made of these sums.
+A name is a key (with its shape and dtype: ``collective.tensor_key``). Its first use declares
+the key, and a check that every worker asked for the same goes beside the first push
+(ps/collective.py); each call is one pushpull: the servers sum the workers' tensors and send
+the sum back (no optimizer runs there). Every collective of ``ops`` and ``gather`` is made of
+these sums.
 """
 from __future__ import annotations
 
@@ -202,7 +203,7 @@ def sum_async(tensor: torch.Tensor, name: str | None, reduce: ReduceOp, prescale
     if kv is None:
         return Handle(None, flat, out, postscale_factor, compression, ctx, target, checks)
     # unnamed: one key per shape and dtype, reused call after call (a new key per call would
-    # cost a collective init each time and grow the servers), in the callers' common order
+    # cost a check each time and grow the servers), in the callers' common order
     where = where or scope()
     key = where.key(tensor_key(f"allreduce.{name}" if name is not None else "allreduce.noname", tuple(sent.shape),
                                flat.dtype))

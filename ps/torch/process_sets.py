@@ -8,6 +8,8 @@ collective needs to know about where it runs: which keys, how many workers, whic
 """
 from __future__ import annotations
 
+import operator
+from collections.abc import Iterable
 from typing import Any, NamedTuple, Sequence
 
 from ..collective import group_key
@@ -18,13 +20,8 @@ class ProcessSet:
     """A set of ranks: pass it to ``hvd.init(process_sets=[...])`` or ``hvd.add_process_set``,
     then as ``process_set=`` to a collective its members run."""
 
-    def __init__(self, ranks: Sequence[int] | None = None) -> None:
-        if ranks is not None and not isinstance(ranks, (list, tuple, range)):
-            raise ValueError(f"a ProcessSet is made of a list of ranks (ps.torch has no MPI communicators), "
-                             f"got {ranks!r:.80}")
-        if ranks is not None and any(not isinstance(r, int) or isinstance(r, bool) for r in ranks):
-            raise ValueError(f"a ProcessSet is made of a list of int ranks, got {list(ranks)!r:.80}")
-        self._ranks = None if ranks is None else sorted(ranks)
+    def __init__(self, ranks: Iterable[int] | None = None) -> None:
+        self._ranks = None if ranks is None else _ranks(ranks)
         self.process_set_id: int | None = 0 if ranks is None else None
 
     @property
@@ -51,6 +48,20 @@ class ProcessSet:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self._ranks})"
 
     __repr__ = __str__
+
+
+def _ranks(ranks: Any) -> list[int]:
+    """``ranks`` as Horovod takes them (any iterable of ints), sorted; ValueError otherwise."""
+    if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Iterable):
+        raise ValueError(f"a ProcessSet is made of a list of ranks (ps.torch has no MPI communicators), "
+                         f"got {ranks!r:.80}")
+    items = list(ranks)
+    try:
+        if any(isinstance(r, bool) for r in items):
+            raise TypeError("a bool is not a rank")
+        return sorted(operator.index(r) for r in items)
+    except TypeError:
+        raise ValueError(f"a ProcessSet is made of int ranks, got {items!r:.80}") from None
 
 
 global_process_set = ProcessSet()

@@ -156,6 +156,9 @@ def test_the_rest_of_horovods_api_alone():
         hvd.add_process_set([0])                    # alone, that is every worker
     with pytest.raises(ValueError, match="not a non-empty list of ranks of this job's 1 workers"):
         hvd.add_process_set([1])
+    assert hvd.ProcessSet(np.array([1, 0])).ranks == [0, 1]         # any iterable of ints, as Horovod
+    with pytest.raises(ValueError, match=r"made of int ranks, got \[0.5\]"):
+        hvd.ProcessSet([0.5])
 
 
 def test_objects_travel_signed_with_the_job_key_or_as_plain_data(tmp_path):

@@ -52,10 +52,11 @@ def _sum(names: list[str], arrays: list[np.ndarray]) -> list[np.ndarray]:
     if kv is None:
         return arrays
     keys = [tensor_key(n, a.shape, a.dtype) for n, a in zip(names, arrays)]
-    verify = _job.ensure_keys([(k, a.shape, a.dtype) for k, a in zip(keys, arrays)])
+    # checked before anything is pushed: this call waits for every worker anyway, and a
+    # mismatch then leaves no pushpull open for this worker's close to wait out
+    _job.ensure_keys([(k, a.shape, a.dtype) for k, a in zip(keys, arrays)])()
     outs = [np.empty(a.shape, a.dtype) for a in arrays]
     handles = [kv.pushpull(k, a.reshape(-1), out=o.reshape(-1), block=False) for k, a, o in zip(keys, arrays, outs)]
-    verify()
     for h in handles:
         h.wait()
     return outs

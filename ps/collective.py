@@ -24,6 +24,7 @@ from .kvstore import KVStore
 KeySpec = tuple[str, tuple[int, ...], np.dtype]     # a key's name, the caller's shape, its dtype
 CHECKED = 61                # keys checked one by one in a first-use check (the rest by the sum of all)
 GROUP_PREFIX = "set"        # a group's keys: "set<id>/<name>", apart from every other group's
+MEETING = "meeting"         # the key a group's members meet on (first uses of names, barriers)
 
 
 def group_key(gid: int, key: str) -> str:
@@ -141,7 +142,7 @@ class Job:
                         f"the workers disagree on process set {gid} (rank {kv.rank} adds ranks {list(group)}); "
                         "every worker must add the same process sets in the same order")
             if kv.rank in group:
-                kv.init(self._meeting(gid), np.zeros(2, np.float64), members=group)
+                kv.init(group_key(gid, MEETING), np.zeros(2, np.float64), members=group)
             kv.barrier()            # the meeting key is on the servers before any member uses it
         self._groups[gid] = group
         return gid
@@ -159,10 +160,6 @@ class Job:
         """A registered group's ranks, or None."""
         return self._groups.get(gid)
 
-    @staticmethod
-    def _meeting(gid: int) -> str:
-        return f"{GROUP_PREFIX}{gid}/meeting"
-
     def meet(self, gid: int, text: str, what: str) -> None:
         """Wait until every member of group ``gid`` got here, checking they all say ``text``:
         one pushpull of two numbers on the group's own key. Raises MismatchError (``what``)
@@ -171,7 +168,7 @@ class Job:
         if kv is None:
             return
         mine = np.array([1.0, fingerprint(text)], np.float64)
-        total = kv.pushpull(self._meeting(gid), mine)
+        total = kv.pushpull(group_key(gid, MEETING), mine)
         if not np.array_equal(total, mine * len(self._groups[gid])):
             raise MismatchError(what)
 
@@ -200,8 +197,6 @@ class Job:
         new = [(name, tuple(shape), np.dtype(dtype)) for name, shape, dtype in items if name not in self._keys]
         kv = self._store
         verify = _nothing
-        # keys the other workers made while this one was in join: checked without it
-        fresh = [item for item in new if kv is None or kv.server_key(item[0]) not in self._excused]
         if kv is not None and new and group:
             kv.init([name for name, _, _ in new], [np.zeros(int(np.prod(shape)), dtype) for _, shape, dtype in new],
                     members=self._groups[group])
@@ -212,6 +207,8 @@ class Job:
         elif kv is not None and new:
             for name, shape, dtype in new:
                 kv.declare(name, (int(np.prod(shape)),), dtype, joinable=joinable)
+            # keys the other workers made while this one was in join were checked without it
+            fresh = [item for item in new if kv.server_key(item[0]) not in self._excused]
             verify = self.start_check(fresh) if fresh else _nothing
         for name, shape, dtype in new:
             self._keys[name] = (shape, dtype)

@@ -17,6 +17,8 @@ from .errors import CollectiveError, PeerLostError, PSError, PSTimeoutError, Rem
 from .message import Message, Op, node_name
 
 logger = logging.getLogger(__name__)
+# a server's error kinds raised as ps's own exception classes (the rest: RemoteError)
+_LOCAL_ERRORS = {"PeerLostError": PeerLostError, "CollectiveError": CollectiveError}
 
 
 class Request:
@@ -101,7 +103,7 @@ class Customer:
             if error is not None:
                 kind, text = error
                 text = f"{req.what}: {text}"     # the server knows str keys only by their hash
-                exc_type = {"PeerLostError": PeerLostError, "CollectiveError": CollectiveError}.get(kind)
+                exc_type = _LOCAL_ERRORS.get(kind)
                 req.error = exc_type(text) if exc_type else RemoteError(text, kind, node_name(msg.sender))
                 self._finish(req)
                 continue

@@ -110,7 +110,8 @@ class _Gathering:
     In a process set the rows start here, after the sizes: a set's new key is a meeting."""
 
     def __init__(self, tensor: torch.Tensor, tag: str, what: str, where: Scope) -> None:
-        self._tensor = tensor.detach().clone()      # as it is now: the rows leave later
+        # as it is now: outside a set the rows leave later, from the I/O thread
+        self._tensor = tensor.detach() if where.group else tensor.detach().clone()
         self._tag, self._what, self._where = tag, what, where
         self._row = [tensor.shape[0], _shape_print(tensor)]
         self._rows: Deferred | None = None

@@ -82,12 +82,6 @@ class Scope(NamedTuple):
     def key(self, key: str) -> str:
         return group_key(self.group, key)
 
-    def of(self, rank: int) -> int:
-        """Where global ``rank`` is among the members (ValueError if it is not one)."""
-        if rank not in self.ranks:
-            raise ValueError(f"rank {rank!r} is not in process set {self.group} (ranks {list(self.ranks)})")
-        return self.ranks.index(rank)
-
 
 def scope(process_set: Any = None) -> Scope:
     """The Scope of ``process_set`` (None: every worker; a Scope: itself). Raises ValueError

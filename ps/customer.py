@@ -137,6 +137,18 @@ class Customer:
         req.event.set()
         _run_callbacks(req, callbacks)
 
+    def fail(self, req: Request, exc: PSError) -> None:
+        """End ``req`` here with ``exc``: its answer can never come (the workers disagreed on
+        its key, so its round never closes), and nobody, ``close()`` included, should wait for
+        it. A reply that still arrives is dropped as a late one."""
+        with self._lock:
+            if self._requests.pop(req.ts, None) is None:
+                return                        # finished already
+            callbacks, req.callbacks = req.callbacks, None
+        req.error = exc
+        req.event.set()
+        _run_callbacks(req, callbacks)
+
     def fail_all(self, exc: PSError) -> None:
         with self._lock:
             self.failure = exc
@@ -204,6 +216,14 @@ class Handle:
         countdown = _Countdown(len(self._requests), lambda: fn(self))
         for req in self._requests:
             self._customer.when_done(req, countdown.tick)
+
+    def abandon(self, exc: PSError) -> None:
+        """Stop waiting for the replies that have not come: ``wait()`` raises ``exc``. For a
+        call a check has shown can never complete; without this its requests stay open
+        until ``close()``, which would wait them out."""
+        if self._customer is not None:
+            for req in self._requests:
+                self._customer.fail(req, exc)
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until every reply arrived (``timeout`` s, default PS_REQUEST_TIMEOUT)."""

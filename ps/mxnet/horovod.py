@@ -16,6 +16,7 @@ import mxnet as mx
 import numpy as np
 
 from ..collective import Job, predivide_factor, tensor_key
+from ..errors import PSError
 
 _job = Job("ps.mxnet")
 
@@ -52,11 +53,15 @@ def _sum(names: list[str], arrays: list[np.ndarray]) -> list[np.ndarray]:
     if kv is None:
         return arrays
     keys = [tensor_key(n, a.shape, a.dtype) for n, a in zip(names, arrays)]
-    # checked before anything is pushed: this call waits for every worker anyway, and a
-    # mismatch then leaves no pushpull open for this worker's close to wait out
-    _job.ensure_keys([(k, a.shape, a.dtype) for k, a in zip(keys, arrays)])()
+    verify = _job.ensure_keys([(k, a.shape, a.dtype) for k, a in zip(keys, arrays)])
     outs = [np.empty(a.shape, a.dtype) for a in arrays]
     handles = [kv.pushpull(k, a.reshape(-1), out=o.reshape(-1), block=False) for k, a, o in zip(keys, arrays, outs)]
+    try:
+        verify()
+    except PSError as exc:
+        for h in handles:               # their rounds may never close: stop waiting for them
+            h.abandon(exc)
+        raise
     for h in handles:
         h.wait()
     return outs

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..collective import tensor_key
-from ..errors import MismatchError
+from ..errors import MismatchError, PSError
 from . import objects, runtime
 from .compression import Compression
 from .gather import reduce_gathered
@@ -242,8 +242,13 @@ def broadcast_parameters(params: Any, root_rank: int = 0, process_set: Any = Non
         result = np.empty_like(flat)
         pending.append((t, result, kv.pushpull(key, send, out=result, block=False)))
     checks = _same_root(root_rank, "parameters", "broadcast_parameters", where)
-    for check in (verify, *checks):
-        check()
+    try:
+        for check in (verify, *checks):
+            check()
+    except PSError as exc:
+        for _, _, handle in pending:        # their rounds may never close: stop waiting for them
+            handle.abandon(exc)
+        raise
     for t, result, handle in pending:
         handle.wait()
     for t, result, _ in pending:

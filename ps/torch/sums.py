@@ -176,8 +176,13 @@ class Handle:
 
     def wait(self) -> torch.Tensor:
         if self._value is None:
-            for check in self._checks:
-                check()
+            try:
+                for check in self._checks:
+                    check()
+            except PSError as exc:
+                if self._pending is not None:       # its round may never close: stop waiting for it
+                    self._pending.abandon(exc)
+                raise
             if self._pending is not None:
                 self._pending.wait()
             # scaled in the wire's dtype (a bfloat16 sum arrives as float32), then cast

@@ -272,6 +272,18 @@ def main():
         out["mismatch"] = None
     except ValueError as exc:
         out["mismatch"] = str(exc)
+    # shapes that differ leave data rounds that never close: raised on every rank, and
+    # dropped here, so that shutdown() has nothing left to wait for
+    out["mismatch_sum"] = out["mismatch_bcast"] = None
+    try:
+        hvd.allreduce(torch.zeros(3 if r == 1 else 2), name="badsum")
+    except ValueError as exc:
+        out["mismatch_sum"] = str(exc)
+    try:
+        hvd.broadcast_parameters([("p", torch.zeros(2, 2 if r == 2 else 1))], root_rank=0)
+    except ValueError as exc:
+        out["mismatch_bcast"] = str(exc)
+    out["after_mismatch"] = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after").tolist()
     print("RESULT " + json.dumps(out), flush=True)
     hvd.shutdown()
 

@@ -6,7 +6,7 @@ import pytest
 
 from ps._timing import Deadline
 from ps.customer import Customer, Handle
-from ps.errors import PeerLostError, PSTimeoutError, RemoteError
+from ps.errors import MismatchError, PeerLostError, PSTimeoutError, RemoteError
 from ps.message import Command, Entry, Message, Op, dtype_code
 
 S0, S1 = 8, 10
@@ -141,3 +141,23 @@ def test_a_servers_chunks_in_any_order_fill_the_output_and_finish_the_request():
     req.wait(Deadline(1), no_failure)
     np.testing.assert_array_equal(out, [1, 1, 1, 2, 2, 2])
     assert req.pending == set()
+
+
+def test_an_abandoned_call_ends_with_the_error_and_ignores_a_late_reply():
+    """A call whose check failed is dropped here: its waiter and callbacks get the error, the
+    store's close has nothing left to wait for, and a reply that still comes changes nothing."""
+    c = Customer()
+    done = c.new_request(1, None, {S0: 0}, "push 0")
+    out = np.zeros(2, np.float32)
+    open_ = c.new_request(2, out, {S1: 0}, "pushpull 1")
+    c.on_reply(reply(S0, Entry(done.ts, Op.PUSH, 3, 0, 0, 6, F32)))
+    handle = Handle([done, open_], lambda: "result", 5.0, no_failure, c)
+    seen = []
+    handle.add_done_callback(lambda h: seen.append(h))
+    handle.abandon(MismatchError("tensor 'w' differs"))
+    assert c.pending() == [] and done.error is None          # the finished request keeps its result
+    with pytest.raises(MismatchError, match="tensor 'w' differs"):
+        handle.wait(0.1)
+    assert seen == [handle]
+    c.on_reply(reply(S1, Entry(open_.ts, Op.PUSH | Op.PULL, 4, 0, 2, 2, F32), frames=[np.full(2, 7, np.float32)]))
+    assert out.tolist() == [0, 0] and c.pending() == []

@@ -52,7 +52,7 @@ ALLOWED = {
     "mxnet.arrays": set(), "mxnet.engine": set(),
     "mxnet.kvstore": {"_security", "_timing", "errors", "kvstore", "mxnet.arrays", "mxnet.engine",
                       "optim.from_mxnet", "optim.pickled"},
-    "mxnet.horovod": {"collective"},
+    "mxnet.horovod": {"collective", "errors"},
     "mxnet": {"__main__", "config", "mxnet.horovod", "mxnet.kvstore"},
     "mxnet.autoload.sitecustomize": {"config", "mxnet"},   # python startup hook: imports ps.mxnet lazily
     # the PyTorch adapter (Horovod's API): the public KVStore only

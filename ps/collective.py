@@ -164,21 +164,21 @@ class Job:
         """Wait until every member of group ``gid`` got here, checking they all say ``text``:
         one pushpull of two numbers on the group's own key. Raises MismatchError (``what``)
         on every member alike if they do not."""
-        kv = self._store
-        if kv is None:
-            return
-        mine = np.array([1.0, fingerprint(text)], np.float64)
-        total = kv.pushpull(group_key(gid, MEETING), mine)
-        if not np.array_equal(total, mine * len(self._groups[gid])):
-            raise MismatchError(what)
+        if self._store is not None:
+            self._all_say(group_key(gid, MEETING), text, len(self._groups[gid]), what)
 
     def _agree(self, text: str, what: str) -> None:
         """Every worker says ``text``, or MismatchError(``what``) on every worker. A collective."""
-        kv = self._store
         probe = f"{self.api}.agree.{next(self._probes)}"
-        kv.declare(probe, (1,), np.float64)
-        mine = np.array([fingerprint(text)], np.float64)
-        if not np.array_equal(kv.pushpull(probe, mine), mine * kv.num_workers):
+        self._store.declare(probe, (2,), np.float64)
+        self._all_say(probe, text, self._store.num_workers, what)
+
+    def _all_say(self, key: str, text: str, count: int, what: str) -> None:
+        """One pushpull of (1, fingerprint of ``text``) on ``key``: the sum is ``count`` x ours
+        iff ``count`` workers came and all said ``text``; else MismatchError(``what``), on
+        every one of them alike."""
+        mine = np.array([1.0, fingerprint(text)], np.float64)
+        if not np.array_equal(self._store.pushpull(key, mine), mine * count):
             raise MismatchError(what)
 
     def ensure_keys(self, items: list[KeySpec], group: int = 0, joinable: bool = False) -> Callable[[], None]:

@@ -159,10 +159,16 @@ def _gather(tensor: torch.Tensor, name: str | None, where: Scope, kind: str = "a
     what = _what(kind, name)
     _need_dims(tensor, what)
     if runtime.store() is None:
-        alone = Deferred(None, lambda _: tensor.detach().clone())
-        alone.sizes = [tensor.shape[0]]
-        return alone
+        return _Alone(tensor)
     return _Gathering(tensor, _tag(kind, name), what, where)
+
+
+class _Alone(Deferred):
+    """A gathering of one: the tensor itself (a copy), its first dimension the only size."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        super().__init__(None, lambda _: tensor.detach().clone())
+        self.sizes = [tensor.shape[0]]
 
 
 def _own_rows(sizes: list[int], where: Scope) -> tuple[int, int]:

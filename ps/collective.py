@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -25,6 +25,47 @@ KeySpec = tuple[str, tuple[int, ...], np.dtype]     # a key's name, the caller's
 CHECKED = 61                # keys checked one by one in a first-use check (the rest by the sum of all)
 GROUP_PREFIX = "set"        # a group's keys: "set<id>/<name>", apart from every other group's
 MEETING = "meeting"         # the key a group's members meet on (first uses of names, barriers)
+
+
+class ReduceOp(NamedTuple):
+    """Horovod's ``hvd.Sum``, ``hvd.Average``, ...: the servers add; Min, Max and Product are
+    reduced on each worker from an allgather (GATHERED)."""
+    name: str
+
+
+Average = ReduceOp("Average")
+Sum = ReduceOp("Sum")
+Adasum = ReduceOp("Adasum")
+Min = ReduceOp("Min")
+Max = ReduceOp("Max")
+Product = ReduceOp("Product")
+REDUCE_OPS = {op.name.lower(): op for op in (Average, Sum, Min, Max, Product)}
+GATHERED = (Min, Max, Product)
+
+
+def reduce_op(op: Any, average: bool | None, refused: Callable[[str], Exception], api: str) -> ReduceOp:
+    """Horovod's ``op=`` (``hvd.Sum``, ..., or its name), else ``average`` (the default: Average);
+    ``refused(message)`` is the error for one ps does not have."""
+    if op is None:
+        return Sum if average is False else Average
+    name = op.name if isinstance(op, ReduceOp) else op
+    found = REDUCE_OPS.get(name.lower()) if isinstance(name, str) else None
+    if found is None:
+        raise refused(f"op {name if isinstance(name, str) else op!r} is not supported: {api} reduces with Average, "
+                      "Sum, Min, Max or Product (no Adasum: the servers sum)")
+    return found
+
+
+def absent() -> bool:
+    """What a Horovod script asks to choose a code path (``hvd.mpi_built()``, ``gloo_enabled``,
+    ``cuda_built``, ...): ps moves CPU tensors over its own transport, with none of Horovod's
+    MPI, Gloo, NCCL, DDL or oneCCL."""
+    return False
+
+
+def nccl_built() -> int:
+    """Horovod returns the NCCL version it was built with, 0 without."""
+    return 0
 
 
 def group_key(gid: int, key: str) -> str:

@@ -15,56 +15,54 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from ..collective import Job, predivide_factor, tensor_key
-from ..errors import PSError
+from ..collective import absent, predivide_factor
+from .collectives import broadcast_values, job, sums
 
-_job = Job("ps.mxnet")
+# What this build has (hvd.mpi_built(), ...): ps has none of Horovod's MPI, Gloo, NCCL, ...
+mpi_threads_supported = mpi_enabled = mpi_built = gloo_enabled = gloo_built = absent
+ddl_built = ccl_built = cuda_built = rocm_built = absent
 
 
 def init() -> None:
     """Join the job named by the ``DMLC_*`` variables; alone (size 1) without them."""
-    _job.init("dist_sync")
+    job.init("dist_sync")
+
+
+def shutdown() -> None:
+    """Leave the job (its store closes); ``init()`` may join again."""
+    job.shutdown()
+
+
+def is_initialized() -> bool:
+    return job.is_initialized()
 
 
 def _kv() -> Any:
-    return _job.store()
+    return job.store()
 
 
 def rank() -> int:
-    return _job.rank()
+    return job.rank()
 
 
 def size() -> int:
-    return _job.size()
+    return job.size()
 
 
 def local_rank() -> int:
-    return _job.local_rank()
+    return job.local_rank()
 
 
 def local_size() -> int:
-    return _job.local_size()
+    return job.local_size()
 
 
-def _sum(names: list[str], arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """The element-wise sum of each array over every worker (collective, same names everywhere);
-    a name may come back with another shape (two trainers' parameter 0): ``tensor_key``."""
-    kv = _kv()
-    if kv is None:
-        return arrays
-    keys = [tensor_key(n, a.shape, a.dtype) for n, a in zip(names, arrays)]
-    verify = _job.ensure_keys([(k, a.shape, a.dtype) for k, a in zip(keys, arrays)])
-    outs = [np.empty(a.shape, a.dtype) for a in arrays]
-    handles = [kv.pushpull(k, a.reshape(-1), out=o.reshape(-1), block=False) for k, a, o in zip(keys, arrays, outs)]
-    try:
-        verify()
-    except PSError as exc:
-        for h in handles:               # their rounds may never close: stop waiting for them
-            h.abandon(exc)
-        raise
-    for h in handles:
-        h.wait()
-    return outs
+def cross_rank() -> int:
+    return job.cross_rank()
+
+
+def cross_size() -> int:
+    return job.cross_size()
 
 
 class NoneCompressor:
@@ -72,12 +70,32 @@ class NoneCompressor:
 
     wire_dtype: Any = None
 
+    @staticmethod
+    def compress(tensor: Any) -> tuple[Any, Any]:
+        """Horovod's Compressor interface: the tensor to send, and what ``decompress`` needs."""
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: Any, ctx: Any) -> Any:
+        return tensor
+
 
 class FP16Compressor:
     """Send floating-point gradients as float16: half the bytes each way. The servers sum
     in float16, as Horovod's allreduce of the compressed tensor does."""
 
     wire_dtype: Any = np.float16
+
+    @staticmethod
+    def compress(tensor: Any) -> tuple[Any, Any]:
+        """A floating-point NDArray as float16 (and its dtype, to go back to); others as they are."""
+        if np.dtype(tensor.dtype).kind == "f":
+            return tensor.astype(np.float16, copy=False), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: Any, ctx: Any) -> Any:
+        return tensor.astype(ctx, copy=False) if ctx is not None else tensor
 
 
 class Compression:
@@ -97,7 +115,7 @@ def _average(names: list[str], grads: list[np.ndarray], compression: Any = NoneC
     for g in grads:
         wire = compression.wire_dtype if compression.wire_dtype is not None and g.dtype.kind == "f" else g.dtype
         sends.append((g / predivide if predivide != 1.0 else g).astype(wire, copy=False))
-    return [(total * (predivide / n)).astype(g.dtype, copy=False) for g, total in zip(grads, _sum(names, sends))]
+    return [(total * (predivide / n)).astype(g.dtype, copy=False) for g, total in zip(grads, sums(names, sends))]
 
 
 def _checked(compression: Any, predivide: Any) -> tuple[Any, float]:
@@ -107,29 +125,20 @@ def _checked(compression: Any, predivide: Any) -> tuple[Any, float]:
     return compression, predivide_factor(predivide)
 
 
-def allreduce(tensor: mx.nd.NDArray, average: bool = True, name: str | None = None) -> mx.nd.NDArray:
-    """The mean (``average=False``: sum) of ``tensor`` over every worker, as a new NDArray.
-    ``name`` is required in a job (it is the key every worker must use)."""
-    if name is None and _kv() is not None:
-        raise ValueError("ps.mxnet.allreduce needs a name= (the key every worker uses for this tensor)")
-    (total,) = _sum([f"hvd.allreduce.{name}"], [tensor.asnumpy()])
-    if average:
-        total = total / size()
-    return mx.nd.array(total, ctx=tensor.context, dtype=tensor.dtype)
-
-
-def broadcast_parameters(params: Any, root_rank: int = 0) -> None:
+def broadcast_parameters(params: Any, root_rank: int = 0, prefix: str | None = None) -> None:
     """Overwrite ``params`` (a Gluon ``ParameterDict``, or a dict of NDArrays such as
     ``Module.get_params()[0]``) with rank ``root_rank``'s values, in place. A Gluon parameter
     not initialized yet (deferred: its input size comes with the first forward pass) is
     broadcast right after it is initialized, as Horovod does; every worker initializes it at
-    the same point of the same script, so the broadcast meets on every worker."""
+    the same point of the same script, so the broadcast meets on every worker. ``prefix``
+    keeps the names of two calls apart, as in Horovod."""
     if _kv() is None:
         return
     if not isinstance(root_rank, int) or not 0 <= root_rank < size():
         raise ValueError(f"root_rank {root_rank!r} is out of range for a job of {size()} workers")
     items, values = [], []
     for name, p in sorted(params.items()):
+        name = f"{prefix or ''}{name}"
         if isinstance(p, mx.gluon.Parameter):
             try:
                 values.append(p.data().asnumpy())
@@ -139,16 +148,12 @@ def broadcast_parameters(params: Any, root_rank: int = 0) -> None:
         else:
             values.append(p.asnumpy())
         items.append((name, p))
-    for (name, p), got in zip(items, _broadcast_values([n for n, _ in items], values, root_rank)):
+    got = broadcast_values([f"hvd.broadcast.{n}" for n, _ in items], values, root_rank, "broadcast_parameters")
+    for (_, p), value in zip(items, got):
         if isinstance(p, mx.gluon.Parameter):
-            p.set_data(mx.nd.array(got, dtype=got.dtype))
+            p.set_data(mx.nd.array(value, dtype=value.dtype))
         else:
-            p[:] = got
-
-
-def _broadcast_values(names: list[str], values: list[np.ndarray], root_rank: int) -> list[np.ndarray]:
-    sends = [v if rank() == root_rank else np.zeros_like(v) for v in values]
-    return _sum([f"hvd.broadcast.{n}" for n in names], sends)
+            p[:] = value
 
 
 def _broadcast_once_initialized(param: Any, name: str, root_rank: int) -> None:
@@ -158,7 +163,8 @@ def _broadcast_once_initialized(param: Any, name: str, root_rank: int) -> None:
 
     def init_then_broadcast(self: Any, *args: Any, **kwargs: Any) -> None:
         init_impl(*args, **kwargs)
-        (got,) = _broadcast_values([name], [self.list_data()[0].asnumpy()], root_rank)
+        (got,) = broadcast_values([f"hvd.broadcast.{name}"], [self.list_data()[0].asnumpy()], root_rank,
+                                  f"broadcast of parameter {name!r}")
         with mx.autograd.pause():           # the first forward pass may be recording
             for arr in self.list_data():
                 arr[:] = got

@@ -5,6 +5,7 @@ Gradients are summed by the servers (sync rounds, no optimizer there) and averag
 job of N workers makes the updates one process makes on the N batches together; the local
 ``torch.optim`` optimizer steps as under Horovod. docs/torch.md has the call-by-call table.
 """
+from ..collective import nccl_built
 from ..errors import CollectiveError as HorovodInternalError
 from .compression import Compression, Compressor
 from .gather import (allgather, allgather_async, allgather_object, alltoall, alltoall_async, grouped_allgather,
@@ -21,7 +22,7 @@ from .server_optimizer import ServerOptimizer
 from .sync_batch_norm import SyncBatchNorm
 from .runtime import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
                       is_homogeneous, is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
-                      mpi_threads_supported, nccl_built, rank, rocm_built, size)
+                      mpi_threads_supported, rank, rocm_built, size)
 
 __all__ = ["Adasum", "Average", "Compression", "Compressor", "DistributedOptimizer", "HorovodInternalError", "Max",
            "Min", "ProcessSet", "Product",

@@ -21,12 +21,12 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..collective import fingerprint
+from ..collective import Average, Max, Min, Product, Sum, fingerprint
 from ..errors import CollectiveError, MismatchError
-from . import objects, runtime
+from .. import objects
+from . import runtime
 from .compression import Compression
-from .sums import (Average, Group, Max, Min, Product, Sum, UnsupportedError, claim, differentiable, hold, member,
-                   reduce_op, sum_async)
+from .sums import Group, UnsupportedError, claim, differentiable, hold, member, reduce_op, sum_async
 from .process_sets import Scope, scope
 
 
@@ -243,7 +243,7 @@ def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None, proc
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list:
     """Every worker's (of ``process_set``) ``obj``, in rank order: any object in a job with
-    a signing key, plain data without one (ps/torch/objects.py)."""
+    a signing key, plain data without one (ps/objects.py)."""
     where = scope(process_set)
     kv = runtime.store()
     if kv is None:

@@ -13,15 +13,16 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..collective import tensor_key
+from ..collective import GATHERED, Adasum, Average, Max, Min, Product, ReduceOp, Sum, tensor_key
 from ..errors import MismatchError, PSError
-from . import objects, runtime
+from .. import objects
+from . import runtime
 from .compression import Compression
 from .gather import reduce_gathered
 from .optimizer import local_step
 from .process_sets import Scope, scope
-from .sums import (GATHERED, Adasum, Average, Group, Handle, Max, Min, Product, ReduceOp, Sum, as_array, claim,
-                   differentiable, ensure_keys, hold, member, reduce_op, sum_async)
+from .sums import (Group, Handle, as_array, claim, differentiable, ensure_keys, hold, member, reduce_op,
+                   sum_async)
 
 # unnamed broadcast_object calls, in the common order of the workers of each process set
 _objects: dict[int, itertools.count] = {}
@@ -258,7 +259,7 @@ def broadcast_parameters(params: Any, root_rank: int = 0, process_set: Any = Non
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> Any:
     """Rank ``root_rank``'s ``obj`` on every worker: any object in a job with a signing key,
-    plain data without one (ps/torch/objects.py)."""
+    plain data without one (ps/objects.py)."""
     where = scope(process_set)
     kv = runtime.store()
     if kv is None:

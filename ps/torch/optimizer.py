@@ -15,12 +15,12 @@ from typing import Any, Iterator, NamedTuple
 import numpy as np
 import torch
 
-from ..collective import predivide_factor, tensor_key
+from ..collective import Average, Sum, predivide_factor, tensor_key
 from . import runtime
 from .compression import Compression
 from .gather import sparse_allreduce_async
 from .process_sets import Scope, outside, scope
-from .sums import Average, Sum, as_array, ensure_keys, reduce_op, scaled
+from .sums import as_array, ensure_keys, reduce_op, scaled
 
 
 class _Sent(NamedTuple):

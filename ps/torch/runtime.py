@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import KVStore
-from ..collective import Job
+from ..collective import Job, absent
 
 job = Job("ps.torch")
 server_optimizer = False     # set by ServerOptimizer: the servers now update every key they hold
@@ -75,19 +75,9 @@ def join(device: int = -1) -> int:
     return job.join()
 
 
-def _absent() -> bool:
-    return False
-
-
-# What this build has, asked by scripts written for Horovod to choose a code path: ps moves
-# CPU tensors over its own transport, with none of Horovod's MPI, Gloo, NCCL, DDL or oneCCL.
-mpi_threads_supported = mpi_enabled = mpi_built = gloo_enabled = gloo_built = _absent
-ddl_built = ccl_built = cuda_built = rocm_built = _absent
-
-
-def nccl_built() -> int:
-    """Horovod returns the NCCL version it was built with, 0 without."""
-    return 0
+# What this build has, asked by scripts written for Horovod to choose a code path
+mpi_threads_supported = mpi_enabled = mpi_built = gloo_enabled = gloo_built = absent
+ddl_built = ccl_built = cuda_built = rocm_built = absent
 
 
 def shutdown() -> None:

@@ -9,30 +9,19 @@ these sums.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from ..collective import tensor_key
+from .. import collective
+from ..collective import Average, ReduceOp, tensor_key
 from ..errors import PSError
 from . import runtime
 from .compression import Compression
 from .process_sets import Scope, scope
 
 
-class ReduceOp(NamedTuple):
-    name: str
-
-
-Average = ReduceOp("Average")
-Sum = ReduceOp("Sum")
-Adasum = ReduceOp("Adasum")
-Min = ReduceOp("Min")
-Max = ReduceOp("Max")
-Product = ReduceOp("Product")
-_OPS = {op.name.lower(): op for op in (Average, Sum, Min, Max, Product)}
-GATHERED = (Min, Max, Product)        # reduced on the workers, from an allgather
 _WIRE_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int16, torch.int32, torch.int64, torch.uint8,
                 torch.int8}
 
@@ -42,14 +31,7 @@ class UnsupportedError(NotImplementedError, ValueError):
 
 
 def reduce_op(op: Any, average: bool | None = None) -> ReduceOp:
-    if op is None:
-        return Sum if average is False else Average
-    name = op.name if isinstance(op, ReduceOp) else op
-    found = _OPS.get(name.lower()) if isinstance(name, str) else None
-    if found is None:
-        raise UnsupportedError(f"op {name if isinstance(name, str) else op!r} is not supported: ps.torch reduces "
-                               "with Average, Sum, Min, Max or Product (no Adasum: the servers sum)")
-    return found
+    return collective.reduce_op(op, average, UnsupportedError, "ps.torch")
 
 
 def as_array(tensor: torch.Tensor, what: str) -> np.ndarray:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..collective import Sum
 from . import runtime
 from .ops import allreduce
-from .sums import Sum
 
 
 class SyncBatchNorm(_BatchNorm):

@@ -92,3 +92,78 @@ def test_workers_that_disagree_on_a_tensor_get_its_name_not_a_hang(procs):
         assert f"ERR {rank} tensor 'allreduce.a' (hvd) differs across workers" in out, out + err
     # the pushpulls of 'a' can never complete: dropped, so the exit does not wait them out
     assert "closing with requests still outstanding" not in err, err
+
+
+@pytest.mark.timeout(200)
+def test_horovods_mxnet_collectives_on_three_workers(procs):
+    """allreduce (ops, scale factors, in place, grouped, unnamed), broadcast, allgather,
+    reducescatter, alltoall and objects, checked against numpy; shapes that differ are named on
+    every worker and leave nothing for the exit to wait for."""
+    script = str(ROOT / "tests" / "mxnet" / "hvd_collectives.py")
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "3", "-s", "2", "--launcher", "local", PYTHON, script],
+                           cluster_env(0))
+    code, out, err = procs.finish(launcher, timeout=150)
+    assert code == 0, out + err
+    got = sorted(results(out), key=lambda g: g["rank"])
+    assert [g["rank"] for g in got] == [0, 1, 2], out + err
+    assert "closing with requests still outstanding" not in err, err
+    vs = np.array([[r, -r, 2.0 + r] for r in range(3)])
+    for r, g in enumerate(got):
+        assert g["size"] == 3 and g["init"] and g["cross"] == [0, 1]
+        np.testing.assert_allclose(g["avg"], vs.mean(axis=0), rtol=1e-6)
+        assert g["sum"] == g["op_sum"] == vs.sum(axis=0).tolist()
+        assert g["min"] == vs.min(axis=0).tolist() and g["max"] == vs.max(axis=0).tolist()
+        assert g["prod"] == vs.prod(axis=0).tolist()
+        assert g["int_prescale"] == [9, -9]                 # Horovod: 7 x 0.5 in float64, cast (3), summed
+        assert g["half"] == ["float16", [0.75]]
+        assert g["inplace"] == [True, [6.0, 6.0]]
+        assert g["grouped"] == [[6.0] * 2, [60.0] * 3] and g["grouped_"] == [[2.0] * 2, [20.0] * 3]
+        assert g["bcast"] == [[1.0, 1.0]] * 2 and g["bcast_kept"] == [[float(r)] * 2] * 2
+        assert g["bcast_"] == [[2.0, 2.0]] * 2
+        assert "the workers disagree on root_rank" in g["roots"], g["roots"]
+        want = np.concatenate([np.arange((k + 1) * 2).reshape(-1, 2) + 100 * k for k in range(3)])
+        assert g["ag"] == want.tolist()
+        want = np.concatenate([np.arange((3 - k) * 2).reshape(-1, 2) + 100 * k for k in range(3)])
+        assert g["ag_again"] == want.tolist() and g["ag_dtype"] == "int64"
+        assert g["gag"] == [np.concatenate([np.arange(2) + 100 * k for k in range(3)]).reshape(3, 2).tolist(),
+                            [[1.0] * 3] * 6]
+        x = np.arange(14.0).reshape(7, 2) * 6                         # summed: (1 + 2 + 3) x
+        mine = {0: slice(0, 3), 1: slice(3, 5), 2: slice(5, 7)}[r]    # Horovod's split: the first ranks one more
+        assert g["rs"] == x[mine].tolist() and g["rs_avg"] == (x[mine] / 3).tolist()
+        assert g["grs"] == [(x[mine] / 2).tolist(), (x[:3][{0: slice(0, 1), 1: slice(1, 2), 2: slice(2, 3)}[r]] / 2)
+                            .tolist()]
+        # rank k sends (k + j) % 3 rows to rank j, from its rows 100k + ...
+        expect = []
+        for k in range(3):
+            sent = np.arange(sum((k + j) % 3 for j in range(3)) * 2).reshape(-1, 2) + 100 * k
+            start = sum((k + j) % 3 for j in range(r))
+            expect.append(sent[start:start + (k + r) % 3])
+        assert g["a2a"] == np.concatenate(expect).tolist() and g["a2a_recv"] == [(k + r) % 3 for k in range(3)]
+        expect = [(np.arange(12).reshape(6, 2) + 100 * k)[2 * r:2 * r + 2] for k in range(3)]
+        assert g["a2a_even"] == np.concatenate(expect).tolist()
+        assert "the first dimension (4) does not split evenly over 3 workers" in g["a2a_refused"][0]
+        assert "splits must be integers (int32), got float32" in g["a2a_refused"][1], g["a2a_refused"]
+        assert g["obj"] == {"epoch": 3, "from": 1, "t": [1, 2]} or g["obj"] == {"epoch": 3, "from": 1, "t": (1, 2)}
+        assert g["objs"] == [{"rank": k, "s": "x" * k, "a": [float(k)] * (k + 1)} for k in range(3)]
+        assert "allgather of 'bad': the workers' tensors differ past the first dimension" in g["ag_bad"], g["ag_bad"]
+        assert "tensor 'allreduce.badsum' (hvd) differs across workers" in g["sum_bad"], g["sum_bad"]
+        assert g["after"] == [3.0, 3.0]
+        assert len(g["refused"]) == 2 and all("no Adasum" in e for e in g["refused"]), g["refused"]
+    for r in range(3):
+        assert f"SHUTDOWN {r} False" in out, out
+
+
+def test_an_ndarray_travels_as_plain_data_in_an_object():
+    """Without a job key (a bare mpirun), broadcast_object / allgather_object send msgpack:
+    an NDArray in the object comes back as an NDArray of its dtype, nothing unpickled."""
+    import types
+
+    import mxnet as mx
+
+    from ps import objects
+
+    job = types.SimpleNamespace(config=types.SimpleNamespace(secret_file=None, job_key_file=None))
+    sent = {"w": mx.nd.array([[1, 2]], dtype="int32"), "step": 3}
+    back = objects.loads(objects.dumps(sent, job, "x"), job, "x")
+    assert isinstance(back["w"], mx.nd.NDArray) and back["w"].dtype == np.int32
+    assert back["w"].asnumpy().tolist() == [[1, 2]] and back["step"] == 3

@@ -6,8 +6,10 @@ reach a server could put their own there, so ps unpickles only what the sending 
 signed with the job's key (``PS_JOB_KEY_FILE``, which ``python -m ps.launch`` writes, or
 ``PS_SECRET_FILE``) and checks that signature first, as it does for a pickled MXNet
 optimizer (docs/security.md). Without a key (a bare ``mpirun``), objects travel as msgpack:
-dicts (any scalar keys), lists, tuples, sets, str, bytes, numbers, None, numpy arrays and
-torch tensors come back as they were sent; anything else is refused by name.
+dicts (any scalar keys), lists, tuples, sets, str, bytes, numbers, None, numpy arrays, torch
+tensors and MXNet NDArrays come back as they were sent; anything else is refused by name.
+Shared by ``ps.torch`` and ``ps.mxnet``'s Horovod calls; neither framework is imported here
+unless a tensor of it travels.
 """
 from __future__ import annotations
 
@@ -15,16 +17,16 @@ import collections
 import hashlib
 import hmac
 import pickle
+import sys
 from typing import Any
 
 import msgpack
 import numpy as np
-import torch
 
-from .. import _security
+from . import _security
 
 _SIGNED, _PLAIN = b"P", b"M"
-_TUPLE, _SET, _FROZENSET, _ARRAY, _TENSOR, _ORDERED, _BIGINT, _COMPLEX = range(1, 9)
+_TUPLE, _SET, _FROZENSET, _ARRAY, _TENSOR, _ORDERED, _BIGINT, _COMPLEX, _NDARRAY = range(1, 10)
 _NUMERIC = set("biufc")                  # numpy kinds that carry no Python objects
 
 
@@ -47,7 +49,7 @@ def dumps(obj: Any, kv: Any, what: str) -> bytes:
         return _PLAIN + _pack(obj)
     except TypeError as exc:
         raise TypeError(f"{what}: {exc}. Without a job key ps sends only plain data (dict, list, tuple, set, "
-                        "str, bytes, numbers, None, numpy arrays, torch tensors), as it unpickles nothing "
+                        "str, bytes, numbers, None, numpy arrays, torch tensors, MXNet NDArrays), as it unpickles nothing "
                         f"unsigned; for any object, {_security.NO_KEY}") from None
 
 
@@ -112,12 +114,15 @@ def _encode(obj: Any) -> Any:
         return dict(obj)
     if isinstance(obj, list):
         return list(obj)
-    if isinstance(obj, torch.Tensor):
+    torch, mx = sys.modules.get("torch"), sys.modules.get("mxnet")     # only if the script uses them
+    if torch is not None and isinstance(obj, torch.Tensor):
         t = obj.detach().cpu()
         dtype = str(t.dtype).replace("torch.", "")
         if t.dtype == torch.bfloat16:
             t = t.to(torch.float32)
         return msgpack.ExtType(_TENSOR, _pack([dtype, *_array(t.contiguous().numpy())]))
+    if mx is not None and isinstance(obj, mx.nd.NDArray):
+        return msgpack.ExtType(_NDARRAY, _pack(_array(obj.asnumpy())))
     if isinstance(obj, np.ndarray):
         return msgpack.ExtType(_ARRAY, _pack(_array(obj)))
     if isinstance(obj, np.generic):
@@ -143,10 +148,23 @@ def _decode(code: int, data: bytes) -> Any:
     if code == _ARRAY:
         a = _from_bytes(*value)
         return a[()] if not a.shape else a
+    if code == _NDARRAY:
+        a = _from_bytes(*value)
+        return _framework("mxnet").nd.array(a, dtype=a.dtype)
     if code == _TENSOR:
         name, *array = value
+        torch = _framework("torch")
         dtype = getattr(torch, str(name), None)
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"not a torch dtype: {name!r}")
         return torch.from_numpy(_from_bytes(*array)).to(dtype)
     raise ValueError(f"unknown msgpack extension {code}")
+
+
+def _framework(name: str) -> Any:
+    """The framework a received tensor belongs to (the sender's script uses it, so this one
+    does too), or a clear error."""
+    try:
+        return __import__(name)
+    except ImportError:
+        raise ValueError(f"an object with a {name} tensor arrived, but {name} is not installed here") from None

@@ -18,7 +18,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from . import selfstart
-from .errors import MismatchError
+from .errors import CollectiveError, MismatchError
 from .kvstore import KVStore
 
 KeySpec = tuple[str, tuple[int, ...], np.dtype]     # a key's name, the caller's shape, its dtype
@@ -111,7 +111,18 @@ class Job:
         if "DMLC_PS_ROOT_URI" not in os.environ:
             self._alone = True
             return
-        self._store = KVStore(kvstore)
+        kv = KVStore(kvstore)
+        if kv.restarted:
+            # the servers answer a restarted worker's pushes of rounds already closed with the
+            # latest sums, which is right for MXNet's kvstore (the weights live on the servers)
+            # but would train this worker on from other weights than the rest: refuse
+            kv.close()
+            raise CollectiveError(
+                f"{self.api}: this worker (rank {kv.rank}) was restarted (--max-restarts), but a Horovod-style job "
+                "keeps its model and optimizer state on the workers, so a restarted worker cannot rejoin "
+                "the step the others are in: the job must start again (a dead server is recovered; a dead "
+                "worker is not)")
+        self._store = kv
 
     def is_initialized(self) -> bool:
         return self._store is not None or self._alone

@@ -129,3 +129,35 @@ def test_server_optimizer_async_two_workers_learn(procs):
     for r in server_job(procs, 2, "adam", "async", "--steps", "60"):
         before, after = r["held_out"]            # on a fixed batch: per-step losses are too noisy
         assert after < 0.25 * before, r["held_out"]     # measured 0.14-0.16 from 4.85
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("victim", ["server", "worker"])
+def test_a_killed_server_is_recovered_and_a_killed_worker_ends_the_job_with_the_reason(procs, tmp_path, victim):
+    """--max-restarts under Horovod's API: a server only sums, so its restart recovers the
+    sums and the job ends with the weights of an unfaulted run; a worker holds the model, so its
+    restart cannot rejoin the step the others are in: it says so and the job stops, instead of
+    training on from other weights than the rest (before: exit 0, each worker's weights its own)."""
+    script = str(ROOT / "tests" / "torch" / "restart_worker.py")
+
+    def done(out):
+        return sorted(json.loads(ln.split("DONE ", 1)[1]) for ln in out.splitlines() if "DONE " in ln)
+    env = cluster_env(0, PS_MXNET_AUTOLOAD="0", PS_STALL_WARNING="0")
+    ref = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local", PYTHON, script,
+                       str(tmp_path / "unused"), "none"], env)
+    code, out, err = procs.finish(ref, timeout=150)
+    assert code == 0, out + err
+    (_, want), (_, also) = done(out)
+    assert want == also
+    hurt = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--max-restarts", "2", "--launcher", "local",
+                        PYTHON, script, str(tmp_path / "killed"), victim], env)
+    code, out, err = procs.finish(hurt, timeout=150)
+    assert (tmp_path / "killed").exists(), out + err
+    assert f"{victim} 1 was killed by SIGKILL: starting it again (restart 1 of 2)" in out + err, out + err
+    if victim == "server":
+        assert code == 0, out + err
+        assert [w for _, w in done(out)] == [want, want], out + err
+    else:
+        assert code != 0 and not done(out), out + err
+        assert "this worker (rank 1) was restarted (--max-restarts), but a Horovod-style job keeps its model" \
+            in out + err, out + err

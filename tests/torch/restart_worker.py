@@ -1,0 +1,42 @@
+"""A ps.torch training loop in which rank 1 SIGKILLs, once, a server or itself (test_torch.py):
+
+    python restart_worker.py MARKER_FILE server|worker|none
+
+Prints ``DONE rank weights`` at the end; the marker file says the kill happened already (a
+restarted worker runs this script again)."""
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import ps.torch as hvd
+from tests.integration.recovery_worker import find
+
+
+def main():
+    marker, victim = sys.argv[1], sys.argv[2]
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    for step in range(30):
+        x = torch.arange(32.0).reshape(4, 8) * (hvd.rank() + 1) / 32
+        opt.zero_grad()
+        ((model(x) - 1.0) ** 2).mean().backward()
+        opt.step()
+        if step == 10 and hvd.rank() == 1 and victim != "none" and not os.path.exists(marker):
+            open(marker, "w").close()
+            if victim == "worker":
+                os.kill(os.getpid(), signal.SIGKILL)
+            find("server", 1).send_signal(signal.SIGKILL)
+        time.sleep(0.05)
+    print("DONE " + json.dumps([hvd.rank(), model.weight.detach().reshape(-1).tolist()]), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -447,6 +447,8 @@ class Store:
         with the value after its round: now if closed, else when it closes."""
         if entry.offset + entry.length < entry.total:
             return []
+        if entry.op & Op.PULL and sender in self.replays.replaying:
+            self._check_replay(ks, sender, entry.seq)
         index = entry.seq - ks.closed - 1
         if self.sync and 0 <= index < len(ks.rounds):
             ks.rounds[index].pulls.append(Waiter(sender, entry))
@@ -463,6 +465,24 @@ class Store:
             # now would change under the transport, so this rare reply is a copy
             replies = [r._replace(data=r.data.copy()) if r.data is not None else r for r in replies]
         return replies
+
+    def _check_replay(self, ks: KeyState, sender: int, seq: int | None) -> None:
+        """A restarted worker replaying its script asks for the value after round ``seq`` (a
+        pull: after whichever round it has replayed up to, unknown here). With an
+        optimizer here that is the weights, and the latest are the right answer; without one
+        the value is a round's sum (the weights live on the workers: MXNet's
+        update_on_kvstore=False, a Horovod-style job, a numpy KVStore without set_optimizer),
+        and the sums of the rounds its dead self finished are gone: refuse, instead of handing
+        it another round's sum to train on."""
+        if not self.sync or not ks.closed or self.opts.updater(ks.key) is not None:
+            return
+        if seq is not None and (seq == ks.closed or (ks.before is not None and ks.before[0] == seq)):
+            return                      # this round's own sum is still here
+        raise StoreError("CollectiveError", (
+            f"{self._who(sender)} was restarted and re-runs its script, but key {ks.key} has no optimizer on the "
+            f"servers: its value is the sum of round {ks.closed}, not weights, and the sums of the rounds its dead "
+            "self finished are gone (the weights live on the workers: update_on_kvstore=False, or a "
+            "Horovod-style job). A worker of such a job cannot be restarted into it: start the job again"))
 
     def _count(self, ks: KeyState, rnd: Round, sender: int, entry: Entry, whole: int) -> list[Reply]:
         """Count one chunk of a worker's push; once ``whole`` arrived, the push is complete."""
@@ -764,6 +784,8 @@ class Store:
     # -- pull ----------------------------------------------------------------------------
     def pull(self, sender: int, entry: Entry) -> list[Reply]:
         ks = self._ready_key(entry)
+        if sender in self.replays.replaying:
+            self._check_replay(ks, sender, None)
         for rnd in reversed(ks.rounds):
             if sender in rnd.members:      # wait for this worker's own push to be applied
                 rnd.pulls.append(Waiter(sender, entry))

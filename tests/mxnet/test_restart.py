@@ -42,3 +42,21 @@ def test_an_unmodified_gluon_script_survives_a_killed_worker_and_server(procs, t
         got = load(tmp_path / "run" / f"w{rank}.npz")
         for key, value in ref.items():
             np.testing.assert_array_equal(got[key], value, err_msg=f"rank {rank} {key}")
+
+
+@pytest.mark.timeout(200)
+def test_a_restarted_worker_whose_weights_live_on_the_workers_stops_the_job_with_the_reason(procs, tmp_path):
+    """update_on_kvstore=False (here MXNet's own MXNET_UPDATE_ON_KVSTORE=0): the servers only sum,
+    so what they hold is the last round's sum, not weights. A restarted worker re-running the
+    script cannot be given its dead self's rounds: it is refused by name and the job stops.
+    Before: exit 0 with every worker's weights off (by 2.5 and 5.5 here)."""
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local",
+                            "--max-restarts", "2", PYTHON, SCRIPT, "160", str(tmp_path), "worker:1:50"],
+                           cluster_env(0, MXNET_UPDATE_ON_KVSTORE="0"))
+    code, out, err = procs.finish(launcher, timeout=150)
+    text = out + err
+    assert code != 0, text
+    assert "worker 1 was killed by SIGKILL: starting it again (restart 1 of 2)" in text, text
+    assert re.search(r"worker 1 \(W\[11\]\) was restarted and re-runs its script, but key \d+ has no optimizer on "
+                     r"the servers: its value is the sum of round \d+, not weights", text), text
+    assert "stopping the job" in text, text

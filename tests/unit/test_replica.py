@@ -224,8 +224,11 @@ def test_a_restarted_worker_finishes_the_push_its_dead_self_began():
 
 
 def test_a_replayed_push_is_answered_with_the_value_after_its_round_and_not_applied():
+    """The weights (an optimizer runs here): a replay is answered with the latest. Without
+    an optimizer such a replay is refused (test_store.py)."""
     store = Store(2, chunk_bytes=4096)
     store.handle(W[0], Entry(1, Op.INIT, 3, 0, N, N, F32), np.zeros(N, np.float32))
+    store.set_updater(optim.Updater(optim.SGD(learning_rate=0.1)))
     for rnd in range(3):
         seq_push(store, W[0], 10 + rnd, grads(rnd, W[0]), rnd + 1)
         seq_push(store, W[1], 20 + rnd, grads(rnd, W[1]), rnd + 1)

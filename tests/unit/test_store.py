@@ -230,3 +230,38 @@ def test_a_restarted_worker_replaying_gets_the_weights_its_dead_self_had(chunked
     replayed = pushpull(W1, 30, 1, 2.0)       # the restart replays step 1
     np.testing.assert_array_equal(np.concatenate([r.data for r in replayed]), after_1)
 
+
+
+def test_a_replaying_worker_is_refused_the_sum_of_another_round_when_no_optimizer_runs_here():
+    """Without an optimizer the value is a round's sum (the weights live on the workers): a
+    restarted worker replaying round 1 after round 3 closed would train on round 3's sum. It
+    is refused by name; the latest round's own sum, and every key of a store with an
+    optimizer, are answered as before."""
+    s = Store(2, sync=True, keep_before=True)
+    init(s)
+
+    def pushpull(w, ts, seq, g):
+        return s.handle(w, Entry(ts, int(Op.PUSH | Op.PULL), 3, 0, 6, 6, F32, None, 0, seq), np.full(6, g, np.float32))
+    for seq in (1, 2, 3):
+        pushpull(W0, 10 + seq, seq, 1.0)
+        pushpull(W1, 20 + seq, seq, float(seq))
+    s.worker_died(W1)
+    (refused,) = pull(s, W1, 30)
+    kind, text = refused.entry.error
+    assert kind == "CollectiveError" and "was restarted and re-runs its script, but key 3 has no optimizer" in text
+    assert "its value is the sum of round 3, not weights" in text
+    (refused,) = pushpull(W1, 31, 1, 1.0)
+    assert refused.entry.error[0] == "CollectiveError"
+    (latest,) = pushpull(W1, 33, 3, 3.0)        # round 3's own sum is still the value
+    assert latest.entry.error is None
+    np.testing.assert_array_equal(latest.data, np.full(6, 4.0))
+    with_optimizer = Store(2, sync=True, keep_before=True)
+    init(with_optimizer)
+    with_optimizer.set_updater(optim.Updater(optim.SGD(learning_rate=0.5)))
+    s = with_optimizer
+    for seq in (1, 2, 3):
+        pushpull(W0, 10 + seq, seq, 1.0)
+        pushpull(W1, 20 + seq, seq, 1.0)
+    s.worker_died(W1)
+    (weights,) = pull(s, W1, 30)
+    assert weights.entry.error is None          # weights: the latest are the right answer

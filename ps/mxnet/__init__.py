@@ -27,12 +27,13 @@ import os  # noqa: E402
 
 from ..collective import Adasum, Average, Max, Min, Product, Sum, nccl_built  # noqa: E402
 from ..errors import CollectiveError as HorovodInternalError  # noqa: E402
-from .collectives import (allgather, allgather_object, allreduce, allreduce_, alltoall, broadcast,  # noqa: E402
-                          broadcast_, broadcast_object, grouped_allgather, grouped_allreduce, grouped_allreduce_,
-                          grouped_reducescatter, reducescatter)
-from .horovod import (Compression, DistributedOptimizer, DistributedTrainer, broadcast_parameters,  # noqa: E402
-                      ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
-                      is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, rank,
+from .collectives import (ProcessSet, allgather, allgather_object, allreduce, allreduce_, alltoall,  # noqa: E402
+                          broadcast, broadcast_, broadcast_object, grouped_allgather, grouped_allreduce,
+                          grouped_allreduce_, grouped_reducescatter, reducescatter)
+from .horovod import (Compression, DistributedOptimizer, DistributedTrainer, add_process_set,  # noqa: E402
+                      broadcast_parameters, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                      global_process_set, gloo_built, gloo_enabled, init, is_initialized, local_rank, local_size,
+                      mpi_built, mpi_enabled, mpi_threads_supported, process_set_by_id, rank, remove_process_set,
                       rocm_built, shutdown, size)
 from .kvstore import (PSKVStore, patch_create, patch_profiler, patch_trainer, register,  # noqa: E402
                       settle_before_fork)
@@ -44,7 +45,8 @@ patch_profiler()
 os.register_at_fork(before=settle_before_fork)
 
 # PSKVStore, and Horovod's MXNet calls (ps/mxnet/horovod.py)
-__all__ = ["PSKVStore", "Adasum", "Average", "Compression", "DistributedOptimizer", "DistributedTrainer",
+__all__ = ["PSKVStore", "Adasum", "Average", "Compression", "DistributedOptimizer", "DistributedTrainer", "ProcessSet",
+           "add_process_set", "global_process_set", "process_set_by_id", "remove_process_set",
            "HorovodInternalError", "Max", "Min", "Product", "Sum", "allgather", "allgather_object", "allreduce",
            "allreduce_", "alltoall", "broadcast", "broadcast_", "broadcast_object", "broadcast_parameters", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
            "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allreduce", "grouped_allreduce_",

@@ -9,7 +9,8 @@ every worker's rows, each placed at its own offset in zeros; Min, Max and Produc
 on each worker from an allgather; a reducescatter is a sum of which each worker keeps its
 rows, and an alltoall an allgather of which each keeps the rows sent to it (every worker
 receives every row: simple, not bandwidth-optimal). The calls block, as Horovod-MXNet's results are ready to
-read when they return. CPU only; no process sets (``ps.torch`` has them).
+read when they return. CPU only. ``process_set=`` runs a call among a process set's members
+(ps/process_sets.py, as in ``ps.torch``).
 """
 from __future__ import annotations
 
@@ -19,10 +20,18 @@ import mxnet as mx
 import numpy as np
 
 from ..collective import GATHERED, Average, Job, ReduceOp, Sum, fingerprint, reduce_op, tensor_key
-from .. import objects
+from .. import objects, process_sets
 from ..errors import MismatchError, PSError
+from ..process_sets import Scope
 
 job = Job("ps.mxnet")
+
+
+class ProcessSet(process_sets.ProcessSet):
+    """Horovod's ``hvd.ProcessSet(ranks)`` of ``ps.mxnet``."""
+
+
+sets = process_sets.ProcessSets(job, ProcessSet)
 
 
 class RefusedError(ValueError, RuntimeError):
@@ -30,14 +39,16 @@ class RefusedError(ValueError, RuntimeError):
     ValueError. Both catch it."""
 
 
-def sums(names: list[str], arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """The element-wise sum of each array over every worker (collective, same names everywhere);
-    a name may come back with another shape (two trainers' parameter 0): ``tensor_key``."""
+def sums(names: list[str], arrays: list[np.ndarray], where: Scope | None = None) -> list[np.ndarray]:
+    """The element-wise sum of each array over every worker (of ``where``, a process set's
+    Scope; collective, same names everywhere); a name may come back with another shape (two
+    trainers' parameter 0): ``tensor_key``."""
     kv = job.store()
     if kv is None:
         return arrays
-    keys = [tensor_key(n, a.shape, a.dtype) for n, a in zip(names, arrays)]
-    verify = job.ensure_keys([(k, a.shape, a.dtype) for k, a in zip(keys, arrays)])
+    where = where or sets.scope()
+    keys = [where.key(tensor_key(n, a.shape, a.dtype)) for n, a in zip(names, arrays)]
+    verify = job.ensure_keys([(k, a.shape, a.dtype) for k, a in zip(keys, arrays)], where.group)
     outs = [np.empty(a.shape, a.dtype) for a in arrays]
     handles = [kv.pushpull(k, a.reshape(-1), out=o.reshape(-1), block=False) for k, a, o in zip(keys, arrays, outs)]
     try:
@@ -49,11 +60,6 @@ def sums(names: list[str], arrays: list[np.ndarray]) -> list[np.ndarray]:
     for h in handles:
         h.wait()
     return outs
-
-
-def _no_sets(process_set: Any) -> None:
-    if process_set is not None and getattr(process_set, "process_set_id", None) != 0:
-        raise ValueError(f"process_set={process_set!r}: ps.mxnet has no process sets (ps.torch has them)")
 
 
 def _reduce_op(op: Any, average: bool | None) -> ReduceOp:
@@ -90,21 +96,22 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, name: str
                       op: Any = None) -> list[Any]:
     """Each tensor reduced over every worker (new NDArrays; the inputs are not changed). The
     ``i``-th tensor travels under ``name.i``."""
-    _no_sets(process_set)
+    where = sets.scope(process_set)
     arrays = [_array(t, f"allreduce of {name!r}") for t in tensors]
-    results = _reduced(_named("allreduce", name), arrays, _reduce_op(op, average), prescale_factor, postscale_factor)
+    results = _reduced(_named("allreduce", name), arrays, _reduce_op(op, average), prescale_factor, postscale_factor,
+                       where)
     return [_like(r, t) for r, t in zip(results, tensors)]
 
 
-def _reduced(base: str, arrays: list[np.ndarray], reduce: ReduceOp, prescale: float,
-             postscale: float) -> list[np.ndarray]:
+def _reduced(base: str, arrays: list[np.ndarray], reduce: ReduceOp, prescale: float, postscale: float,
+             where: Scope) -> list[np.ndarray]:
     names = [f"{base}.{i}" if len(arrays) > 1 else base for i in range(len(arrays))]
     if reduce in GATHERED:
         fold = {"Min": np.minimum.reduce, "Max": np.maximum.reduce, "Product": np.multiply.reduce}[reduce.name]
-        return [fold(_gather(n, a.reshape(1, *a.shape)), axis=0).astype(a.dtype).reshape(a.shape)
+        return [fold(_gather(n, a.reshape(1, *a.shape), where), axis=0).astype(a.dtype).reshape(a.shape)
                 for n, a in zip(names, arrays)]
-    totals = sums(names, [scaled(a, prescale) for a in arrays])
-    factor = postscale / job.size() if reduce is Average else postscale
+    totals = sums(names, [scaled(a, prescale) for a in arrays], where)
+    factor = postscale / where.size if reduce is Average else postscale
     return [scaled(t, factor) for t in totals]
 
 
@@ -135,28 +142,33 @@ def allreduce_(tensor: Any, average: bool | None = None, name: str | None = None
     return tensor
 
 
-def broadcast_values(names: list[str], values: list[np.ndarray], root_rank: int, what: str) -> list[np.ndarray]:
-    """Rank ``root_rank``'s values on every worker: its arrays summed with everyone else's
-    zeros, beside a two-number sum that shows whether every worker named the same root."""
-    size = job.size()
-    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < size:
-        raise ValueError(f"{what}: root_rank {root_rank!r} is out of range for a job of {size} workers")
+def broadcast_values(names: list[str], values: list[np.ndarray], root_rank: int, what: str,
+                     where: Scope | None = None) -> list[np.ndarray]:
+    """Rank ``root_rank``'s values on every worker (of ``where``; the root is a rank of the
+    job, as in Horovod): its arrays summed with everyone else's zeros, beside a two-number sum
+    that shows whether every worker named the same root."""
+    where = where or sets.scope()
+    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)) or root_rank not in where.ranks:
+        if where.group:
+            raise ValueError(f"{what}: root_rank {root_rank!r} is not in process set {where.group} (ranks "
+                             f"{list(where.ranks)})")
+        raise ValueError(f"{what}: root_rank {root_rank!r} is out of range for a job of {where.size} workers")
     me = job.rank()
     sends = [v if me == root_rank else np.zeros_like(v) for v in values]
     mine = np.array([1.0 if me == root_rank else 0.0, float(root_rank)])
-    *got, roots = sums([*names, "hvd.broadcast.root"], [*sends, mine])
-    if job.store() is not None and (roots[0] != 1 or roots[1] != size * root_rank):
+    *got, roots = sums([*names, "hvd.broadcast.root"], [*sends, mine], where)
+    if job.store() is not None and (roots[0] != 1 or roots[1] != where.size * root_rank):
         raise MismatchError(f"{what}: the workers disagree on root_rank (rank {me} named {root_rank}; "
-                            f"{int(roots[0])} of {size} workers called themselves the root)")
+                            f"{int(roots[0])} of {where.size} workers called themselves the root)")
     return got
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None, priority: int = 0,
               process_set: Any = None) -> Any:
     """Rank ``root_rank``'s ``tensor`` on every worker, as a new NDArray."""
-    _no_sets(process_set)
+    where = sets.scope(process_set)
     what = f"broadcast of {name!r}" if name is not None else "broadcast"
-    (got,) = broadcast_values([_named("broadcast", name)], [_array(tensor, what)], root_rank, what)
+    (got,) = broadcast_values([_named("broadcast", name)], [_array(tensor, what)], root_rank, what, where)
     return _like(got, tensor)
 
 
@@ -170,25 +182,25 @@ def broadcast_(tensor: Any, root_rank: int, name: str | None = None, priority: i
 def allgather(tensor: Any, name: str | None = None, priority: int = 0, process_set: Any = None) -> Any:
     """Every worker's ``tensor`` concatenated on the first dimension, in rank order; the first
     dimension may differ between workers, the rest of the shape and the dtype may not."""
-    _no_sets(process_set)
+    where = sets.scope(process_set)
     what = f"allgather of {name!r}" if name is not None else "allgather"
     a = _array(tensor, what)
     if a.ndim == 0:
         raise ValueError(f"{what}: a scalar has no first dimension to concatenate on (reshape it to (1,))")
-    return _like(_gather(_named("allgather", name), a, what), tensor)
+    return _like(_gather(_named("allgather", name), a, where, what), tensor)
 
 
-def _gather(base: str, a: np.ndarray, what: str | None = None) -> np.ndarray:
+def _gather(base: str, a: np.ndarray, where: Scope, what: str | None = None) -> np.ndarray:
     """The rows of every worker: first the sum of a table (row counts, and a fingerprint of the
     rest of the shape and the dtype), then the sum of the rows, each worker's at its offset
     in zeros, in a buffer rounded up to a power of two rows (varying sizes reuse a few keys)."""
     if job.store() is None:
         return a.copy()
-    n, me = job.size(), job.rank()
+    n, me = where.size, where.rank
     table = np.zeros(n + 1)
     table[me] = a.shape[0]
     table[n] = fingerprint(f"{a.shape[1:]}{a.dtype}")
-    (table,) = sums([f"{base}.sizes"], [table])
+    (table,) = sums([f"{base}.sizes"], [table], where)
     if table[n] != n * fingerprint(f"{a.shape[1:]}{a.dtype}"):
         raise MismatchError(f"{what or base}: the workers' tensors differ past the first dimension or in dtype "
                             f"(rank {me} has shape {a.shape} and dtype {a.dtype})")
@@ -197,7 +209,7 @@ def _gather(base: str, a: np.ndarray, what: str | None = None) -> np.ndarray:
     start = int(counts[:me].sum())
     rows = np.zeros((1 << max(total - 1, 0).bit_length(), *a.shape[1:]), a.dtype)
     rows[start:start + a.shape[0]] = a
-    (every,) = sums([f"{base}.rows"], [rows])
+    (every,) = sums([f"{base}.rows"], [rows], where)
     return every[:total]
 
 
@@ -220,7 +232,7 @@ def grouped_reducescatter(tensors: list[Any], op: Any = None, name: str | None =
     """Each tensor summed (``op=hvd.Average``, the default: averaged) over every worker; each
     worker gets its rows of the result (the first dimension split as evenly as it goes, the
     first ranks one row more)."""
-    _no_sets(process_set)
+    where = sets.scope(process_set)
     reduce = _reduce_op(op, None)
     what = f"reducescatter of {name!r}" if name is not None else "reducescatter"
     if reduce not in (Average, Sum):
@@ -229,8 +241,8 @@ def grouped_reducescatter(tensors: list[Any], op: Any = None, name: str | None =
         if not isinstance(t, mx.nd.NDArray) or t.ndim == 0:
             raise RefusedError(f"{what}: a scalar cannot be scattered: every tensor needs a first dimension")
     summed = _reduced(_named("reducescatter", name), [t.asnumpy() for t in tensors], reduce, prescale_factor,
-                      postscale_factor)
-    n, r = job.size(), job.rank()
+                      postscale_factor, where)
+    n, r = where.size, where.rank
     parts = []
     for total, t in zip(summed, tensors):
         start, count = _own_part(total.shape[0], n, r)
@@ -250,10 +262,10 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, priority:
     """Rows ``splits[k]`` of ``tensor`` (in order) go to worker ``k``; returns what every
     worker sent here, in rank order, and, if ``splits`` was given, how many rows came from
     each. Without ``splits`` the first dimension is split evenly."""
-    _no_sets(process_set)
+    where = sets.scope(process_set)
     what = f"alltoall of {name!r}" if name is not None else "alltoall"
     a = _array(tensor, what)
-    n, me = job.size(), job.rank()
+    n, me = where.size, where.rank
     if a.ndim == 0:
         raise RefusedError(f"{what}: a scalar cannot be split: the tensor needs a first dimension")
     if splits is None:
@@ -272,8 +284,8 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, priority:
     base = _named("alltoall", name)
     table = np.zeros((n, n), np.int64)
     table[me] = sizes
-    (table,) = sums([f"{base}.splits"], [table])     # row s: what worker s sends to each worker
-    every = _gather(base, a, what)
+    (table,) = sums([f"{base}.splits"], [table], where)     # row s: what member s sends to each member
+    every = _gather(base, a, where, what)
     starts = np.concatenate([[0], np.cumsum(table.sum(axis=1))])
     parts = [every[starts[s] + table[s, :me].sum():][:table[s, me]] for s in range(n)]
     out = _like(np.concatenate(parts) if parts else a[:0], tensor)
@@ -285,29 +297,29 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, priority:
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> Any:
     """Rank ``root_rank``'s ``obj`` on every worker: any object in a job with a signing key,
     plain data without one (ps/objects.py)."""
-    _no_sets(process_set)
+    where = sets.scope(process_set)
     kv = job.store()
     if kv is None:
         return obj
     what = "broadcast_object"
     data = np.frombuffer(objects.dumps(obj, kv, what), np.uint8) if job.rank() == root_rank else np.zeros(0, np.uint8)
     tag = _named("broadcast_object", name)
-    (n,) = broadcast_values([f"{tag}.len"], [np.array([data.size], np.int64)], root_rank, what)
+    (n,) = broadcast_values([f"{tag}.len"], [np.array([data.size], np.int64)], root_rank, what, where)
     buf = data if data.size else np.zeros(int(n[0]), np.uint8)
-    (got,) = broadcast_values([f"{tag}.data"], [buf], root_rank, what)
+    (got,) = broadcast_values([f"{tag}.data"], [buf], root_rank, what, where)
     return obj if job.rank() == root_rank else objects.loads(got.tobytes(), kv, what)
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list[Any]:
     """Every worker's ``obj``, in rank order (ps/objects.py says what may travel)."""
-    _no_sets(process_set)
+    where = sets.scope(process_set)
     kv = job.store()
     if kv is None:
         return [obj]
     what = "allgather_object"
     data = np.frombuffer(objects.dumps(obj, kv, what), np.uint8)
     tag = _named("allgather_object", name)
-    sizes = _gather(f"{tag}.len", np.array([data.size], np.int64), what)
-    raw = _gather(tag, data, what)
+    sizes = _gather(f"{tag}.len", np.array([data.size], np.int64), where, what)
+    raw = _gather(tag, data, where, what)
     starts = np.concatenate([[0], np.cumsum(sizes)])
     return [objects.loads(raw[starts[r]:starts[r + 1]].tobytes(), kv, what) for r in range(len(sizes))]

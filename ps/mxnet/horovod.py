@@ -16,21 +16,32 @@ import mxnet as mx
 import numpy as np
 
 from ..collective import absent, predivide_factor
-from .collectives import broadcast_values, job, sums
+from .collectives import broadcast_values, job, sets, sums
 
 # What this build has (hvd.mpi_built(), ...): ps has none of Horovod's MPI, Gloo, NCCL, ...
 mpi_threads_supported = mpi_enabled = mpi_built = gloo_enabled = gloo_built = absent
 ddl_built = ccl_built = cuda_built = rocm_built = absent
 
 
-def init() -> None:
-    """Join the job named by the ``DMLC_*`` variables; alone (size 1) without them."""
+def init(process_sets: Any = None) -> None:
+    """Join the job named by the ``DMLC_*`` variables (alone, size 1, without them), then
+    register ``process_sets`` in order (a list of ProcessSets or rank lists, or "dynamic")."""
     job.init("dist_sync")
+    sets.register(process_sets)
 
 
 def shutdown() -> None:
-    """Leave the job (its store closes); ``init()`` may join again."""
+    """Leave the job (its store closes); every process set but the global one is gone;
+    ``init()`` may join again."""
     job.shutdown()
+    sets.clear()
+
+
+# Horovod's process sets (ps/process_sets.py): collectives among some of the workers
+global_process_set = sets.global_set
+add_process_set = sets.add
+remove_process_set = sets.remove
+process_set_by_id = sets.by_id
 
 
 def is_initialized() -> bool:
@@ -106,16 +117,20 @@ class Compression:
 
 
 def _average(names: list[str], grads: list[np.ndarray], compression: Any = NoneCompressor,
-             predivide: float = 1.0) -> list[np.ndarray]:
-    """Each gradient's mean over the workers: divided by ``predivide`` before the sum and
-    multiplied by ``predivide / size`` after it (Horovod's gradient_predivide_factor, which
-    keeps float16 sums in range), sent as ``compression`` says."""
-    n = size()
+             predivide: float = 1.0, process_set: Any = None) -> list[np.ndarray]:
+    """Each gradient's mean over the workers (of ``process_set``): divided by ``predivide``
+    before the sum and multiplied by ``predivide / size`` after it (Horovod's
+    gradient_predivide_factor, which keeps float16 sums in range), sent as ``compression``
+    says. A worker outside ``process_set`` keeps its own gradients, as under Horovod."""
+    if sets.outside(process_set):
+        return grads
+    where = sets.scope(process_set)
     sends = []
     for g in grads:
         wire = compression.wire_dtype if compression.wire_dtype is not None and g.dtype.kind == "f" else g.dtype
         sends.append((g / predivide if predivide != 1.0 else g).astype(wire, copy=False))
-    return [(total * (predivide / n)).astype(g.dtype, copy=False) for g, total in zip(grads, sums(names, sends))]
+    return [(total * (predivide / where.size)).astype(g.dtype, copy=False)
+            for g, total in zip(grads, sums(names, sends, where))]
 
 
 def _checked(compression: Any, predivide: Any) -> tuple[Any, float]:
@@ -178,12 +193,13 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     wrapped optimizer's."""
 
     def __init__(self, optimizer: mx.optimizer.Optimizer, gradient_predivide_factor: float = 1.0,
-                 num_groups: int = 0):
+                 num_groups: int = 0, process_set: Any = None):
         if not isinstance(optimizer, mx.optimizer.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps an mx.optimizer.Optimizer, got {type(optimizer).__name__}")
         _, predivide = _checked(None, gradient_predivide_factor)
         object.__setattr__(self, "_optimizer", optimizer)
         object.__setattr__(self, "_predivide", predivide)
+        object.__setattr__(self, "_process_set", process_set)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(object.__getattribute__(self, "_optimizer"), name)
@@ -203,7 +219,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         if size() == 1:
             return
         means = _average([f"hvd.grad.{i}" for i in indices], [g.asnumpy() for g in grads],
-                         predivide=self._predivide)
+                         predivide=self._predivide, process_set=self._process_set)
         for g, mean in zip(grads, means):
             g[:] = mean
 
@@ -232,13 +248,15 @@ class DistributedTrainer(mx.gluon.Trainer):
     ``dist_*`` kvstore cannot (a Trainer numbers its parameters from 0)."""
 
     def __init__(self, params: Any, optimizer: Any, optimizer_params: Any = None, compression: Any = NoneCompressor,
-                 gradient_predivide_factor: float = 1.0, prefix: str | None = None, num_groups: int = 0):
+                 gradient_predivide_factor: float = 1.0, prefix: str | None = None, num_groups: int = 0,
+                 process_set: Any = None):
         if isinstance(optimizer, DistributedOptimizer):
             raise TypeError("DistributedTrainer averages the gradients itself: give it the optimizer, "
                             "not a DistributedOptimizer")
         self._ps_compression, self._ps_predivide = _checked(compression, gradient_predivide_factor)
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
         self._ps_prefix = f"hvd.trainer.{prefix or ''}."
+        self._ps_process_set = process_set
         self._ps_params = list(params.values()) if hasattr(params, "values") else list(params)
         _kv()                                    # hvd.init() first, as in Horovod
 
@@ -252,7 +270,7 @@ class DistributedTrainer(mx.gluon.Trainer):
                 raise ValueError(f"parameter {p.name!r} has a {gs[0].stype} gradient: DistributedTrainer "
                                  "averages dense gradients only (use kvstore='dist_sync' for sparse ones)")
         means = _average([f"{self._ps_prefix}{i}" for i, _ in live], [sum(g.asnumpy() for g in gs) for gs in grads],
-                         self._ps_compression, self._ps_predivide)
+                         self._ps_compression, self._ps_predivide, self._ps_process_set)
         for gs, mean in zip(grads, means):
             for g in gs:
                 g[:] = mean

@@ -83,6 +83,20 @@ def main():
             hvd.allreduce(v, op=bad, name="x")
         except ValueError as exc:
             out.setdefault("refused", []).append(str(exc))
+    # process sets: {0, 2} and {1} side by side
+    evens, odd = hvd.add_process_set([0, 2]), hvd.add_process_set(hvd.ProcessSet([1]))
+    mine = evens if r != 1 else odd
+    out["set_sum"] = hvd.allreduce(mx.nd.ones(2) * (r + 1), op=hvd.Sum, name="s", process_set=mine).asnumpy().tolist()
+    out["set_avg"] = hvd.allreduce(mx.nd.ones(2) * (r + 1), name="s", process_set=mine).asnumpy().tolist()
+    out["set_ag"] = hvd.allgather(rows(r, 1), name="s", process_set=mine).asnumpy().tolist()
+    root = 2 if r != 1 else 1
+    out["set_bcast"] = hvd.broadcast(mx.nd.ones(1) * r, root_rank=root, process_set=mine).asnumpy().tolist()
+    try:
+        hvd.allreduce(mx.nd.ones(1), name="x", process_set=odd if r != 1 else evens)
+    except ValueError as exc:
+        out["set_refused"] = str(exc)
+    out["set_ids"] = [evens.process_set_id, odd.process_set_id, hvd.process_set_by_id(evens.process_set_id) is evens]
+    assert hvd.remove_process_set(odd) and not hvd.remove_process_set(odd)
     print("RESULT " + json.dumps(out), flush=True)
     hvd.shutdown()
     out_after = hvd.is_initialized()

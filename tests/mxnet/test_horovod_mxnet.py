@@ -149,6 +149,13 @@ def test_horovods_mxnet_collectives_on_three_workers(procs):
         assert "tensor 'allreduce.badsum' (hvd) differs across workers" in g["sum_bad"], g["sum_bad"]
         assert g["after"] == [3.0, 3.0]
         assert len(g["refused"]) == 2 and all("no Adasum" in e for e in g["refused"]), g["refused"]
+        # process sets {0, 2} and {1}
+        assert g["set_sum"] == ([4.0] * 2 if r != 1 else [2.0] * 2), g["set_sum"]     # ranks 0 + 2: 1 + 3
+        assert g["set_avg"] == [2.0] * 2, g["set_avg"]
+        assert g["set_ag"] == ([[0, 1], [200, 201]] if r != 1 else [[100, 101]])
+        assert g["set_bcast"] == ([2.0] if r != 1 else [1.0])
+        assert f"rank {r} is not in ProcessSet" in g["set_refused"], g["set_refused"]
+        assert g["set_ids"] == [1, 2, True]
     for r in range(3):
         assert f"SHUTDOWN {r} False" in out, out
 

@@ -52,13 +52,14 @@ ALLOWED = {
     "mxnet.arrays": set(), "mxnet.engine": set(),
     "mxnet.kvstore": {"_security", "_timing", "errors", "kvstore", "mxnet.arrays", "mxnet.engine",
                       "optim.from_mxnet", "optim.pickled"},
-    "mxnet.collectives": {"collective", "errors", "objects"},
+    "mxnet.collectives": {"collective", "errors", "objects", "process_sets"},
     "mxnet.horovod": {"collective", "mxnet.collectives"},
     "mxnet": {"__main__", "collective", "config", "errors", "mxnet.collectives", "mxnet.horovod", "mxnet.kvstore"},
     "mxnet.autoload.sitecustomize": {"config", "mxnet"},   # python startup hook: imports ps.mxnet lazily
     # the PyTorch adapter (Horovod's API): the public KVStore only
     "torch.compression": set(), "torch.runtime": {"__init__", "collective"}, "objects": {"_security"},
-    "torch.process_sets": {"collective", "torch.runtime"},
+    "process_sets": {"collective"},
+    "torch.process_sets": {"process_sets", "torch.runtime"},
     "torch.sums": {"collective", "errors", "torch.compression", "torch.process_sets", "torch.runtime"},
     "torch.gather": {"collective", "errors", "objects", "torch.compression", "torch.process_sets",
                      "torch.runtime", "torch.sums"},

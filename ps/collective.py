@@ -45,9 +45,12 @@ GATHERED = (Min, Max, Product)
 
 def reduce_op(op: Any, average: bool | None, refused: Callable[[str], Exception], api: str) -> ReduceOp:
     """Horovod's ``op=`` (``hvd.Sum``, ..., or its name), else ``average`` (the default: Average);
-    ``refused(message)`` is the error for one ps does not have."""
+    ``refused(message)`` is the error for one ps does not have. Both at once is an error, as
+    in Horovod (``op`` supersedes ``average``)."""
     if op is None:
-        return Sum if average is False else Average
+        return Average if average is None or average else Sum
+    if average is not None:
+        raise ValueError(f"op={op!r} and average={average!r}: the op parameter supersedes average, give only one")
     name = op.name if isinstance(op, ReduceOp) else op
     found = REDUCE_OPS.get(name.lower()) if isinstance(name, str) else None
     if found is None:

@@ -49,8 +49,8 @@ def dumps(obj: Any, kv: Any, what: str) -> bytes:
         return _PLAIN + _pack(obj)
     except TypeError as exc:
         raise TypeError(f"{what}: {exc}. Without a job key ps sends only plain data (dict, list, tuple, set, "
-                        "str, bytes, numbers, None, numpy arrays, torch tensors, MXNet NDArrays), as it unpickles nothing "
-                        f"unsigned; for any object, {_security.NO_KEY}") from None
+                        "str, bytes, numbers, None, numpy arrays, torch tensors, MXNet NDArrays), as it unpickles "
+                        f"nothing unsigned; for any object, {_security.NO_KEY}") from None
 
 
 def loads(data: bytes, kv: Any, what: str) -> Any:

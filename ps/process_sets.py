@@ -87,8 +87,9 @@ class Scope(NamedTuple):
 
 
 class ProcessSets:
-    """One adapter's process sets: its ``ProcessSet`` subclass (bound here), the global set,
-    and the registered ones by id."""
+    """One adapter's process sets. Each adapter has its own (its own job numbers its groups),
+    so a set made for one cannot be used with the other; ``ProcessSet`` objects are the
+    user's handles, this is where they are resolved to a job's group."""
 
     def __init__(self, job: Job, cls: type[ProcessSet]) -> None:
         self.job, self.cls = job, cls
@@ -104,8 +105,9 @@ class ProcessSets:
         job = self.job
         if process_set is None or process_set is self.global_set:
             return Scope(0, tuple(range(job.size())), job.rank())
-        if not isinstance(process_set, ProcessSet):
-            raise ValueError(f"process_set must be a ProcessSet (hvd.add_process_set), got {process_set!r:.80}")
+        if not isinstance(process_set, self.cls):     # another adapter's sets number other groups
+            raise ValueError(f"process_set must be a {self.job.api} ProcessSet (hvd.add_process_set), got "
+                             f"{process_set!r:.80}")
         gid = process_set.process_set_id
         if gid == 0:
             return self.scope(None)
@@ -121,7 +123,7 @@ class ProcessSets:
     def outside(self, process_set: Any) -> bool:
         """``process_set`` is a registered set this worker is not in (Horovod's
         DistributedOptimizer of such a set trains this worker alone)."""
-        if not isinstance(process_set, ProcessSet) or not process_set.process_set_id:
+        if not isinstance(process_set, self.cls) or not process_set.process_set_id:
             return False
         ranks = self.job.group_ranks(process_set.process_set_id)
         return ranks is not None and self.job.rank() not in ranks

@@ -476,8 +476,8 @@ class Store:
         it another round's sum to train on."""
         if not self.sync or not ks.closed or self.opts.updater(ks.key) is not None:
             return
-        if seq is not None and (seq == ks.closed or (ks.before is not None and ks.before[0] == seq)):
-            return                      # this round's own sum is still here
+        if seq is not None and (seq >= ks.closed or (ks.before is not None and ks.before[0] == seq)):
+            return                      # this round's own sum is here, or still to come (an open round)
         raise StoreError("CollectiveError", (
             f"{self._who(sender)} was restarted and re-runs its script, but key {ks.key} has no optimizer on the "
             f"servers: its value is the sum of round {ks.closed}, not weights, and the sums of the rounds its dead "
@@ -784,12 +784,12 @@ class Store:
     # -- pull ----------------------------------------------------------------------------
     def pull(self, sender: int, entry: Entry) -> list[Reply]:
         ks = self._ready_key(entry)
-        if sender in self.replays.replaying:
-            self._check_replay(ks, sender, None)
         for rnd in reversed(ks.rounds):
             if sender in rnd.members:      # wait for this worker's own push to be applied
                 rnd.pulls.append(Waiter(sender, entry))
                 return []
+        if sender in self.replays.replaying:
+            self._check_replay(ks, sender, None)
         return self._answer(ks, Waiter(sender, entry))
 
     def _answer(self, ks: KeyState, waiter: Waiter, skip: dict[int, int] | None = None) -> list[Reply]:

@@ -45,12 +45,12 @@ patch_profiler()
 os.register_at_fork(before=settle_before_fork)
 
 # PSKVStore, and Horovod's MXNet calls (ps/mxnet/horovod.py)
-__all__ = ["PSKVStore", "Adasum", "Average", "Compression", "DistributedOptimizer", "DistributedTrainer", "ProcessSet",
-           "add_process_set", "global_process_set", "process_set_by_id", "remove_process_set",
-           "HorovodInternalError", "Max", "Min", "Product", "Sum", "allgather", "allgather_object", "allreduce",
-           "allreduce_", "alltoall", "broadcast", "broadcast_", "broadcast_object", "broadcast_parameters", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
-           "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allreduce", "grouped_allreduce_",
-           "grouped_reducescatter", "init", "is_initialized",
-           "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank",
-           "reducescatter", "rocm_built", "shutdown", "size"]
+__all__ = ["PSKVStore", "Adasum", "Average", "Compression", "DistributedOptimizer", "DistributedTrainer",
+           "HorovodInternalError", "Max", "Min", "ProcessSet", "Product", "Sum", "add_process_set", "allgather",
+           "allgather_object", "allreduce", "allreduce_", "alltoall", "broadcast", "broadcast_", "broadcast_object",
+           "broadcast_parameters", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
+           "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allreduce",
+           "grouped_allreduce_", "grouped_reducescatter", "init", "is_initialized", "local_rank", "local_size",
+           "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "process_set_by_id", "rank",
+           "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size"]
 

@@ -8,9 +8,9 @@ back. A broadcast is the root's array summed with everyone else's zeros; an allg
 every worker's rows, each placed at its own offset in zeros; Min, Max and Product are reduced
 on each worker from an allgather; a reducescatter is a sum of which each worker keeps its
 rows, and an alltoall an allgather of which each keeps the rows sent to it (every worker
-receives every row: simple, not bandwidth-optimal). The calls block, as Horovod-MXNet's results are ready to
-read when they return. CPU only. ``process_set=`` runs a call among a process set's members
-(ps/process_sets.py, as in ``ps.torch``).
+receives every row: simple, not bandwidth-optimal). The calls block, as Horovod-MXNet's
+results are ready to read when they return. CPU only. ``process_set=`` runs a call among a
+process set's members (ps/process_sets.py, as in ``ps.torch``).
 """
 from __future__ import annotations
 
@@ -108,8 +108,9 @@ def _reduced(base: str, arrays: list[np.ndarray], reduce: ReduceOp, prescale: fl
     names = [f"{base}.{i}" if len(arrays) > 1 else base for i in range(len(arrays))]
     if reduce in GATHERED:
         fold = {"Min": np.minimum.reduce, "Max": np.maximum.reduce, "Product": np.multiply.reduce}[reduce.name]
-        return [fold(_gather(n, a.reshape(1, *a.shape), where), axis=0).astype(a.dtype).reshape(a.shape)
-                for n, a in zip(names, arrays)]
+        # scaled before and after, as the sums are (and as ps.torch's gathered reductions)
+        return [scaled(fold(_gather(n, scaled(a, prescale).reshape(1, *a.shape), where), axis=0).astype(a.dtype)
+                       .reshape(a.shape), postscale) for n, a in zip(names, arrays)]
     totals = sums(names, [scaled(a, prescale) for a in arrays], where)
     factor = postscale / where.size if reduce is Average else postscale
     return [scaled(t, factor) for t in totals]

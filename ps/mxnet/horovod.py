@@ -23,9 +23,13 @@ mpi_threads_supported = mpi_enabled = mpi_built = gloo_enabled = gloo_built = ab
 ddl_built = ccl_built = cuda_built = rocm_built = absent
 
 
-def init(process_sets: Any = None) -> None:
+def init(comm: Any = None, process_sets: Any = None) -> None:
     """Join the job named by the ``DMLC_*`` variables (alone, size 1, without them), then
-    register ``process_sets`` in order (a list of ProcessSets or rank lists, or "dynamic")."""
+    register ``process_sets`` in order (a list of ProcessSets or rank lists, or "dynamic").
+    ``comm`` (an MPI communicator in Horovod) is not supported."""
+    if comm is not None:
+        raise ValueError("ps.mxnet.init(comm=...) is not supported: ps forms its cluster from the DMLC_* "
+                         "variables (python -m ps.launch sets them)")
     job.init("dist_sync")
     sets.register(process_sets)
 

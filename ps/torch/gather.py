@@ -48,6 +48,11 @@ class Deferred:
             self._ready = True
         return self._value
 
+    def abandon(self, exc: Exception) -> None:
+        """As ``sums.Handle.abandon``, for the sum this result is made from."""
+        if hasattr(self._inner, "abandon"):
+            self._inner.abandon(exc)
+
 
 def _tag(kind: str, name: str | None) -> str:
     return f"{kind}.{name}" if name is not None else f"{kind}.noname"

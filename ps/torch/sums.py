@@ -138,6 +138,12 @@ class Handle:
     def done(self) -> bool:
         return self._value is not None or self._pending is None or self._pending.done
 
+    def abandon(self, exc: PSError) -> None:
+        """Stop waiting for the sum (``ps.Handle.abandon``): a grouped call's other member
+        failed its check, so this one's round may never close either."""
+        if self._pending is not None and self._value is None:
+            self._pending.abandon(exc)
+
     def when_summed(self, fn: Callable[[np.ndarray | None], None]) -> None:
         """Call ``fn(sum)`` with the raw sum (unscaled, unchecked: a first step, such as a
         gather's sizes, that must not wait for the caller) once the replies are in, usually
@@ -162,8 +168,7 @@ class Handle:
                 for check in self._checks:
                     check()
             except PSError as exc:
-                if self._pending is not None:       # its round may never close: stop waiting for it
-                    self._pending.abandon(exc)
+                self.abandon(exc)               # its round may never close: stop waiting for it
                 raise
             if self._pending is not None:
                 self._pending.wait()
@@ -223,4 +228,10 @@ class Group:
         return all(h.done() for h in self._handles)
 
     def wait(self) -> list[torch.Tensor]:
-        return [h.wait() for h in self._handles]
+        try:
+            return [h.wait() for h in self._handles]
+        except PSError as exc:
+            for h in self._handles:     # the members after the failed one were never waited on
+                if hasattr(h, "abandon"):
+                    h.abandon(exc)
+            raise

@@ -23,6 +23,9 @@ def main():
     out["min"] = hvd.allreduce(v, op=hvd.Min, name="mn").asnumpy().tolist()
     out["max"] = hvd.allreduce(v, op=hvd.Max).asnumpy().tolist()                  # unnamed
     out["prod"] = hvd.allreduce(v, op=hvd.Product, name="pr").asnumpy().tolist()
+    out["max_scaled"] = hvd.allreduce(v, op=hvd.Max, name="ms", prescale_factor=2.0,
+                                      postscale_factor=3.0).asnumpy().tolist()
+    out["avg_zero"] = hvd.allreduce(v, average=0, name="v").asnumpy().tolist()      # falsy: a sum, as Horovod
     out["int_prescale"] = hvd.allreduce(mx.nd.array([7, -7], dtype="int32"), op=hvd.Sum, name="i",
                                         prescale_factor=0.5).asnumpy().tolist()     # 3 each, cast in float64
     half = hvd.allreduce(mx.nd.array([1.0], dtype="float16"), op=hvd.Sum, postscale_factor=0.25, name="h")

@@ -114,6 +114,7 @@ def test_horovods_mxnet_collectives_on_three_workers(procs):
         assert g["sum"] == g["op_sum"] == vs.sum(axis=0).tolist()
         assert g["min"] == vs.min(axis=0).tolist() and g["max"] == vs.max(axis=0).tolist()
         assert g["prod"] == vs.prod(axis=0).tolist()
+        assert g["max_scaled"] == (vs.max(axis=0) * 6).tolist() and g["avg_zero"] == vs.sum(axis=0).tolist()
         assert g["int_prescale"] == [9, -9]                 # Horovod: 7 x 0.5 in float64, cast (3), summed
         assert g["half"] == ["float16", [0.75]]
         assert g["inplace"] == [True, [6.0, 6.0]]

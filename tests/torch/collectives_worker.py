@@ -276,9 +276,18 @@ def main():
     # dropped here, so that shutdown() has nothing left to wait for
     out["mismatch_sum"] = out["mismatch_bcast"] = None
     try:
+        hvd.allreduce(torch.ones(1), average=True, op=hvd.Sum)
+    except ValueError as exc:
+        out["op_and_average"] = str(exc)
+    try:
         hvd.allreduce(torch.zeros(3 if r == 1 else 2), name="badsum")
     except ValueError as exc:
         out["mismatch_sum"] = str(exc)
+    try:                            # a group whose members all differ: none may stay open
+        hvd.grouped_allreduce([torch.ones(2 + r), torch.ones(3 + r)], name="badgroup")
+        out["mismatch_group"] = None
+    except ValueError as exc:
+        out["mismatch_group"] = str(exc)
     try:
         hvd.broadcast_parameters([("p", torch.zeros(2, 2 if r == 2 else 1))], root_rank=0)
     except ValueError as exc:

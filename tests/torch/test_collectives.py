@@ -95,6 +95,8 @@ def test_allgather_alltoall_reducescatter_and_min_max_product_on_three_workers(p
         assert "tensor 'parameters.p' (broadcast) differs" in g["mismatch_bcast"] or \
             "tensor 'p' (broadcast) differs" in g["mismatch_bcast"], g["mismatch_bcast"]
         assert g["after_mismatch"] == [3.0, 3.0]
+        assert "tensor 'badgroup.0' (allreduce) differs across workers" in g["mismatch_group"], g["mismatch_group"]
+        assert "the op parameter supersedes average" in g["op_and_average"], g["op_and_average"]
         check_process_sets(r, g["sets"], [got[k]["sets"] for k in range(N)])
         check_joins(r, g["join"])
 

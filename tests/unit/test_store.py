@@ -255,6 +255,12 @@ def test_a_replaying_worker_is_refused_the_sum_of_another_round_when_no_optimize
     (latest,) = pushpull(W1, 33, 3, 3.0)        # round 3's own sum is still the value
     assert latest.entry.error is None
     np.testing.assert_array_equal(latest.data, np.full(6, 4.0))
+    # a round its dead self pushed into and that is still open: answered when it closes
+    pushpull(W1, 24, 4, 4.0)
+    s.worker_died(W1)
+    assert pushpull(W1, 34, 4, 4.0) == []       # waits for the round's close
+    closing = values(pushpull(W0, 14, 4, 1.0))
+    np.testing.assert_array_equal(closing[(W1, 34)], np.full(6, 5.0))
     with_optimizer = Store(2, sync=True, keep_before=True)
     init(with_optimizer)
     with_optimizer.set_updater(optim.Updater(optim.SGD(learning_rate=0.5)))

@@ -18,7 +18,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from . import selfstart
-from .errors import CollectiveError, MismatchError
+from .errors import CollectiveError, MismatchError, PSError
 from .kvstore import KVStore
 
 KeySpec = tuple[str, tuple[int, ...], np.dtype]     # a key's name, the caller's shape, its dtype
@@ -57,6 +57,18 @@ def reduce_op(op: Any, average: bool | None, refused: Callable[[str], Exception]
         raise refused(f"op {name if isinstance(name, str) else op!r} is not supported: {api} reduces with Average, "
                       "Sum, Min, Max or Product (no Adasum: the servers sum)")
     return found
+
+
+def verified(checks: Any, pending: Any) -> None:
+    """Run ``checks``; if one fails, abandon the calls in ``pending`` (``Handle.abandon``: a
+    round the workers disagree on never closes, and nothing should wait for it) and raise."""
+    try:
+        for check in checks:
+            check()
+    except PSError as exc:
+        for handle in pending:
+            handle.abandon(exc)
+        raise
 
 
 def absent() -> bool:

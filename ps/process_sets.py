@@ -13,7 +13,10 @@ import operator
 from collections.abc import Iterable
 from typing import Any, NamedTuple, Sequence
 
+import numpy as np
+
 from .collective import Job, group_key
+from .errors import MismatchError
 
 
 class ProcessSet:
@@ -84,6 +87,29 @@ class Scope(NamedTuple):
 
     def key(self, key: str) -> str:
         return group_key(self.group, key)
+
+
+def check_root(root_rank: Any, where: Scope, what: str) -> None:
+    """``root_rank`` (a rank of the job, as in Horovod) must be one of ``where``'s."""
+    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)) or root_rank not in where.ranks:
+        if where.group:
+            raise ValueError(f"{what}: root_rank {root_rank!r} is not in process set {where.group} (ranks "
+                             f"{list(where.ranks)})")
+        raise ValueError(f"{what}: root_rank {root_rank!r} is out of range for a job of {where.size} workers")
+
+
+def root_vote(root_rank: int, me: int) -> np.ndarray:
+    """This worker's share of a broadcast's root check: summed over the workers, (1, n x root)
+    iff every one named the same root and it is one of them."""
+    return np.array([1.0 if me == root_rank else 0.0, float(root_rank)])
+
+
+def check_root_votes(total: Any, root_rank: int, me: int, where: Scope, what: str) -> None:
+    """The summed ``root_vote``s: MismatchError, on every worker alike, unless they agree."""
+    roots, named = (float(x) for x in total)
+    if roots != 1 or named != where.size * root_rank:
+        raise MismatchError(f"{what}: the workers disagree on root_rank (rank {me} named {root_rank}; "
+                            f"{int(roots)} of {where.size} workers called themselves the root)")
 
 
 class ProcessSets:

@@ -19,10 +19,10 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from ..collective import GATHERED, Average, Job, ReduceOp, Sum, fingerprint, reduce_op, tensor_key
+from ..collective import GATHERED, Average, Job, ReduceOp, Sum, fingerprint, reduce_op, tensor_key, verified
 from .. import objects, process_sets
-from ..errors import MismatchError, PSError
-from ..process_sets import Scope
+from ..errors import MismatchError
+from ..process_sets import Scope, check_root, check_root_votes, root_vote
 
 job = Job("ps.mxnet")
 
@@ -51,12 +51,7 @@ def sums(names: list[str], arrays: list[np.ndarray], where: Scope | None = None)
     verify = job.ensure_keys([(k, a.shape, a.dtype) for k, a in zip(keys, arrays)], where.group)
     outs = [np.empty(a.shape, a.dtype) for a in arrays]
     handles = [kv.pushpull(k, a.reshape(-1), out=o.reshape(-1), block=False) for k, a, o in zip(keys, arrays, outs)]
-    try:
-        verify()
-    except PSError as exc:
-        for h in handles:               # their rounds may never close: stop waiting for them
-            h.abandon(exc)
-        raise
+    verified([verify], handles)
     for h in handles:
         h.wait()
     return outs
@@ -149,18 +144,12 @@ def broadcast_values(names: list[str], values: list[np.ndarray], root_rank: int,
     job, as in Horovod): its arrays summed with everyone else's zeros, beside a two-number sum
     that shows whether every worker named the same root."""
     where = where or sets.scope()
-    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)) or root_rank not in where.ranks:
-        if where.group:
-            raise ValueError(f"{what}: root_rank {root_rank!r} is not in process set {where.group} (ranks "
-                             f"{list(where.ranks)})")
-        raise ValueError(f"{what}: root_rank {root_rank!r} is out of range for a job of {where.size} workers")
+    check_root(root_rank, where, what)
     me = job.rank()
     sends = [v if me == root_rank else np.zeros_like(v) for v in values]
-    mine = np.array([1.0 if me == root_rank else 0.0, float(root_rank)])
-    *got, roots = sums([*names, "hvd.broadcast.root"], [*sends, mine], where)
-    if job.store() is not None and (roots[0] != 1 or roots[1] != where.size * root_rank):
-        raise MismatchError(f"{what}: the workers disagree on root_rank (rank {me} named {root_rank}; "
-                            f"{int(roots[0])} of {where.size} workers called themselves the root)")
+    *got, votes = sums([*names, "hvd.broadcast.root"], [*sends, root_vote(root_rank, me)], where)
+    if job.store() is not None:
+        check_root_votes(votes, root_rank, me, where, what)
     return got
 
 
@@ -201,11 +190,11 @@ def _gather(base: str, a: np.ndarray, where: Scope, what: str | None = None) -> 
     table = np.zeros(n + 1)
     table[me] = a.shape[0]
     table[n] = fingerprint(f"{a.shape[1:]}{a.dtype}")
-    (table,) = sums([f"{base}.sizes"], [table], where)
-    if table[n] != n * fingerprint(f"{a.shape[1:]}{a.dtype}"):
+    (summed,) = sums([f"{base}.sizes"], [table], where)
+    if summed[n] != n * table[n]:
         raise MismatchError(f"{what or base}: the workers' tensors differ past the first dimension or in dtype "
                             f"(rank {me} has shape {a.shape} and dtype {a.dtype})")
-    counts = table[:n].astype(np.int64)
+    counts = summed[:n].astype(np.int64)
     total = int(counts.sum())
     start = int(counts[:me].sum())
     rows = np.zeros((1 << max(total - 1, 0).bit_length(), *a.shape[1:]), a.dtype)

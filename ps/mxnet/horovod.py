@@ -16,6 +16,7 @@ import mxnet as mx
 import numpy as np
 
 from ..collective import absent, predivide_factor
+from ..process_sets import check_root
 from .collectives import broadcast_values, job, sets, sums
 
 # What this build has (hvd.mpi_built(), ...): ps has none of Horovod's MPI, Gloo, NCCL, ...
@@ -153,8 +154,7 @@ def broadcast_parameters(params: Any, root_rank: int = 0, prefix: str | None = N
     keeps the names of two calls apart, as in Horovod."""
     if _kv() is None:
         return
-    if not isinstance(root_rank, int) or not 0 <= root_rank < size():
-        raise ValueError(f"root_rank {root_rank!r} is out of range for a job of {size()} workers")
+    check_root(root_rank, sets.scope(), "broadcast_parameters")    # before any parameter waits for it
     items, values = [], []
     for name, p in sorted(params.items()):
         name = f"{prefix or ''}{name}"

@@ -13,8 +13,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..collective import GATHERED, Adasum, Average, Max, Min, Product, ReduceOp, Sum, tensor_key
-from ..errors import MismatchError, PSError
+from ..collective import GATHERED, Adasum, Average, Max, Min, Product, ReduceOp, Sum, tensor_key, verified
+from ..errors import MismatchError
+from ..process_sets import check_root, check_root_votes, root_vote
 from .. import objects
 from . import runtime
 from .compression import Compression
@@ -146,36 +147,21 @@ def poll(handle: Any) -> bool:
 
 
 # -- broadcast -------------------------------------------------------------------------
-def _check_root(root_rank: int, where: Scope) -> None:
-    """``root_rank`` (a rank of the job, as in Horovod) must be one of ``where``'s."""
-    if not isinstance(root_rank, int) or root_rank not in where.ranks:
-        if where.group:
-            raise ValueError(f"root_rank {root_rank!r} is not in process set {where.group} (ranks "
-                             f"{list(where.ranks)})")
-        raise ValueError(f"root_rank {root_rank!r} is out of range for a job of {where.size} workers")
-
-
 def _same_root(root_rank: int, name: str | None, what: str, where: Scope) -> tuple[Callable[[], None], ...]:
     """Start the sum that shows whether every worker named ``root_rank``; the returned check
     (run when it is in) raises MismatchError on every worker alike if not."""
     if runtime.store() is None:
         return ()
-    me, n = runtime.rank(), where.size
-    mine = torch.tensor([1.0 if me == root_rank else 0.0, float(root_rank)], dtype=torch.float64)
-    handle = sum_async(mine, f"broadcast.root.{name}" if name is not None else "broadcast.root", Sum, where=where)
-
-    def check() -> None:
-        roots, named = handle.wait().tolist()
-        if roots != 1 or named != n * root_rank:
-            raise MismatchError(f"{what}: the workers disagree on root_rank (rank {me} named {root_rank}; "
-                                f"{int(roots)} of {n} workers called themselves the root)")
-    return (check,)
+    me = runtime.rank()
+    handle = sum_async(torch.from_numpy(root_vote(root_rank, me)),
+                       f"broadcast.root.{name}" if name is not None else "broadcast.root", Sum, where=where)
+    return (lambda: check_root_votes(handle.wait().tolist(), root_rank, me, where, what),)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = None,
                     _target: torch.Tensor | None = None) -> Handle:
     where = scope(process_set)
-    _check_root(root_rank, where)
+    check_root(root_rank, where, f"broadcast of {name!r}" if name else "broadcast")
     claim("broadcast", name)
     send = tensor.detach() if runtime.rank() == root_rank else torch.zeros_like(tensor)
     key = f"broadcast.{name}" if name is not None else None
@@ -230,7 +216,7 @@ def broadcast_parameters(params: Any, root_rank: int = 0, process_set: Any = Non
     kv = runtime.store()
     if kv is None:
         return
-    _check_root(root_rank, where)
+    check_root(root_rank, where, "broadcast_parameters")
     flats = []
     for name, t in items:
         if isinstance(t, torch.Tensor):
@@ -243,13 +229,7 @@ def broadcast_parameters(params: Any, root_rank: int = 0, process_set: Any = Non
         result = np.empty_like(flat)
         pending.append((t, result, kv.pushpull(key, send, out=result, block=False)))
     checks = _same_root(root_rank, "parameters", "broadcast_parameters", where)
-    try:
-        for check in (verify, *checks):
-            check()
-    except PSError as exc:
-        for _, _, handle in pending:        # their rounds may never close: stop waiting for them
-            handle.abandon(exc)
-        raise
+    verified((verify, *checks), [handle for _, _, handle in pending])
     for t, result, handle in pending:
         handle.wait()
     for t, result, _ in pending:
@@ -264,7 +244,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, proc
     kv = runtime.store()
     if kv is None:
         return obj
-    _check_root(root_rank, where)
+    check_root(root_rank, where, "broadcast_object")
     data = objects.dumps(obj, kv, "broadcast_object") if kv.rank == root_rank else b""
     tag = name or f"object.{next(_objects.setdefault(where.group, itertools.count()))}"
     n = int(broadcast(torch.tensor([len(data)], dtype=torch.int64), root_rank, f"{tag}.len", process_set).item())

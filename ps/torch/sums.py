@@ -164,12 +164,7 @@ class Handle:
 
     def wait(self) -> torch.Tensor:
         if self._value is None:
-            try:
-                for check in self._checks:
-                    check()
-            except PSError as exc:
-                self.abandon(exc)               # its round may never close: stop waiting for it
-                raise
+            collective.verified(self._checks, [self])
             if self._pending is not None:
                 self._pending.wait()
             # scaled in the wire's dtype (a bfloat16 sum arrives as float32), then cast

@@ -18,8 +18,10 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from . import selfstart
+from .config import value_of
 from .errors import CollectiveError, MismatchError, PSError
 from .kvstore import KVStore
+from .timeline import Timeline
 
 KeySpec = tuple[str, tuple[int, ...], np.dtype]     # a key's name, the caller's shape, its dtype
 CHECKED = 61                # keys checked one by one in a first-use check (the rest by the sum of all)
@@ -107,8 +109,9 @@ class Job:
     ``mpirun``/``srun``) it runs alone, size 1, every collective a no-op, as Horovod does
     outside ``horovodrun``, so one script serves both."""
 
-    def __init__(self, api: str):
+    def __init__(self, api: str, names: str = ""):
         self.api = api                     # "ps.torch": named in the error for a missing init()
+        self.names = names                 # what the adapter's tensor keys start with ("hvd.")
         self._store: KVStore | None = None
         self._alone = False
         self._keys: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
@@ -117,6 +120,7 @@ class Job:
         self._excused: set[int] = set()                 # server keys summed without this worker (join)
         self._groups: dict[int, tuple[int, ...]] = {}   # group id -> its ranks (Horovod's process sets)
         self._group_ids = itertools.count(1)            # never reused: a group's keys keep its ranks
+        self._timeline: Timeline | None = None
 
     def init(self, kvstore: str = "dist_sync") -> None:
         """Join the job (idempotent)."""
@@ -125,6 +129,7 @@ class Job:
         selfstart.start()           # under mpirun/srun without ps.launch: make the rendezvous here
         if "DMLC_PS_ROOT_URI" not in os.environ:
             self._alone = True
+            self._timeline_from_env()
             return
         kv = KVStore(kvstore)
         if kv.restarted:
@@ -138,6 +143,65 @@ class Job:
                 "the step the others are in: the job must start again (a dead server is recovered; a dead "
                 "worker is not)")
         self._store = kv
+        self._timeline_from_env()
+
+    # -- Horovod's timeline -----------------------------------------------------------------
+    def _timeline_from_env(self) -> None:
+        kv = self._store
+        path, marks = (kv.config.timeline, kv.config.timeline_mark_cycles) if kv is not None else \
+            (value_of("HOROVOD_TIMELINE"), value_of("HOROVOD_TIMELINE_MARK_CYCLES"))
+        if path:
+            self.start_timeline(path, marks)
+
+    def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
+        """Horovod's ``start_timeline``: rank 0 records its collectives in ``path`` (one at a
+        time: a running timeline is stopped first); the other ranks record nothing, as in
+        Horovod, where rank 0 writes the file."""
+        if not self.is_initialized():
+            raise ValueError(f"{self.api}.init() has not been called")
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise ValueError(f"start_timeline needs a file path, got {path!r}")
+        self.stop_timeline()
+        if self.rank() != 0:
+            return
+        try:
+            self._timeline = Timeline(str(path), self._timeline_row, bool(mark_cycles))
+        except OSError as exc:
+            raise ValueError(f"start_timeline: cannot write {str(path)!r}: {exc.strerror}") from None
+        if self._store is not None:
+            self._store.record(self._timeline)
+
+    def stop_timeline(self) -> None:
+        """End the timeline's file (valid JSON from then on); nothing if none runs."""
+        if self._store is not None:
+            self._store.record(None)
+        if self._timeline is not None:
+            self._timeline.close()
+            self._timeline = None
+
+    def _timeline_row(self, key: Any) -> tuple[str, str] | None:
+        """A request's key as Horovod's timeline shows it: the tensor's row (``allreduce.w``)
+        and the phase (``ALLREDUCE``, or ``NEGOTIATE_ALLREDUCE`` for the first use's check);
+        None for ps's own keys (meetings, agreements)."""
+        if not isinstance(key, str):
+            return None
+        check = f"{self.api}.check."
+        negotiate = key.startswith(check)
+        if negotiate:
+            key = key[len(check):]
+        where = ""
+        if key.startswith(GROUP_PREFIX) and "/" in key:
+            gid, _, rest = key[len(GROUP_PREFIX):].partition("/")
+            if gid.isdigit():
+                key, where = rest, f" (process set {gid})"
+        base = _base(key)
+        if not base.startswith(self.names) or base.startswith(f"{self.api}."):
+            return None
+        base = base[len(self.names):]
+        kind, dot, _ = base.partition(".")
+        if not dot:
+            return None
+        return base + where, f"NEGOTIATE_{kind.upper()}" if negotiate else kind.upper()
 
     def is_initialized(self) -> bool:
         return self._store is not None or self._alone
@@ -339,6 +403,7 @@ class Job:
         return joined.last
 
     def shutdown(self) -> None:
+        self.stop_timeline()
         if self._store is not None:
             self._store.close()
         self._store, self._alone = None, False

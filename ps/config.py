@@ -168,6 +168,11 @@ VARIABLES: tuple[Var, ...] = (
         "python -m ps.launch: 1 puts ps's import hook on its processes' PYTHONPATH, so a script's "
         "plain `import mxnet` gets ps's dist_* kvstores (no line changed); 0: off (import ps.mxnet "
         "yourself)"),
+    Var("HOROVOD_TIMELINE", "timeline", _str, None,
+        "ps.torch / ps.mxnet (Horovod's API): rank 0 writes a chrome://tracing file of its "
+        "collectives here from init() on (hvd.start_timeline does the same at run time)"),
+    Var("HOROVOD_TIMELINE_MARK_CYCLES", "timeline_mark_cycles", _bool, False,
+        "1: the timeline also marks CYCLE_START each time queued requests leave together"),
     Var("MXNET_ENGINE_TYPE", "mxnet_engine_type", _str, None,
         "MXNet's own; with NaiveEngine ps.mxnet keeps pushpulls outside the engine"),
     Var("MXNET_MKLDNN_ENABLED", "mxnet_mkldnn", _bool, True,
@@ -180,7 +185,8 @@ VARIABLES: tuple[Var, ...] = (
 
 
 def value_of(name: str, environ: Mapping[str, str] | None = None) -> Any:
-    """One variable, parsed (its default when unset): for the launcher, which is no node."""
+    """One variable, parsed (its default when unset): for processes that are no node (the
+    launcher; a Horovod-style script running alone)."""
     env = os.environ if environ is None else environ
     var = next(v for v in VARIABLES if v.name == name)
     raw = env.get(name)
@@ -268,6 +274,8 @@ class Config:
     mxnet_engine: bool = True
     mxnet_autoload: bool = True
     mxnet_engine_type: str | None = None
+    timeline: str | None = None
+    timeline_mark_cycles: bool = False
     mxnet_mkldnn: bool = True
     bigarray_bound: int = 1_000_000
     reduction_nthreads: int = 4

@@ -28,6 +28,7 @@ from .errors import ClosedError, ConfigError, PSError, PSTimeoutError
 from .keys import Slice
 from .message import Op, Role, dtype_code, namespace_field
 from .postoffice import Postoffice
+from .timeline import Timeline
 from .van import Van
 from .worker import KVWorker
 
@@ -100,6 +101,7 @@ class KVStore:
         self._residuals: dict[int, np.ndarray] = {}
         self._closed = False
         self._round = 0
+        self._timeline: Timeline | None = None
         try:
             self._po.start({"sync": self._sync})
             if self._po.restarted:
@@ -373,7 +375,7 @@ class KVStore:
                 continue
             flat = self._value(info, v, "push to").reshape(-1)
             handles.append(self._request(Op.PUSH, info, flat, None, what, priority))
-        return self._finish(handles, lambda: None, block)
+        return self._finish(handles, lambda: None, block, [k for k, _ in self._pairs(key, value)])
 
     def row_sparse_pull(self, key: Any, row_ids: Any, priority: int = 0, block: bool = True) -> Any:
         """Fetch rows ``row_ids`` (any shape, repeats allowed) of ``key``: a RowSparse of
@@ -467,8 +469,8 @@ class KVStore:
             handles.append(self._request(op, info, flat, recv.reshape(-1), what, priority))
             finals.append(final)
         if isinstance(key, (list, tuple)):
-            return self._finish(handles, lambda: [f() for f in finals], block)
-        return self._finish(handles, finals[0], block)
+            return self._finish(handles, lambda: [f() for f in finals], block, names)
+        return self._finish(handles, finals[0], block, names)
 
     def _receiver(self, info: KeyInfo, out: Any) -> tuple[np.ndarray, Any]:
         """An array replies can be written into, and what to return once they are."""
@@ -509,14 +511,26 @@ class KVStore:
             op |= Op.CREATE | (Op.JOINABLE if info.joinable else 0)
         return self._worker.request(op, info.key, info.slices, info.dtype_code, value, out, what, encode, priority)
 
-    def _finish(self, requests: list[Request], finalize: Any, block: bool) -> Any:
+    def _finish(self, requests: list[Request], finalize: Any, block: bool, keys: Sequence[Any] = ()) -> Any:
         """Blocking calls send now; non-blocking ones leave with the I/O thread's next
         flush, together with whatever else was issued meanwhile."""
         handle = self._worker.handle(requests, finalize)
+        timeline = self._timeline
+        if timeline is not None:
+            for key in keys:
+                ended = timeline.started(key)
+                if ended is not None:
+                    handle.add_done_callback(lambda _h, ended=ended: ended())
         if not block:
             return handle
         self._worker.flush()
         return handle.wait()
+
+    def record(self, timeline: Timeline | None) -> None:
+        """Show this worker's requests on ``timeline`` (``ps.timeline``: Horovod's timeline);
+        None stops. The caller closes the timeline."""
+        self._timeline = timeline
+        self._worker.on_flush = None if timeline is None else timeline.cycle
 
     @staticmethod
     def _pairs(key: Any, value: Any) -> list[tuple[Any, Any]]:

@@ -42,6 +42,7 @@ class KVWorker:
         self.credits = 0                       # CREDIT messages received (transport_stats)
         self._lock = threading.RLock()
         self._flush_scheduled = False
+        self.on_flush: Callable[[], None] | None = None    # queued requests left together (ps.timeline's cycles)
         self._cmd_ids = itertools.count(1)
         self._cmd_waiters: dict[int, tuple[threading.Event, dict[int, Any]]] = {}
         self._cmd_sent: dict[int, tuple[list[int], dict[str, Any]]] = {}
@@ -178,6 +179,8 @@ class KVWorker:
                 self._send(sid, box)
             if self._queue is not None:
                 self._send_queued()
+        if boxes and self.on_flush is not None:
+            self.on_flush()
 
     def _send(self, sid: int, box: Batch, flags: int = 0) -> None:
         msg = Message(Command.DATA, recver=sid, body=box.entries, frames=box.frames)

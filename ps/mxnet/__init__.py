@@ -34,7 +34,7 @@ from .horovod import (Compression, DistributedOptimizer, DistributedTrainer, add
                       broadcast_parameters, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
                       global_process_set, gloo_built, gloo_enabled, init, is_initialized, local_rank, local_size,
                       mpi_built, mpi_enabled, mpi_threads_supported, process_set_by_id, rank, remove_process_set,
-                      rocm_built, shutdown, size)
+                      rocm_built, shutdown, size, start_timeline, stop_timeline)
 from .kvstore import (PSKVStore, patch_create, patch_profiler, patch_trainer, register,  # noqa: E402
                       settle_before_fork)
 
@@ -52,5 +52,6 @@ __all__ = ["PSKVStore", "Adasum", "Average", "Compression", "DistributedOptimize
            "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allreduce",
            "grouped_allreduce_", "grouped_reducescatter", "init", "is_initialized", "local_rank", "local_size",
            "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "process_set_by_id", "rank",
-           "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size"]
+           "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size", "start_timeline",
+           "stop_timeline"]
 

@@ -24,7 +24,7 @@ from .. import objects, process_sets
 from ..errors import MismatchError
 from ..process_sets import Scope, check_root, check_root_votes, root_vote
 
-job = Job("ps.mxnet")
+job = Job("ps.mxnet", names="hvd.")
 
 
 class ProcessSet(process_sets.ProcessSet):
@@ -73,7 +73,7 @@ def scaled(a: np.ndarray, factor: float) -> np.ndarray:
 def _named(kind: str, name: str | None) -> str:
     """Unnamed calls share one key per shape and dtype, so every worker must make them in the
     same order (Horovod numbers them in call order)."""
-    return f"hvd.{kind}.{name if name is not None else 'noname'}"
+    return f"{job.names}{kind}.{name if name is not None else 'noname'}"
 
 
 def _array(tensor: Any, what: str) -> np.ndarray:
@@ -147,7 +147,7 @@ def broadcast_values(names: list[str], values: list[np.ndarray], root_rank: int,
     check_root(root_rank, where, what)
     me = job.rank()
     sends = [v if me == root_rank else np.zeros_like(v) for v in values]
-    *got, votes = sums([*names, "hvd.broadcast.root"], [*sends, root_vote(root_rank, me)], where)
+    *got, votes = sums([*names, f"{job.names}broadcast.root"], [*sends, root_vote(root_rank, me)], where)
     if job.store() is not None:
         check_root_votes(votes, root_rank, me, where, what)
     return got

@@ -53,6 +53,15 @@ def is_initialized() -> bool:
     return job.is_initialized()
 
 
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Horovod's: rank 0 writes a chrome://tracing file of its collectives (ps/timeline.py)."""
+    job.start_timeline(file_path, mark_cycles)
+
+
+def stop_timeline() -> None:
+    job.stop_timeline()
+
+
 def _kv() -> Any:
     return job.store()
 

@@ -22,7 +22,7 @@ from .server_optimizer import ServerOptimizer
 from .sync_batch_norm import SyncBatchNorm
 from .runtime import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
                       is_homogeneous, is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
-                      mpi_threads_supported, rank, rocm_built, size)
+                      mpi_threads_supported, rank, rocm_built, size, start_timeline, stop_timeline)
 
 __all__ = ["Adasum", "Average", "Compression", "Compressor", "DistributedOptimizer", "HorovodInternalError", "Max",
            "Min", "ProcessSet", "Product",
@@ -35,4 +35,5 @@ __all__ = ["Adasum", "Average", "Compression", "Compressor", "DistributedOptimiz
            "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async", "init",
            "is_homogeneous", "is_initialized", "join", "local_rank", "local_size", "mpi_built", "mpi_enabled",
            "mpi_threads_supported", "nccl_built", "poll", "process_set_by_id", "rank", "reducescatter", "reducescatter_async",
-           "remove_process_set", "rocm_built", "shutdown", "size", "sparse_allreduce_async", "synchronize"]
+           "remove_process_set", "rocm_built", "shutdown", "size", "sparse_allreduce_async", "start_timeline",
+           "stop_timeline", "synchronize"]

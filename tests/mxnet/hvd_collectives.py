@@ -1,6 +1,7 @@
 """Horovod-MXNet's collectives on ps (``import ps.mxnet as hvd``), run by each of 3 workers:
 prints one RESULT line of what came back, which test_horovod_mxnet.py checks against numpy."""
 import json
+import sys
 
 import mxnet as mx
 import numpy as np
@@ -17,9 +18,11 @@ def main():
     r, n = hvd.rank(), hvd.size()
     out = {"rank": r, "size": n, "cross": [hvd.cross_rank(), hvd.cross_size()], "init": hvd.is_initialized()}
     v = mx.nd.array([float(r), -float(r), 2.0 + r])
+    hvd.start_timeline(sys.argv[1])             # rank 0 records the next three calls
     out["avg"] = hvd.allreduce(v, name="v").asnumpy().tolist()
     out["sum"] = hvd.allreduce(v, average=False, name="v").asnumpy().tolist()
     out["op_sum"] = hvd.allreduce(v, op=hvd.Sum, name="v").asnumpy().tolist()
+    hvd.stop_timeline()
     out["min"] = hvd.allreduce(v, op=hvd.Min, name="mn").asnumpy().tolist()
     out["max"] = hvd.allreduce(v, op=hvd.Max).asnumpy().tolist()                  # unnamed
     out["prod"] = hvd.allreduce(v, op=hvd.Product, name="pr").asnumpy().tolist()

@@ -95,15 +95,21 @@ def test_workers_that_disagree_on_a_tensor_get_its_name_not_a_hang(procs):
 
 
 @pytest.mark.timeout(200)
-def test_horovods_mxnet_collectives_on_three_workers(procs):
+def test_horovods_mxnet_collectives_on_three_workers(procs, tmp_path):
     """allreduce (ops, scale factors, in place, grouped, unnamed), broadcast, allgather,
     reducescatter, alltoall and objects, checked against numpy; shapes that differ are named on
-    every worker and leave nothing for the exit to wait for."""
+    every worker and leave nothing for the exit to wait for. A timeline of the first three
+    calls, started and stopped at run time."""
     script = str(ROOT / "tests" / "mxnet" / "hvd_collectives.py")
-    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "3", "-s", "2", "--launcher", "local", PYTHON, script],
-                           cluster_env(0))
+    timeline = tmp_path / "timeline.json"
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "3", "-s", "2", "--launcher", "local", PYTHON, script,
+                            str(timeline)], cluster_env(0))
     code, out, err = procs.finish(launcher, timeout=150)
     assert code == 0, out + err
+    events = json.loads(timeline.read_text())       # stop_timeline() closed it: plain JSON
+    rows = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name" and e["pid"]}
+    spans = sorted((rows[e["pid"]], e["name"]) for e in events if e.get("ph") == "X")
+    assert spans == [("allreduce.v", "ALLREDUCE")] * 3 + [("allreduce.v", "NEGOTIATE_ALLREDUCE")], spans
     got = sorted(results(out), key=lambda g: g["rank"])
     assert [g["rank"] for g in got] == [0, 1, 2], out + err
     assert "closing with requests still outstanding" not in err, err

@@ -1,5 +1,7 @@
 """Horovod's collectives beyond allreduce, made of the servers' sums (ps/torch/gather.py):
 three real workers with different first dimensions, every result checked against numpy."""
+import json
+
 import numpy as np
 import pytest
 
@@ -23,8 +25,10 @@ def cat(parts, cols=3):
 
 
 @pytest.mark.timeout(200)
-def test_allgather_alltoall_reducescatter_and_min_max_product_on_three_workers(procs):
-    out = launch(procs, script=SCRIPT, workers=N)
+def test_allgather_alltoall_reducescatter_and_min_max_product_on_three_workers(procs, tmp_path):
+    timeline = tmp_path / "timeline.json"       # every rank is given it; rank 0 writes it (Horovod's rule)
+    out = launch(procs, script=SCRIPT, workers=N, HOROVOD_TIMELINE=str(timeline), HOROVOD_TIMELINE_MARK_CYCLES="1")
+    check_timeline(json.loads(timeline.read_text()))    # shutdown() closed it: plain JSON
     got = sorted(results(out), key=lambda r: r["rank"])
     assert [g["rank"] for g in got] == list(range(N)), out
     # the data rounds the mismatches left open were dropped: shutdown waits for none of them
@@ -138,6 +142,22 @@ def check_process_sets(r, s, every):
     assert "the workers disagree on process set 3" in disagree, disagree
     assert s["removed"] == [True, True, False, None]
     assert "is not registered" in removed, removed
+
+
+def check_timeline(events):
+    """Horovod's timeline as chrome://tracing reads it: a row per tensor, a bar per phase."""
+    rows = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name" and e["pid"]}
+    spans = [(rows[e["pid"]], e["name"], e["ts"], e["dur"]) for e in events if e.get("ph") == "X"]
+    phases = {(row, phase) for row, phase, _, _ in spans}
+    # a name's first use is checked on every worker (NEGOTIATE_), then summed
+    assert {("allreduce.reuse", "NEGOTIATE_ALLREDUCE"), ("allreduce.reuse", "ALLREDUCE"),
+            ("allreduce.after", "ALLREDUCE"), ("broadcast.optstate.0.exp_avg", "NEGOTIATE_BROADCAST"),
+            ("broadcast.optstate.0.exp_avg", "BROADCAST")} <= phases, sorted(phases)
+    assert any(row.endswith("(process set 1)") for row, _ in phases), sorted(phases)
+    assert all(ts >= 0 and dur >= 0 for _, _, ts, dur in spans), spans
+    assert len([s for s in spans if s[:2] == ("allreduce.reuse", "ALLREDUCE")]) == 2      # called twice
+    assert any(e.get("name") == "CYCLE_START" for e in events)                           # MARK_CYCLES=1
+    assert not any("meeting" in row or "agree" in row for row in rows.values()), rows     # ps's own keys
 
 
 def test_the_rest_of_horovods_api_alone():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import os
 from typing import Any, Callable, NamedTuple
 
@@ -21,12 +22,17 @@ from . import selfstart
 from .config import value_of
 from .errors import CollectiveError, MismatchError, PSError
 from .kvstore import KVStore
-from .timeline import Timeline
+from .timeline import Bar, Timeline
+
+logger = logging.getLogger(__name__)
 
 KeySpec = tuple[str, tuple[int, ...], np.dtype]     # a key's name, the caller's shape, its dtype
 CHECKED = 61                # keys checked one by one in a first-use check (the rest by the sum of all)
 GROUP_PREFIX = "set"        # a group's keys: "set<id>/<name>", apart from every other group's
 MEETING = "meeting"         # the key a group's members meet on (first uses of names, barriers)
+# Horovod's operations, as the first part of a key's name says (a timeline shows only these)
+OPERATIONS = ("allreduce", "broadcast", "allgather", "alltoall", "reducescatter", "sparse", "broadcast_object",
+              "allgather_object")
 
 
 class ReduceOp(NamedTuple):
@@ -147,11 +153,16 @@ class Job:
 
     # -- Horovod's timeline -----------------------------------------------------------------
     def _timeline_from_env(self) -> None:
+        """``HOROVOD_TIMELINE``: a path rank 0 cannot write is a warning, not an error, since
+        the other ranks, which do not write, would go on without it."""
         kv = self._store
         path, marks = (kv.config.timeline, kv.config.timeline_mark_cycles) if kv is not None else \
             (value_of("HOROVOD_TIMELINE"), value_of("HOROVOD_TIMELINE_MARK_CYCLES"))
         if path:
-            self.start_timeline(path, marks)
+            try:
+                self.start_timeline(path, marks)
+            except ValueError as exc:
+                logger.warning("HOROVOD_TIMELINE: %s; training goes on without a timeline", exc)
 
     def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
         """Horovod's ``start_timeline``: rank 0 records its collectives in ``path`` (one at a
@@ -159,49 +170,27 @@ class Job:
         Horovod, where rank 0 writes the file."""
         if not self.is_initialized():
             raise ValueError(f"{self.api}.init() has not been called")
-        if not isinstance(path, (str, os.PathLike)) or not str(path):
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
             raise ValueError(f"start_timeline needs a file path, got {path!r}")
         self.stop_timeline()
         if self.rank() != 0:
             return
         try:
-            self._timeline = Timeline(str(path), self._timeline_row, bool(mark_cycles))
+            self._timeline = Timeline(os.fspath(path), lambda key: timeline_bar(key, self.api, self.names),
+                                      bool(mark_cycles))
         except OSError as exc:
-            raise ValueError(f"start_timeline: cannot write {str(path)!r}: {exc.strerror}") from None
+            raise ValueError(f"start_timeline: cannot write {os.fspath(path)!r}: {exc.strerror}") from None
         if self._store is not None:
             self._store.record(self._timeline)
 
     def stop_timeline(self) -> None:
-        """End the timeline's file (valid JSON from then on); nothing if none runs."""
+        """End the timeline's file (plain JSON from then on); nothing if none runs. Bars of
+        calls still in flight are not shown."""
         if self._store is not None:
             self._store.record(None)
         if self._timeline is not None:
             self._timeline.close()
             self._timeline = None
-
-    def _timeline_row(self, key: Any) -> tuple[str, str] | None:
-        """A request's key as Horovod's timeline shows it: the tensor's row (``allreduce.w``)
-        and the phase (``ALLREDUCE``, or ``NEGOTIATE_ALLREDUCE`` for the first use's check);
-        None for ps's own keys (meetings, agreements)."""
-        if not isinstance(key, str):
-            return None
-        check = f"{self.api}.check."
-        negotiate = key.startswith(check)
-        if negotiate:
-            key = key[len(check):]
-        where = ""
-        if key.startswith(GROUP_PREFIX) and "/" in key:
-            gid, _, rest = key[len(GROUP_PREFIX):].partition("/")
-            if gid.isdigit():
-                key, where = rest, f" (process set {gid})"
-        base = _base(key)
-        if not base.startswith(self.names) or base.startswith(f"{self.api}."):
-            return None
-        base = base[len(self.names):]
-        kind, dot, _ = base.partition(".")
-        if not dot:
-            return None
-        return base + where, f"NEGOTIATE_{kind.upper()}" if negotiate else kind.upper()
 
     def is_initialized(self) -> bool:
         return self._store is not None or self._alone
@@ -403,9 +392,9 @@ class Job:
         return joined.last
 
     def shutdown(self) -> None:
-        self.stop_timeline()
         if self._store is not None:
-            self._store.close()
+            self._store.close()             # waits for the calls in flight: their bars end first
+        self.stop_timeline()
         self._store, self._alone = None, False
         self._keys.clear()
         self._checks.clear()
@@ -430,14 +419,43 @@ def fingerprint(text: str) -> float:
     return float(int.from_bytes(hashlib.blake2b(text.encode(), digest_size=5).digest(), "little"))
 
 
-def _label(key: str) -> str:
-    """A key as the script knows it: ``allreduce.w:3:<f4`` is the allreduce of 'w'."""
-    where = ""
+def _split_group(key: str) -> tuple[str, str | None]:
+    """``set2/allreduce.w:3:<f4`` -> (``allreduce.w:3:<f4``, "2"); a key of no group -> (key, None)."""
     if key.startswith(GROUP_PREFIX) and "/" in key:
         gid, _, rest = key[len(GROUP_PREFIX):].partition("/")
         if gid.isdigit():
-            key, where = rest, f" in process set {gid}"
-    return _plain_label(key) + where
+            return rest, gid
+    return key, None
+
+
+def _label(key: str) -> str:
+    """A key as the script knows it: ``allreduce.w:3:<f4`` is the allreduce of 'w'."""
+    key, gid = _split_group(key)
+    return _plain_label(key) + (f" in process set {gid}" if gid else "")
+
+
+def timeline_bar(key: Any, api: str, names: str = "") -> Bar | None:
+    """How Horovod's timeline shows a request on ``key`` of adapter ``api`` (whose tensor keys
+    start with ``names``): the tensor's row (``allreduce.w``; ``broadcast.w`` for a broadcast
+    made of a sum) and the phase (``ALLREDUCE``; ``NEGOTIATE_ALLREDUCE`` for the check of a
+    call's new names, ``api.check.<first name>``). None for what is not a Horovod operation:
+    meetings, agreements, a broadcast's root vote, other keys of the store."""
+    if not isinstance(key, str):
+        return None
+    check = f"{api}.check."
+    negotiate = key.startswith(check)
+    key, gid = _split_group(key[len(check):] if negotiate else key)
+    base = _base(key)
+    if not base.startswith(names):
+        return None
+    base = base[len(names):]
+    inner = base.partition(".")[2]
+    if base.startswith("allreduce.") and inner.partition(".")[0] in OPERATIONS:
+        base = inner                # ps.torch's broadcast and gathers are sums: named by what they are
+    kind = base.partition(".")[0]
+    if kind not in OPERATIONS or base == kind or base.startswith("broadcast.root"):
+        return None
+    return Bar(base + (f" (process set {gid})" if gid else ""), ("NEGOTIATE_" if negotiate else "") + kind.upper())
 
 
 def _plain_label(key: str) -> str:

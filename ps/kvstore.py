@@ -375,7 +375,7 @@ class KVStore:
                 continue
             flat = self._value(info, v, "push to").reshape(-1)
             handles.append(self._request(Op.PUSH, info, flat, None, what, priority))
-        return self._finish(handles, lambda: None, block, [k for k, _ in self._pairs(key, value)])
+        return self._finish(handles, lambda: None, block, key)
 
     def row_sparse_pull(self, key: Any, row_ids: Any, priority: int = 0, block: bool = True) -> Any:
         """Fetch rows ``row_ids`` (any shape, repeats allowed) of ``key``: a RowSparse of
@@ -469,8 +469,8 @@ class KVStore:
             handles.append(self._request(op, info, flat, recv.reshape(-1), what, priority))
             finals.append(final)
         if isinstance(key, (list, tuple)):
-            return self._finish(handles, lambda: [f() for f in finals], block, names)
-        return self._finish(handles, finals[0], block, names)
+            return self._finish(handles, lambda: [f() for f in finals], block, key)
+        return self._finish(handles, finals[0], block, key)
 
     def _receiver(self, info: KeyInfo, out: Any) -> tuple[np.ndarray, Any]:
         """An array replies can be written into, and what to return once they are."""
@@ -511,14 +511,15 @@ class KVStore:
             op |= Op.CREATE | (Op.JOINABLE if info.joinable else 0)
         return self._worker.request(op, info.key, info.slices, info.dtype_code, value, out, what, encode, priority)
 
-    def _finish(self, requests: list[Request], finalize: Any, block: bool, keys: Sequence[Any] = ()) -> Any:
+    def _finish(self, requests: list[Request], finalize: Any, block: bool, key: Any = None) -> Any:
         """Blocking calls send now; non-blocking ones leave with the I/O thread's next
-        flush, together with whatever else was issued meanwhile."""
+        flush, together with whatever else was issued meanwhile. ``key`` (one or a list):
+        what the call is shown as on a timeline."""
         handle = self._worker.handle(requests, finalize)
         timeline = self._timeline
         if timeline is not None:
-            for key in keys:
-                ended = timeline.started(key)
+            for k in key if isinstance(key, (list, tuple)) else [key]:
+                ended = timeline.started(k)
                 if ended is not None:
                     handle.add_done_callback(lambda _h, ended=ended: ended())
         if not block:

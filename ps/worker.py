@@ -179,8 +179,9 @@ class KVWorker:
                 self._send(sid, box)
             if self._queue is not None:
                 self._send_queued()
-        if boxes and self.on_flush is not None:
-            self.on_flush()
+        on_flush = self.on_flush          # read once: a timeline may stop meanwhile
+        if on_flush is not None:
+            on_flush()
 
     def _send(self, sid: int, box: Batch, flags: int = 0) -> None:
         msg = Message(Command.DATA, recver=sid, body=box.entries, frames=box.frames)

@@ -7,6 +7,7 @@ job of N workers makes the updates one process makes on the N batches together; 
 """
 from ..collective import nccl_built
 from ..errors import CollectiveError as HorovodInternalError
+from . import elastic
 from .compression import Compression, Compressor
 from .gather import (allgather, allgather_async, allgather_object, alltoall, alltoall_async, grouped_allgather,
                      grouped_allgather_async, grouped_reducescatter, grouped_reducescatter_async, reducescatter,
@@ -30,7 +31,7 @@ __all__ = ["Adasum", "Average", "Compression", "Compressor", "DistributedOptimiz
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
            "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
            "broadcast_optimizer_state", "broadcast_parameters", "ccl_built", "cross_rank", "cross_size", "cuda_built",
-           "ddl_built", "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather",
+           "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather",
            "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
            "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async", "init",
            "is_homogeneous", "is_initialized", "join", "local_rank", "local_size", "mpi_built", "mpi_enabled",

@@ -144,6 +144,22 @@ def check_process_sets(r, s, every):
     assert "is not registered" in removed, removed
 
 
+@pytest.mark.timeout(200)
+def test_a_horovod_elastic_script_runs_with_every_worker_starting_from_rank_0s_state(procs):
+    out = launch(procs, script=str(ROOT / "tests" / "torch" / "elastic_worker.py"), workers=2)
+    got = sorted(results(out), key=lambda r: r["rank"])
+    assert [g["rank"] for g in got] == [0, 1], out
+    # rank 1 began at epoch 5: without the sync it would have trained no epoch at all
+    assert got[0]["weight"] == got[1]["weight"], got
+    for epoch in range(2):                      # each epoch's 10 samples split 5 and 5, none twice
+        parts = [set(g["seen"][5 * epoch:5 * epoch + 5]) for g in got]
+        assert not parts[0] & parts[1] and parts[0] | parts[1] == set(range(10)), got
+    # restore() brought the last commit (epoch 1's last step) back: weights, the epoch counter,
+    # the sampler's place (10 samples processed: 5 steps of 1 sample on each of 2 workers)
+    assert all(g["restored"] and g["epoch"] == 1 and g["sampler"] == {"epoch": 1, "processed_num": 10}
+               for g in got), got
+
+
 def check_timeline(events):
     """Horovod's timeline as chrome://tracing reads it: a row per tensor, a bar per phase."""
     rows = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name" and e["pid"]}
@@ -185,6 +201,16 @@ def test_the_rest_of_horovods_api_alone():
     with pytest.raises(ValueError, match="not a non-empty list of ranks of this job's 1 workers"):
         hvd.add_process_set([1])
     assert hvd.ProcessSet(np.array([1, 0])).ranks == [0, 1]         # any iterable of ints, as Horovod
+    sampler = hvd.elastic.ElasticSampler(list(range(5)), shuffle=False)
+    state = hvd.elastic.TorchState(torch.nn.Linear(1, 1), sampler=sampler, step=0)
+    assert hvd.elastic.run(lambda st: [*st.sampler])(state) == [0, 1, 2, 3, 4]     # alone: all of it
+    sampler.record_batch(0, 2)
+    state.step = 1
+    state.commit()
+    sampler.record_batch(1, 2)
+    state.step = 2
+    state.restore()
+    assert (state.step, [*sampler]) == (1, [2, 3, 4])               # the commit's place in the epoch
     with pytest.raises(ValueError, match=r"made of int ranks, got \[0.5\]"):
         hvd.ProcessSet([0.5])
 

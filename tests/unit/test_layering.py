@@ -70,7 +70,8 @@ ALLOWED = {
                   "torch.process_sets", "torch.runtime", "torch.sums"},
     "torch.server_optimizer": {"optim", "torch.runtime", "torch.sums"},
     "torch.sync_batch_norm": {"collective", "torch.ops", "torch.runtime"},
-    "torch": {"collective", "errors", "torch.compression", "torch.gather", "torch.ops", "torch.optimizer", "torch.process_sets",
+    "torch.elastic": {"torch.ops", "torch.runtime"},
+    "torch": {"collective", "errors", "torch.compression", "torch.elastic", "torch.gather", "torch.ops", "torch.optimizer", "torch.process_sets",
               "torch.runtime", "torch.server_optimizer", "torch.sync_batch_norm"},
     # benchmarks: drive real processes; only their workers import ps
     "bench": set(), "bench.measure": set(), "bench.report": set(),

@@ -48,6 +48,8 @@ class State:
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
+        """Horovod runs the callbacks after a reset; ps's workers never change, so nothing here
+        calls it, but a script may."""
         for callback in self._reset_callbacks:
             callback()
 
@@ -68,13 +70,23 @@ class State:
         raise NotImplementedError
 
 
+def _copy(value: Any) -> Any:
+    """A saved attribute: a deep copy where one can be made (so a commit is not changed by
+    the steps after it); otherwise the value itself, as Horovod keeps every attribute (a
+    tensor still in an autograd graph cannot be deep-copied)."""
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001 - any value a script may keep
+        return value
+
+
 class ObjectState(State):
     """Plain attributes (``epoch=0, batch=0``): copied on ``save``, rank 0's on ``sync``."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
         self._attrs = dict(kwargs)
-        self._saved = copy.deepcopy(self._attrs)
+        self._saved = {k: _copy(v) for k, v in self._attrs.items()}
         for name, value in kwargs.items():
             object.__setattr__(self, name, value)
 
@@ -83,10 +95,10 @@ class ObjectState(State):
 
     def save(self) -> None:
         self._attrs = self._current()
-        self._saved = copy.deepcopy(self._attrs)
+        self._saved = {k: _copy(v) for k, v in self._attrs.items()}
 
     def restore(self) -> None:
-        self._attrs = copy.deepcopy(self._saved)
+        self._attrs = {k: _copy(v) for k, v in self._saved.items()}
         for name, value in self._attrs.items():
             object.__setattr__(self, name, value)
 
@@ -95,61 +107,75 @@ class ObjectState(State):
             self._attrs = broadcast_object(self._current(), root_rank=0, name="elastic.state")
             for name, value in self._attrs.items():
                 object.__setattr__(self, name, value)
-            self._saved = copy.deepcopy(self._attrs)
+            self._saved = {k: _copy(v) for k, v in self._attrs.items()}
+
+
+class _Tracked:
+    """A model, optimizer or ElasticSampler of a TorchState: saved, restored and synced
+    through its ``state_dict``, so the object a script holds stays the one it trains."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+        self.save()
+
+    def save(self) -> None:
+        self.saved = copy.deepcopy(self.obj.state_dict())
+
+    def restore(self) -> None:
+        # a copy: an optimizer keeps the tensors it loads, and its next step would change the commit
+        self.obj.load_state_dict(copy.deepcopy(self.saved))
+
+    def sync(self, name: str) -> None:
+        if isinstance(self.obj, torch.nn.Module):
+            broadcast_parameters(self.obj.state_dict(), root_rank=0)
+        elif isinstance(self.obj, torch.optim.Optimizer):
+            broadcast_optimizer_state(self.obj, root_rank=0)
+        else:
+            self.obj.load_state_dict(broadcast_object(self.obj.state_dict(), root_rank=0, name=f"elastic.{name}"))
+        self.save()
+
+
+def _trackable(value: Any) -> bool:
+    return isinstance(value, (torch.nn.Module, torch.optim.Optimizer, ElasticSampler))
 
 
 class TorchState(ObjectState):
-    """``hvd.elastic.TorchState(model, optimizer, **attributes)``: the model's and the
-    optimizer's state, ElasticSamplers given as attributes, and plain attributes."""
+    """``hvd.elastic.TorchState(model, optimizer, **attributes)``: models, optimizers and
+    ElasticSamplers (as ``model``/``optimizer`` or as attributes: a GAN's two of each) are
+    kept through their ``state_dict``; other attributes are plain values."""
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                  **kwargs: Any) -> None:
-        samplers = {k: v for k, v in kwargs.items() if isinstance(v, ElasticSampler)}
-        super().__init__(**{k: v for k, v in kwargs.items() if k not in samplers})
-        object.__setattr__(self, "model", model)
-        object.__setattr__(self, "optimizer", optimizer)
-        object.__setattr__(self, "_samplers", samplers)
-        for name, sampler in samplers.items():
-            object.__setattr__(self, name, sampler)
-        self._save_torch()
+        objects = {k: v for k, v in {"model": model, "optimizer": optimizer, **kwargs}.items() if _trackable(v)}
+        super().__init__(**{k: v for k, v in kwargs.items() if k not in objects})
+        object.__setattr__(self, "_tracked", {k: _Tracked(v) for k, v in objects.items()})
+        for name, value in {"model": model, "optimizer": optimizer, **objects}.items():
+            object.__setattr__(self, name, value)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in getattr(self, "_samplers", {}):
-            self._samplers[name] = value
+        """A new model, optimizer or sampler in a tracked place is tracked from now on (its
+        current state is the one a ``restore()`` before the next commit brings back)."""
+        tracked = getattr(self, "_tracked", None)
+        if tracked is not None and (name in tracked or (name in ("model", "optimizer") and _trackable(value))):
+            tracked[name] = _Tracked(value)
         object.__setattr__(self, name, value)
-
-    def _save_torch(self) -> None:
-        object.__setattr__(self, "_model_saved",
-                           None if self.model is None else copy.deepcopy(self.model.state_dict()))
-        object.__setattr__(self, "_optimizer_saved",
-                           None if self.optimizer is None else copy.deepcopy(self.optimizer.state_dict()))
-        object.__setattr__(self, "_samplers_saved", {k: s.state_dict() for k, s in self._samplers.items()})
 
     def save(self) -> None:
         super().save()
-        self._save_torch()
+        for t in self._tracked.values():
+            t.save()
 
     def restore(self) -> None:
         super().restore()
-        if self.model is not None:
-            self.model.load_state_dict(self._model_saved)
-        if self.optimizer is not None:
-            self.optimizer.load_state_dict(self._optimizer_saved)
-        for name, sampler in self._samplers.items():
-            sampler.load_state_dict(self._samplers_saved[name])
+        for t in self._tracked.values():
+            t.restore()
 
     def sync(self) -> None:
-        if self.model is not None:
-            broadcast_parameters(self.model.state_dict(), root_rank=0)
-        if self.optimizer is not None:
-            broadcast_optimizer_state(self.optimizer, root_rank=0, model=self.model)
-        if self._samplers:
-            got = broadcast_object({k: s.state_dict() for k, s in self._samplers.items()}, root_rank=0,
-                                   name="elastic.samplers")
-            for name, sampler in self._samplers.items():
-                sampler.load_state_dict(got[name])
+        # models first: a fresh optimizer's state is made on them (broadcast_optimizer_state)
+        order = sorted(self._tracked.items(), key=lambda item: not isinstance(item[1].obj, torch.nn.Module))
+        for name, t in order:
+            t.sync(name)
         super().sync()
-        self._save_torch()
 
 
 class ElasticSampler(torch.utils.data.Sampler):
@@ -180,6 +206,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.reset()
 
     def reset(self) -> None:
+        """Recompute this worker's share from the epoch and the samples processed so far."""
         self.num_replicas, self.rank = runtime.size(), runtime.rank()
         order = list(range(len(self.dataset)))
         if self.shuffle:

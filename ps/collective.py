@@ -155,31 +155,29 @@ class Job:
     def _timeline_from_env(self) -> None:
         """``HOROVOD_TIMELINE``: a path rank 0 cannot write is a warning, not an error, since
         the other ranks, which do not write, would go on without it."""
-        kv = self._store
-        path, marks = (kv.config.timeline, kv.config.timeline_mark_cycles) if kv is not None else \
-            (value_of("HOROVOD_TIMELINE"), value_of("HOROVOD_TIMELINE_MARK_CYCLES"))
+        path = value_of("HOROVOD_TIMELINE")           # alone there is no store, hence no Config
         if path:
             try:
-                self.start_timeline(path, marks)
+                self.start_timeline(path, value_of("HOROVOD_TIMELINE_MARK_CYCLES"))
             except ValueError as exc:
                 logger.warning("HOROVOD_TIMELINE: %s; training goes on without a timeline", exc)
 
-    def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
-        """Horovod's ``start_timeline``: rank 0 records its collectives in ``path`` (one at a
+    def start_timeline(self, file_path: str, mark_cycles: bool = False) -> None:
+        """Horovod's ``start_timeline``: rank 0 records its collectives in ``file_path`` (one at a
         time: a running timeline is stopped first); the other ranks record nothing, as in
         Horovod, where rank 0 writes the file."""
         if not self.is_initialized():
             raise ValueError(f"{self.api}.init() has not been called")
-        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-            raise ValueError(f"start_timeline needs a file path, got {path!r}")
+        path = os.fspath(file_path) if isinstance(file_path, (str, os.PathLike)) else ""
+        if not path:
+            raise ValueError(f"start_timeline needs a file path, got {file_path!r}")
         self.stop_timeline()
         if self.rank() != 0:
             return
         try:
-            self._timeline = Timeline(os.fspath(path), lambda key: timeline_bar(key, self.api, self.names),
-                                      bool(mark_cycles))
+            self._timeline = Timeline(path, lambda key: timeline_bar(key, self.api, self.names), bool(mark_cycles))
         except OSError as exc:
-            raise ValueError(f"start_timeline: cannot write {os.fspath(path)!r}: {exc.strerror}") from None
+            raise ValueError(f"start_timeline: cannot write {path!r}: {exc.strerror}") from None
         if self._store is not None:
             self._store.record(self._timeline)
 

@@ -85,29 +85,27 @@ class ObjectState(State):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
-        self._attrs = dict(kwargs)
-        self._saved = {k: _copy(v) for k, v in self._attrs.items()}
-        for name, value in kwargs.items():
-            object.__setattr__(self, name, value)
+        self._set(kwargs)
+        self._saved = {k: _copy(v) for k, v in kwargs.items()}
 
     def _current(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self._attrs}
+        return {name: getattr(self, name) for name in self._names}
 
-    def save(self) -> None:
-        self._attrs = self._current()
-        self._saved = {k: _copy(v) for k, v in self._attrs.items()}
-
-    def restore(self) -> None:
-        self._attrs = {k: _copy(v) for k, v in self._saved.items()}
-        for name, value in self._attrs.items():
+    def _set(self, values: dict[str, Any]) -> None:
+        self._names = tuple(values)
+        for name, value in values.items():
             object.__setattr__(self, name, value)
 
+    def save(self) -> None:
+        self._saved = {k: _copy(v) for k, v in self._current().items()}
+
+    def restore(self) -> None:
+        self._set({k: _copy(v) for k, v in self._saved.items()})
+
     def sync(self) -> None:
-        if self._attrs:
-            self._attrs = broadcast_object(self._current(), root_rank=0, name="elastic.state")
-            for name, value in self._attrs.items():
-                object.__setattr__(self, name, value)
-            self._saved = {k: _copy(v) for k, v in self._attrs.items()}
+        if self._names:
+            self._set(broadcast_object(self._current(), root_rank=0, name="elastic.state"))
+            self.save()
 
 
 class _Tracked:

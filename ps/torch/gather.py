@@ -50,7 +50,7 @@ class Deferred:
 
     def abandon(self, exc: Exception) -> None:
         """As ``sums.Handle.abandon``, for the sum this result is made from."""
-        if hasattr(self._inner, "abandon"):
+        if self._inner is not None:
             self._inner.abandon(exc)
 
 
@@ -147,6 +147,13 @@ class _Gathering:
 
     def done(self) -> bool:
         return self._started.is_set() and (self._rows is None or self._rows.done())
+
+    def abandon(self, exc: Exception) -> None:
+        """As ``sums.Handle.abandon``: the sizes' sum, and the rows' if they started (rows
+        that start later find the sizes' sum failed and send nothing)."""
+        self._table.abandon(exc)
+        if self._rows is not None:
+            self._rows.abandon(exc)
 
     def wait(self) -> torch.Tensor:
         _checked(self._table.wait().numpy(), self._row, self._what, self._tensor, self._where)

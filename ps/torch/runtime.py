@@ -32,14 +32,9 @@ def is_initialized() -> bool:
     return job.is_initialized()
 
 
-def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Horovod's: rank 0 writes a chrome://tracing file of its collectives (ps/timeline.py)."""
-    job.start_timeline(file_path, mark_cycles)
-
-
-def stop_timeline() -> None:
-    """Horovod's: end the file (plain JSON from then on)."""
-    job.stop_timeline()
+# Horovod's timeline: rank 0 writes a chrome://tracing file of its collectives (ps/timeline.py)
+start_timeline = job.start_timeline
+stop_timeline = job.stop_timeline
 
 
 def store() -> KVStore | None:

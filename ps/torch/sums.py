@@ -227,6 +227,5 @@ class Group:
             return [h.wait() for h in self._handles]
         except PSError as exc:
             for h in self._handles:     # the members after the failed one were never waited on
-                if hasattr(h, "abandon"):
-                    h.abandon(exc)
+                h.abandon(exc)
             raise

@@ -789,7 +789,11 @@ class Store:
                 rnd.pulls.append(Waiter(sender, entry))
                 return []
         if sender in self.replays.replaying:
-            self._check_replay(ks, sender, None)
+            # a restart asks for the value after round entry.seq (its pushes so far): the
+            # current one if that round is the last closed, the kept one if it is the one before
+            self._check_replay(ks, sender, entry.seq)
+            if self.sync and ks.before is not None and ks.before[0] == entry.seq:
+                return self._answer_with(ks.before[1], Waiter(sender, entry))
         return self._answer(ks, Waiter(sender, entry))
 
     def _answer(self, ks: KeyState, waiter: Waiter, skip: dict[int, int] | None = None) -> list[Reply]:

@@ -87,10 +87,14 @@ class KVWorker:
         return req
 
     def _next_seq(self, op: int, key: int) -> int:
-        """A push's number among this worker's pushes to ``key`` (under the lock: in send order)."""
+        """A push's number among this worker's pushes to ``key`` (under the lock: in send order).
+        A pull's is the pushes so far, the round whose value it asks for: a server answers a
+        restarted worker's pull by it (``Store.pull``), so one that jumped ahead with
+        ``resume()`` gets the current value even of a key whose value is a round's sum."""
+        done = self._push_seq.get(key, self._seq_start)
         if not op & Op.PUSH:
-            return 0
-        seq = self._push_seq[key] = self._push_seq.get(key, self._seq_start) + 1
+            return done
+        seq = self._push_seq[key] = done + 1
         return seq
 
     def skip_rounds(self, rounds: dict[int, int]) -> None:

@@ -85,7 +85,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
     p.add_argument("rounds", type=int)
-    p.add_argument("optimizer", choices=["sgd", "adam"])
+    p.add_argument("optimizer", choices=["sgd", "adam", "none"], help="none: the servers keep each round's sum")
     p.add_argument("--kill", nargs=4, action="append", default=[], metavar=("ROLE", "RANK", "ROUND", "WHEN"))
     p.add_argument("--resume", action="store_true")
     p.add_argument("--type", default="dist_sync")
@@ -112,11 +112,15 @@ def main() -> None:
     if args.die_after_init and kv.rank == 0 and not kv.restarted:
         print("KILL worker 0 itself after init", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
-    opt = ps.optim.SGD(learning_rate=0.1, momentum=0.9, wd=1e-4) if args.optimizer == "sgd" \
-        else ps.optim.Adam(learning_rate=0.01, wd=1e-4)
-    kv.set_optimizer(opt)
+    if args.optimizer != "none":
+        kv.set_optimizer(ps.optim.SGD(learning_rate=0.1, momentum=0.9, wd=1e-4) if args.optimizer == "sgd"
+                         else ps.optim.Adam(learning_rate=0.01, wd=1e-4))
     out = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
     start = kv.resume() if kv.restarted and args.resume else 0
+    if start:               # where its dead self was: the values after round `start`
+        for key in SHAPES:
+            kv.pull(key, out=out[key])
+        print(f"RESUMED rank {kv.rank} at round {start}: pulled every key", flush=True)
     for rnd in range(start, args.rounds):
         if rnd == args.lr_at and kv.rank == 0:
             if args.die_before_lr and not kv.restarted:

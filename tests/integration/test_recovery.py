@@ -59,7 +59,7 @@ def unfaulted(tmp_path_factory):
     from tests.helpers import Procs
     procs, found = Procs(), {}
     try:
-        for optimizer in ("sgd", "adam"):
+        for optimizer in ("sgd", "adam", "none"):
             out = tmp_path_factory.mktemp(f"ref-{optimizer}")
             code, text = launch(procs, out, optimizer, restarts=0)
             assert code == 0, text
@@ -157,16 +157,20 @@ def weights_of(file):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("mode", ["replay", "resume"])
+@pytest.mark.parametrize("mode", ["replay", "resume", "resume-sums"])
 def test_a_killed_worker_rejoins_with_its_rank_and_nothing_is_lost(procs, tmp_path, unfaulted, mode):
-    optimizer = "sgd" if mode == "replay" else "adam"
+    """``resume-sums``: no optimizer, so the servers hold each round's sum; the restart jumps
+    to kv.round and pulls every key first (refused before: a sum is not weights)."""
+    optimizer = {"replay": "sgd", "resume": "adam", "resume-sums": "none"}[mode]
     kill = ("worker", 1, random.randrange(5, ROUNDS - 5), random.choice(["push", "pull"]))
-    code, text = launch(procs, tmp_path, optimizer, kill, extra=["--resume"] if mode == "resume" else [])
+    code, text = launch(procs, tmp_path, optimizer, kill, extra=["--resume"] if mode != "replay" else [])
     assert code == 0, f"kill {kill}\n{text}"
     assert "worker 1 was killed by SIGKILL: starting it again (restart 1 of 2)" in text, text
     restarted = re.search(r"RESTARTED rank 1 round (\d+)", text)
     # the round it learned: its dead self may have pushed a step ahead of worker 0 (which killed it)
     assert restarted and kill[2] <= int(restarted.group(1)) <= kill[2] + 2, text
+    if mode != "replay":
+        assert f"RESUMED rank 1 at round {restarted.group(1)}: pulled every key" in text, text
     assert "worker 1 (W[11]) is back (restart 1)" in text, text
     assert_all_workers_equal(tmp_path)
     got = weights(tmp_path)

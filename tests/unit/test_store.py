@@ -271,3 +271,43 @@ def test_a_replaying_worker_is_refused_the_sum_of_another_round_when_no_optimize
     s.worker_died(W1)
     (weights,) = pull(s, W1, 30)
     assert weights.entry.error is None          # weights: the latest are the right answer
+
+
+@pytest.mark.parametrize("rule", [None, "sgd"])
+def test_a_restarted_workers_pull_gets_the_value_after_the_round_it_asks_for(rule):
+    """A pull carries the worker's pushes so far (Entry.seq): the round whose value it wants.
+    A restart that jumped ahead with kv.resume() asks for the last closed round and gets the
+    current value, even of a key whose value is a sum (before, it was refused); one replaying
+    a round behind gets the kept value of that round (before, the latest weights); further
+    behind, a sum is still refused and weights are the latest."""
+    s = Store(2, sync=True, keep_before=True)
+    init(s)
+    if rule:
+        s.set_updater(optim.Updater(optim.SGD(learning_rate=0.5)))
+
+    def pushpull(w, ts, seq, g):
+        return s.handle(w, Entry(ts, int(Op.PUSH | Op.PULL), 3, 0, 6, 6, F32, None, 0, seq), np.full(6, g, np.float32))
+
+    def pull_at(w, ts, seq):
+        return s.handle(w, Entry(ts, int(Op.PULL), 3, 0, 6, 6, F32, None, 0, seq), None)
+    after = {}
+    for seq in (1, 2, 3):
+        pushpull(W0, 10 + seq, seq, 1.0)
+        (mine,) = [r for r in pushpull(W1, 20 + seq, seq, float(seq)) if r.dest == W1]
+        after[seq] = mine.data.copy()
+    pushpull(W1, 24, 4, 4.0)                    # its dead self's push into round 4, still open
+    s.worker_died(W1)
+    pushpull(W0, 14, 4, 1.0)                    # closes round 4: round 3's value is kept
+    (latest,) = pull(s, W0, 40)
+    (resumed,) = pull_at(W1, 30, 4)             # kv.resume() at round 4
+    assert resumed.entry.error is None
+    np.testing.assert_array_equal(resumed.data, latest.data)
+    (behind,) = pull_at(W1, 31, 3)              # replaying step 3: round 3's value, not round 4's
+    assert behind.entry.error is None
+    np.testing.assert_array_equal(behind.data, after[3])
+    assert not np.array_equal(behind.data, latest.data)
+    (older,) = pull_at(W1, 32, 2)
+    if rule is None:
+        assert older.entry.error[0] == "CollectiveError"     # round 2's sum is gone
+    else:
+        np.testing.assert_array_equal(older.data, latest.data)

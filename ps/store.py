@@ -560,7 +560,7 @@ class Store:
             if sender in rnd.members:      # wait for this worker's own push to be applied
                 rnd.pulls.append(waiter)
                 return []
-        return self._answer(ks, waiter)
+        return self._replayed_pull(ks, waiter) or self._answer(ks, waiter)
 
     def _apply_rows(self, ks: KeyState, rnd: Round) -> None:
         """Close a round that holds row-sparse pushes (see the module docstring)."""
@@ -788,13 +788,21 @@ class Store:
             if sender in rnd.members:      # wait for this worker's own push to be applied
                 rnd.pulls.append(Waiter(sender, entry))
                 return []
-        if sender in self.replays.replaying:
-            # a restart asks for the value after round entry.seq (its pushes so far): the
-            # current one if that round is the last closed, the kept one if it is the one before
-            self._check_replay(ks, sender, entry.seq)
-            if self.sync and ks.before is not None and ks.before[0] == entry.seq:
-                return self._answer_with(ks.before[1], Waiter(sender, entry))
-        return self._answer(ks, Waiter(sender, entry))
+        waiter = Waiter(sender, entry)
+        return self._replayed_pull(ks, waiter) or self._answer(ks, waiter)
+
+    def _replayed_pull(self, ks: KeyState, waiter: Waiter) -> list[Reply]:
+        """A restarted worker's pull asks for the value after round ``seq`` (its pushes so
+        far): the current one if that round is the last closed (the answer then is []: the
+        caller answers as for anyone), the kept one if it is the one before; a sum of an
+        older round is refused (``_check_replay``)."""
+        sender, entry = waiter.worker, waiter.entry
+        if sender not in self.replays.replaying:
+            return []
+        self._check_replay(ks, sender, entry.seq)
+        if self.sync and ks.before is not None and ks.before[0] == entry.seq:
+            return self._answer_with(ks.before[1], waiter)
+        return []
 
     def _answer(self, ks: KeyState, waiter: Waiter, skip: dict[int, int] | None = None) -> list[Reply]:
         """``skip``: the chunks (offset -> length) a pushpull got already (:meth:`_stream`);
@@ -824,14 +832,16 @@ class Store:
                 for off, n in self._cuts(value.size, value.itemsize, ranges)]
 
     def _answer_with(self, value: np.ndarray, waiter: Waiter) -> list[Reply]:
-        """Answer a whole-slice request with ``value``, an array the store keeps and never
-        changes again (nothing to lend)."""
-        dest, req, _ = waiter
+        """Answer a whole-slice request (or the rows asked for) with ``value``, an array the
+        store keeps and never changes again (nothing to lend)."""
+        dest, req, ids = waiter
         ts, op, key, code, row_len = req.ts, req.op, req.key, req.dtype_code, req.row_len
         if not op & Op.PULL:
             return [Reply(dest, Entry(ts, op, key, 0, 0, req.total, code, None, row_len), None)]
+        if ids is not None:
+            value = value.reshape(-1, row_len)[ids].reshape(-1)
         if op & Op.HALF_PULL:
-            if value.dtype == np.float32:
+            if ids is None and value.dtype == np.float32:
                 return [Reply(dest, Entry(ts, op, key, off, n, value.size, code, None, row_len),
                               value[off:off + n].astype(np.float16)) for off, n in self._cuts(value.size, 2, None)]
             op &= ~Op.HALF_PULL

@@ -115,3 +115,41 @@ def test_rows_of_an_uninitialized_key_are_a_key_error():
     s = Store(1, sync=True)
     (reply,) = pull_rows(s, W0, 2, [0])
     assert reply.entry.error[0] == "KeyError"
+
+
+@pytest.mark.parametrize("rule", [None, "sgd"])
+def test_a_restarted_workers_row_pull_is_answered_by_the_round_it_asks_for(rule):
+    """A row pull carries the worker's pushes so far, as a dense pull (test_store.py). At the
+    last closed round (a restart that called kv.resume()) it gets the current rows. Behind it,
+    a key without an optimizer (rows of a round's sum) is refused: row rounds keep no copy of
+    the value (it can be a whole embedding table), so that round's sum is gone; weights are
+    the latest. Before, such a pull got another round's sum without a word."""
+    s = Store(2, sync=True, keep_before=True)
+    init(s)
+    if rule:
+        s.set_updater(optim.Updater(optim.SGD(learning_rate=1.0)))
+
+    def push(w, ts, seq, ids, g):
+        ids = np.asarray(ids, np.uint32)
+        data = Rows(ids, np.full((len(ids), COLS), g, np.float32).reshape(-1))
+        return s.handle(w, Entry(ts, Op.PUSH | Op.ROWS, 3, 0, len(ids), len(ids), F32, None, COLS, seq), data)
+
+    def pull_at(w, ts, seq, ids):
+        ids = np.asarray(ids, np.uint32)
+        return s.handle(w, Entry(ts, Op.PULL | Op.ROWS, 3, 0, len(ids), len(ids), F32, None, COLS, seq), Rows(ids))
+    for seq in (1, 2, 3):
+        push(W0, 10 + seq, seq, [1, 4], 1.0)
+        push(W1, 20 + seq, seq, [4, 5], float(seq))
+    push(W1, 24, 4, [4, 5], 4.0)              # its dead self's push into round 4, still open
+    s.worker_died(W1)
+    push(W0, 14, 4, [1, 4], 1.0)              # closes round 4
+    (resumed,) = pull_at(W1, 30, 4, [5, 4])
+    assert resumed.entry.error is None
+    np.testing.assert_array_equal(resumed.data, value(s)[[5, 4]].reshape(-1))
+    (behind,) = pull_at(W1, 31, 3, [4])
+    if rule is None:
+        kind, text = behind.entry.error
+        assert kind == "CollectiveError" and "its value is the sum of round 4, not weights" in text
+    else:
+        assert behind.entry.error is None
+        np.testing.assert_array_equal(behind.data, value(s)[4])

@@ -1,7 +1,6 @@
 """ZmqVan's credit connection (PS_SEND_WINDOW): a credit does not wait behind the bulk data
 this node already handed to the same peer. Real sockets on 127.0.0.1."""
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -15,20 +14,23 @@ BIG = np.zeros(1 << 20, np.float32)          # 4 MB per message
 
 
 def _arrival_of_the_credit(control: bool, messages: int = 40) -> int:
-    """A sends ``messages`` data messages to B, then a credit; B reads slowly at first (a
-    backlog builds in the socket buffers). How many data messages B got before the credit."""
+    """A sends ``messages`` data messages to B, then a credit; B reads nothing until A's I/O
+    thread has handed all of them to ZeroMQ (a backlog in the buffers, however slowly a loaded
+    machine runs A). How many data messages B got before the credit."""
     seen, done = [], threading.Event()
-    started, ready = threading.Event(), threading.Event()
+    started, ready, handed = threading.Event(), threading.Event(), threading.Event()
 
     def on_b(msg):
         if msg.cmd == Command.SERVER_CMD:    # the connections are up
             ready.set()
             return
-        if not started.is_set():
-            started.set()
-            time.sleep(0.5)                  # B busy: A's bytes pile up in the buffers
         if msg.cmd == Command.CREDIT and not msg.body:
             return                           # the one that opened the connection
+        if not started.is_set():
+            started.set()
+            # B busy: A's bytes pile up in the buffers. Waiting a fixed time instead let a
+            # loaded machine's A still be sending data when B read on (credit 35th of 40)
+            assert handed.wait(20), "A's I/O thread did not hand its messages over"
         seen.append(msg.cmd)
         if msg.cmd == Command.CREDIT:
             done.set()
@@ -48,6 +50,7 @@ def _arrival_of_the_credit(control: bool, messages: int = 40) -> int:
             box.add(Entry(i + 1, Op.PUSH, 0, 0, BIG.size, BIG.size, dtype_code(np.float32)), BIG)
             a.send(Message(Command.DATA, A_ID, B_ID, box.entries, frames=box.frames))
         a.send(Message(Command.CREDIT, A_ID, B_ID, 4 << 20, request=False))
+        a.call_soon(handed.set)              # on A's I/O thread, after it sent what was queued
         assert done.wait(20), f"B never got the credit ({len(seen)} messages arrived)"
         return seen.index(Command.CREDIT)
     finally:

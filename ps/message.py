@@ -104,7 +104,8 @@ class Entry(NamedTuple):
     dtype_code: int      # index into DTYPES (the key's dtype, whatever the wire encoding)
     error: Any = None    # None, or [kind, text] in a reply
     row_len: int = 0     # Op.ROWS entries: elements per row
-    seq: int = 0         # a push: this worker's 1-based count of pushes to the key (dedupes resends); a pull: its pushes so far
+    seq: int = 0         # a push: this worker's 1-based count of pushes to the key (dedupes resends);
+                         # a pull: its pushes so far (the round whose value a restarted worker wants)
     priority: int = 0    # a request: MXNet's priority (higher leaves first under PS_SEND_WINDOW)
 
     def failed(self, kind: str, text: str) -> "Entry":

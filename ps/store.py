@@ -23,7 +23,8 @@ server only has to send what the store returns. Rules (design §5, MXNet's where
 * A bad request gets an error reply; nothing else changes.
 * Recovery (PS_MAX_RESTARTS): a push carries its worker's count of pushes to the key
   (``Entry.seq``), so a push resent to a restarted server that its replica already holds is
-  answered, not applied twice. With ``journal`` set, every change to a value is recorded as
+  answered, not applied twice; a pull carries the pushes so far, the round whose value a
+  restarted worker asks for (:meth:`Store._replayed_pull`). With ``journal`` set, every change to a value is recorded as
   an :class:`Event` (the sums, not the pushes) for a backup server to replay (ps/replica.py).
 """
 from __future__ import annotations
@@ -466,9 +467,9 @@ class Store:
             replies = [r._replace(data=r.data.copy()) if r.data is not None else r for r in replies]
         return replies
 
-    def _check_replay(self, ks: KeyState, sender: int, seq: int | None) -> None:
+    def _check_replay(self, ks: KeyState, sender: int, seq: int) -> None:
         """A restarted worker replaying its script asks for the value after round ``seq`` (a
-        pull: after whichever round it has replayed up to, unknown here). With an
+        pull: after the rounds it has pushed so far). With an
         optimizer here that is the weights, and the latest are the right answer; without one
         the value is a round's sum (the weights live on the workers: MXNet's
         update_on_kvstore=False, a Horovod-style job, a numpy KVStore without set_optimizer),
@@ -476,7 +477,7 @@ class Store:
         it another round's sum to train on."""
         if not self.sync or not ks.closed or self.opts.updater(ks.key) is not None:
             return
-        if seq is not None and (seq >= ks.closed or (ks.before is not None and ks.before[0] == seq)):
+        if seq >= ks.closed or (ks.before is not None and ks.before[0] == seq):
             return                      # this round's own sum is here, or still to come (an open round)
         raise StoreError("CollectiveError", (
             f"{self._who(sender)} was restarted and re-runs its script, but key {ks.key} has no optimizer on the "
@@ -556,11 +557,14 @@ class Store:
     def pull_rows(self, sender: int, entry: Entry, data: Rows) -> list[Reply]:
         ks = self._rows_key(entry, data.ids)
         waiter = Waiter(sender, entry, data.ids)
+        replayed = self._replayed_pull(ks, waiter)
+        if replayed is not None:
+            return replayed
         for rnd in reversed(ks.rounds):
             if sender in rnd.members:      # wait for this worker's own push to be applied
                 rnd.pulls.append(waiter)
                 return []
-        return self._replayed_pull(ks, waiter) or self._answer(ks, waiter)
+        return self._answer(ks, waiter)
 
     def _apply_rows(self, ks: KeyState, rnd: Round) -> None:
         """Close a round that holds row-sparse pushes (see the module docstring)."""
@@ -735,8 +739,8 @@ class Store:
         return replies + self._fail_doomed(ks)
 
     def _apply_round(self, ks: KeyState, rnd: Round) -> None:
-        if rnd.rows is not None:               # no copy: rows are pulled apart from their push,
-            self._apply_rows(ks, rnd)          # and a plain pull names no round to answer as of
+        if rnd.rows is not None:               # no copy kept: the value may be a whole embedding
+            self._apply_rows(ks, rnd)          # table, and its rows are pulled apart from their push
             return
         merged = rnd.merged
         if merged is None:                     # used chunk by chunk already
@@ -784,25 +788,36 @@ class Store:
     # -- pull ----------------------------------------------------------------------------
     def pull(self, sender: int, entry: Entry) -> list[Reply]:
         ks = self._ready_key(entry)
+        waiter = Waiter(sender, entry)
+        replayed = self._replayed_pull(ks, waiter)
+        if replayed is not None:
+            return replayed
         for rnd in reversed(ks.rounds):
             if sender in rnd.members:      # wait for this worker's own push to be applied
-                rnd.pulls.append(Waiter(sender, entry))
+                rnd.pulls.append(waiter)
                 return []
-        waiter = Waiter(sender, entry)
-        return self._replayed_pull(ks, waiter) or self._answer(ks, waiter)
+        return self._answer(ks, waiter)
 
-    def _replayed_pull(self, ks: KeyState, waiter: Waiter) -> list[Reply]:
+    def _replayed_pull(self, ks: KeyState, waiter: Waiter) -> list[Reply] | None:
         """A restarted worker's pull asks for the value after round ``seq`` (its pushes so
-        far): the current one if that round is the last closed (the answer then is []: the
-        caller answers as for anyone), the kept one if it is the one before; a sum of an
-        older round is refused (``_check_replay``)."""
+        far), whatever its dead self left in the open rounds (waiting for its membership
+        there would hang a restart that pulls before it pushes again: the round needs the
+        rest of its push). A round still open: when it closes; the last closed: now; the one
+        before: its kept value; older: the latest weights, and a sum is refused
+        (``_check_replay``). None: not a replay, answer as for anyone."""
         sender, entry = waiter.worker, waiter.entry
-        if sender not in self.replays.replaying:
-            return []
+        if not self.sync or sender not in self.replays.replaying:
+            return None
+        index = entry.seq - ks.closed - 1
+        if index >= 0:
+            if index < len(ks.rounds):
+                ks.rounds[index].pulls.append(waiter)
+                return []
+            return None                     # a round not begun: as anyone's pull
         self._check_replay(ks, sender, entry.seq)
-        if self.sync and ks.before is not None and ks.before[0] == entry.seq:
+        if ks.before is not None and ks.before[0] == entry.seq:
             return self._answer_with(ks.before[1], waiter)
-        return []
+        return self._answer(ks, waiter)
 
     def _answer(self, ks: KeyState, waiter: Waiter, skip: dict[int, int] | None = None) -> list[Reply]:
         """``skip``: the chunks (offset -> length) a pushpull got already (:meth:`_stream`);

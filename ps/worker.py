@@ -139,7 +139,7 @@ class KVWorker:
                 ids = (rows[lo:hi] - first).astype(ROW_ID)
                 n = hi - lo
                 if not op & Op.PUSH:
-                    self._emit(sid, Entry(req.ts, op, key, 0, n, n, code, None, row_len, 0, priority), Rows(ids),
+                    self._emit(sid, Entry(req.ts, op, key, 0, n, n, code, None, row_len, seq, priority), Rows(ids),
                                req, priority)
                     continue
                 for off in range(0, max(n, 1), per_chunk):

@@ -120,6 +120,8 @@ def main() -> None:
     if start:               # where its dead self was: the values after round `start`
         for key in SHAPES:
             kv.pull(key, out=out[key])
+        rows = kv.row_sparse_pull(7, [0, 16])            # the same round's rows of a 2-d key
+        assert np.array_equal(rows.values, out[7][[0, 16]]), "rows differ from the pulled value"
         print(f"RESUMED rank {kv.rank} at round {start}: pulled every key", flush=True)
     for rnd in range(start, args.rounds):
         if rnd == args.lr_at and kv.rank == 0:

@@ -311,3 +311,44 @@ def test_a_restarted_workers_pull_gets_the_value_after_the_round_it_asks_for(rul
         assert older.entry.error[0] == "CollectiveError"     # round 2's sum is gone
     else:
         np.testing.assert_array_equal(older.data, latest.data)
+
+
+@pytest.mark.parametrize("rule", [None, "sgd"])
+def test_a_resumed_workers_pull_does_not_wait_for_the_round_its_dead_self_began(rule):
+    """Its dead self pushed the first chunk of round 4 (a key of two chunks) and died. The
+    restart, resumed at round 3 (kv.round), pulls before it pushes again: answered now, with the
+    value after round 3. It used to wait for round 4 as one of its members, and round 4 needs the
+    rest of that very worker's push: a hang. A pull that asks for round 4 waits for its close."""
+    s = Store(2, sync=True, chunk_bytes=8 * 4, keep_before=True)
+    s.handle(W0, entry(1, Op.INIT, 3, 0, 16, 16), np.linspace(0.5, 2.0, 16).astype(np.float32))
+    if rule:
+        s.set_updater(optim.Updater(optim.SGD(learning_rate=0.5, momentum=0.9)))
+
+    def push(w, ts, seq, g, offs=(0, 8)):
+        out = []
+        for off in offs:
+            e = Entry(ts, int(Op.PUSH | Op.PULL), 3, off, 8, 16, F32, None, 0, seq)
+            out += s.handle(w, e, np.full(8, g, np.float32))
+        return out
+
+    def pull_at(w, ts, seq):
+        replies = s.handle(w, Entry(ts, int(Op.PULL), 3, 0, 16, 16, F32, None, 0, seq), None)
+        assert all(r.entry.error is None for r in replies), replies
+        return np.concatenate([r.data for r in replies]) if replies else None
+    for seq in (1, 2, 3):
+        push(W0, 10 + seq, seq, 1.0)
+        push(W1, 20 + seq, seq, float(seq))
+    after_3 = pull_at(W0, 40, 3).copy()
+    push(W1, 24, 4, 4.0, offs=(0,))             # round 4's first chunk, then it dies
+    s.worker_died(W1)
+    now = pull_at(W1, 30, 3)
+    assert now is not None, "the resumed pull waited"
+    np.testing.assert_array_equal(now, after_3)
+    push(W0, 14, 4, 1.0)                        # round 4 waits for the rest of W1's push
+    np.testing.assert_array_equal(pull_at(W1, 31, 3), after_3)
+    assert pull_at(W1, 32, 4) is None           # the value after round 4: when it closes
+    closing = [r for r in push(W1, 34, 4, 4.0) if r.dest == W1 and r.entry.ts == 32]
+    assert closing and all(r.entry.error is None for r in closing)
+    after_4 = pull_at(W0, 41, 4)
+    np.testing.assert_array_equal(np.concatenate([r.data for r in closing]), after_4)
+    assert not np.array_equal(after_4, after_3)

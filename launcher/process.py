@@ -432,6 +432,14 @@ class Restarts:
                     or (sched is not None and sched.ending):
                 left.append((name, status))
                 continue
+            if self.limit and _closed_its_store(name, sched):
+                # its script failed after (or while) it ended its part: a restart would re-run
+                # a script whose store the job already counts as closed, and wait for a
+                # scheduler that may be gone by then (PS_CONNECT_TIMEOUT) before failing anyway
+                logger.error("%s %s after it closed its store: not started again, the job fails", name,
+                             _how(status))
+                left.append((name, status))
+                continue
             if self.used >= self.limit:
                 if self.limit:
                     logger.error("%s %s; the job has used all of its %d restart(s) (--max-restarts)",
@@ -446,6 +454,15 @@ class Restarts:
                 cmd = self.relocate(cmd, status, id(proc) in self.unreachable, job)
             job.spawn(cmd)
         return left
+
+
+def _closed_its_store(name: str, sched: object | None) -> bool:
+    """``worker R`` has closed its store (the scheduler counts it as finished)."""
+    words = name.split(" ")
+    if sched is None or words[0] != "worker" or len(words) != 2 or not words[1].isdigit():
+        return False
+    closed = getattr(sched, "closed_worker_ranks", None)
+    return closed is not None and int(words[1]) in closed()
 
 
 def _how(status: int) -> str:

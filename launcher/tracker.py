@@ -183,6 +183,11 @@ class SchedulerRunner:
         """The scheduler has decided the job succeeded (``run`` may not have returned yet)."""
         return (self.code if self.done else getattr(self.sched, "exit_code", None)) == 0
 
+    def closed_worker_ranks(self) -> set[int]:
+        """``Scheduler.closed_worker_ranks``: workers whose part of the job is over."""
+        closed = getattr(self.sched, "closed_worker_ranks", None)   # a custom factory may lack it
+        return closed() if closed is not None else set()
+
     def awaiting_restart(self) -> list[Any]:
         """``Scheduler.awaiting_restart``: dead nodes whose restart has not registered."""
         awaiting = getattr(self.sched, "awaiting_restart", None)   # a custom factory may lack it

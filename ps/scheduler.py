@@ -662,6 +662,12 @@ class Scheduler:
         parked, rec.parked = rec.parked, None
         self._admit(node_id, parked.info, parked.route)
 
+    def closed_worker_ranks(self) -> set[int]:
+        """The ranks of the workers that closed their store: their part of the job is over
+        (thread-safe; the launcher does not start one again that then exits non-zero)."""
+        with self._lock:
+            return {self._nodes[i].rank for i in self._closed_workers}
+
     def awaiting_restart(self) -> list[Awaited]:
         """The nodes declared dead whose restart has not registered (thread-safe)."""
         with self._lock:

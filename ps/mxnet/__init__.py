@@ -23,6 +23,7 @@ if role_from_env() != "worker":        # must happen before anything imports mxn
     from ..__main__ import main as run_role
     sys.exit(run_role())
 
+import atexit  # noqa: E402
 import os  # noqa: E402
 
 from ..collective import Adasum, Average, Max, Min, Product, Sum, nccl_built  # noqa: E402
@@ -35,14 +36,16 @@ from .horovod import (Compression, DistributedOptimizer, DistributedTrainer, add
                       global_process_set, gloo_built, gloo_enabled, init, is_initialized, local_rank, local_size,
                       mpi_built, mpi_enabled, mpi_threads_supported, process_set_by_id, rank, remove_process_set,
                       rocm_built, shutdown, size, start_timeline, stop_timeline)
-from .kvstore import (PSKVStore, patch_create, patch_profiler, patch_trainer, register,  # noqa: E402
-                      settle_before_fork)
+from .kvstore import (PSKVStore, exit_status, patch_create, patch_profiler, patch_trainer,  # noqa: E402
+                      patch_waitall, register, settle_before_fork)
 
 globals().update(register())          # ps.mxnet.Dist_Sync, ... (MXNet names them by class)
 patch_create()
 patch_trainer()
 patch_profiler()
+patch_waitall()
 os.register_at_fork(before=settle_before_fork)
+atexit.register(exit_status)           # before any store's: runs after they closed
 
 # PSKVStore, and Horovod's MXNet calls (ps/mxnet/horovod.py)
 __all__ = ["PSKVStore", "Adasum", "Average", "Compression", "DistributedOptimizer", "DistributedTrainer",

@@ -9,7 +9,9 @@ import inspect
 import itertools
 import logging
 import numbers
+import os
 import pickle
+import sys
 import threading
 import types
 import weakref
@@ -33,6 +35,8 @@ _live_stores: "weakref.WeakSet[PSKVStore]" = weakref.WeakSet()
 _namespaces = itertools.count()     # handed out in the order stores first init or set an optimizer
 _claimed: "weakref.WeakSet[PSKVStore]" = weakref.WeakSet()     # the stores that took one
 NS_SHIFT = 50                       # a second store's int key k travels as ns << NS_SHIFT | k
+_mx_waitall = mx.nd.waitall         # MXNet's own, before patch_waitall
+_failed_at_exit: list[str] = []     # what a store found at exit that the script never saw
 
 
 def _store(kvtype: str) -> KVStore:
@@ -389,6 +393,7 @@ class PSKVStore(mx.kvstore.KVStore):
             self._settle(timeout=bound)
         except Exception as exc:  # noqa: BLE001 - at exit: report, do not raise
             logger.error("at exit: %s", exc)
+            _failed_at_exit.append(str(exc))
 
     @contextlib.contextmanager
     def _deferred(self) -> Iterator[None]:
@@ -605,7 +610,7 @@ def _engine_drained(timeout: float) -> bool:
 
     def wait() -> None:
         try:
-            mx.nd.waitall()
+            _mx_waitall()
         except mx.base.MXNetError:
             pass                         # an operation's error: the script has raised it already
         finally:
@@ -694,6 +699,42 @@ def patch_create() -> None:
     create._ps_patched = True  # type: ignore[attr-defined]
     mx.kvstore.base.create = create
     mx.kvstore.create = create
+
+
+def patch_waitall() -> None:
+    """Native MXNet raises a failed engine operation's error at ``mx.nd.waitall()``. A
+    pushpull ps ran in the engine cannot hand MXNet its error (the completion callback takes
+    a C++ ``dmlc::Error``), so after MXNet's wait the error is raised here, as MXNet would,
+    besides at the store's next call: a script that queues its steps and then waits would
+    otherwise finish on weights its failed pushpulls never updated."""
+    if getattr(mx.nd.waitall, "_ps_patched", False):
+        return
+
+    @functools.wraps(_mx_waitall)
+    def waitall() -> None:
+        _mx_waitall()
+        for store in list(_live_stores):
+            store._raise_async_error()
+    waitall._ps_patched = True  # type: ignore[attr-defined]
+    for name, module in list(sys.modules.items()):      # mx.nd, mx.npx and the modules that import it
+        if (name == "mxnet" or name.startswith("mxnet.")) and getattr(module, "waitall", None) is _mx_waitall:
+            module.waitall = waitall
+
+
+def exit_status() -> None:
+    """At exit, after the stores closed (registered before any: atexit runs it last of
+    ours): a pushpull that failed where the script never saw it (its last steps, queued in
+    MXNet's engine) makes the process exit 1, not 0, so the launcher and the job report it."""
+    if not _failed_at_exit:
+        return
+    logger.error("exiting with status 1: %d pushpull error(s) the script never saw (above)", len(_failed_at_exit))
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(1)
 
 
 def patch_profiler() -> None:

@@ -222,3 +222,25 @@ def test_cluster_check_on_one_machine_and_its_bad_arguments(launch, tmp_path):
     bad = subprocess.run([PY, "-m", "ps.check", "--mb", "0"], capture_output=True, text=True, timeout=30,
                          cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
     assert bad.returncode == 2 and "--mb must be > 0, got 0.0" in bad.stderr, bad.stderr
+
+
+def test_a_worker_that_fails_after_closing_its_store_is_not_started_again(launch):
+    """Under --max-restarts, a worker whose script raises after kv.close() (here: exits 3)
+    has ended its part of the job: a restart would re-run a script the job counts as done and
+    wait for a scheduler that is gone once the other workers finish (PS_CONNECT_TIMEOUT, 120 s).
+    The job fails at once with the worker's status, as without restarts."""
+    script = ("import sys, time, numpy as np, ps\n"
+              "kv = ps.KVStore('dist_sync')\n"
+              "kv.init(3, np.zeros(4, np.float32))\n"
+              "kv.pushpull(3, np.ones(4, np.float32))\n"
+              "if kv.rank == 0:\n"
+              "    time.sleep(60)\n"       # still at work: the job is not ending
+              "kv.close()\n"
+              "sys.exit(3)\n")
+    start = time.monotonic()
+    job = launch(["-n", "2", "-s", "1", "--max-restarts", "2", PY, "-c", script])
+    assert job.wait(30) == 3, job.output
+    assert time.monotonic() - start < 25, job.output
+    assert "worker 1 exited with status 3 after it closed its store: not started again" in job.output, job.output
+    assert "starting it again" not in job.output, job.output
+    assert poll_for(lambda: not marked_pids(job.marker), 10), marked_pids(job.marker)

@@ -2,9 +2,10 @@
 processes of its own job: tests/mxnet/test_restart.py. Data depend on (step, rank) only.
 Two networks with a Trainer each on kvstore='dist_sync' (SGD and Adam, as a GAN has): the
 second store's keys and optimizer live in their own namespace on the servers, and survive
-the kills too.
+the kills too. With --module, an MXNet Module instead (SGD with momentum on the servers,
+kvstore=kv): it pushes gradients and pulls weights apart, where Gluon's Trainer pushpulls.
 
-    python gluon_restart.py STEPS OUT_DIR [ROLE:RANK:STEP ...]
+    python gluon_restart.py STEPS OUT_DIR [--module] [ROLE:RANK:STEP ...]
 """
 import os
 import signal
@@ -16,7 +17,8 @@ import psutil
 from mxnet import autograd, gluon, nd
 
 steps, out = int(sys.argv[1]), sys.argv[2]
-kills = {int(s): (role, rank) for role, rank, s in (k.split(":") for k in sys.argv[3:])}
+module = "--module" in sys.argv[3:]
+kills = {int(s): (role, rank) for role, rank, s in (k.split(":") for k in sys.argv[3:] if k != "--module")}
 
 kv = mx.kv.create("dist_sync")
 mx.random.seed(1)
@@ -54,6 +56,31 @@ def kill(role, rank, step):
 
 if kv.restarted:      # re-run from step 0: Gluon's Trainer fetches the weights only at its first step
     print(f"RESTARTED rank {kv.rank} round {kv.round}", flush=True)
+
+
+def train_module():
+    body = mx.sym.FullyConnected(mx.sym.Variable("data"), num_hidden=32, name="fc1")
+    body = mx.sym.FullyConnected(mx.sym.Activation(body, act_type="relu"), num_hidden=4, name="fc2")
+    mod = mx.mod.Module(mx.sym.SoftmaxOutput(body, name="softmax"))
+    mod.bind(data_shapes=[("data", (16, 8))], label_shapes=[("softmax_label", (16,))])
+    mod.init_params(mx.init.Xavier())
+    mod.init_optimizer(kvstore=kv, optimizer="sgd",
+                       optimizer_params={"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4})
+    for step in range(steps):
+        x, y = batch(step, kv.rank)
+        mod.forward_backward(mx.io.DataBatch([x], [y]))
+        mod.update()
+        if kv.rank == 0 and step in kills:
+            nd.waitall()
+            kill(*kills[step], step)
+    nd.waitall()
+    return {k: v.asnumpy() for k, v in mod.get_params()[0].items()}
+
+
+if module:
+    np.savez(os.path.join(out, f"w{kv.rank}.npz"), **train_module())
+    print(f"DONE rank {kv.rank}", flush=True)
+    sys.exit(0)
 for step in range(steps):
     x, y = batch(step, kv.rank)
     with autograd.record():

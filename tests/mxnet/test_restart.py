@@ -12,9 +12,9 @@ pytest.importorskip("mxnet")
 SCRIPT = str(ROOT / "tests" / "mxnet" / "gluon_restart.py")
 
 
-def run(procs, out, *kills):
+def run(procs, out, *kills, steps=160):
     launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local",
-                            "--max-restarts", "2", PYTHON, SCRIPT, "160", str(out), *kills], cluster_env(0))
+                            "--max-restarts", "2", PYTHON, SCRIPT, str(steps), str(out), *kills], cluster_env(0))
     code, stdout, stderr = procs.finish(launcher, timeout=150)
     assert code == 0, stdout + stderr
     return stdout + stderr
@@ -38,6 +38,24 @@ def test_an_unmodified_gluon_script_survives_a_killed_worker_and_server(procs, t
     assert "worker 1 was killed by SIGKILL: starting it again (restart 1 of 2)" in text, text
     assert "server 0 was killed by SIGKILL: starting it again (restart 2 of 2)" in text, text
     ref = load(tmp_path / "ref" / "w0.npz")
+    for rank in (0, 1):
+        got = load(tmp_path / "run" / f"w{rank}.npz")
+        for key, value in ref.items():
+            np.testing.assert_array_equal(got[key], value, err_msg=f"rank {rank} {key}")
+
+
+@pytest.mark.timeout(200)
+def test_an_unmodified_module_script_survives_a_killed_worker(procs, tmp_path):
+    """Module pushes gradients and pulls weights apart: the restart's replayed pulls ask for the
+    round they follow (Entry.seq) and its first new gradients come from its dead self's weights."""
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "run").mkdir()
+    run(procs, tmp_path / "ref", "--module", steps=80)
+    text = run(procs, tmp_path / "run", "--module", "worker:1:40", steps=80)
+    restarted = re.search(r"RESTARTED rank 1 round (\d+)", text)
+    assert restarted and 40 <= int(restarted.group(1)) <= 43, text
+    ref = load(tmp_path / "ref" / "w0.npz")
+    assert len(ref) == 4, ref.keys()                 # fc1 and fc2, weight and bias
     for rank in (0, 1):
         got = load(tmp_path / "run" / f"w{rank}.npz")
         for key, value in ref.items():

@@ -45,7 +45,9 @@ patch_trainer()
 patch_profiler()
 patch_waitall()
 os.register_at_fork(before=settle_before_fork)
-atexit.register(exit_status)           # before any store's: runs after they closed
+if not getattr(sys.modules.get("sitecustomize"), "PS_FINAL_EXIT_STATUS", False):
+    atexit.register(exit_status)       # before any store's: runs after they closed (the autoload
+                                       # hook registers it at start-up instead: after everything)
 
 # PSKVStore, and Horovod's MXNet calls (ps/mxnet/horovod.py)
 __all__ = ["PSKVStore", "Adasum", "Average", "Compression", "DistributedOptimizer", "DistributedTrainer",

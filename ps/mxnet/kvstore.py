@@ -722,10 +722,12 @@ def patch_waitall() -> None:
 
 
 def exit_status() -> None:
-    """At exit, after the stores closed (registered before any: atexit runs it last of
-    ours): a pushpull that failed where the script never saw it (its last steps, queued in
-    MXNet's engine) makes the process exit 1, not 0, so the launcher and the job report it."""
-    if not _failed_at_exit:
+    """At exit, after the stores closed (registered before any, and by the autoload hook at
+    start-up: after every exit handler): a pushpull that failed where the script never saw it
+    (its last steps, queued in MXNet's engine) makes the process exit 1, not 0, so the
+    launcher and the job report it. A script that died of an uncaught exception exits 1
+    already (``sys.last_value``): nothing to change."""
+    if not _failed_at_exit or getattr(sys, "last_value", None) is not None:
         return
     logger.error("exiting with status 1: %d pushpull error(s) the script never saw (above)", len(_failed_at_exit))
     logging.shutdown()

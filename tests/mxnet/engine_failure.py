@@ -4,10 +4,13 @@ Python waits for them), for tests/mxnet/test_engine_errors.py. Worker 1 leaves a
 of its steps. Mode ``waitall``: worker 0 then calls ``mx.nd.waitall()``; mode ``exit``: its
 script just ends.
 
-    python engine_failure.py waitall|exit
+    python engine_failure.py waitall|exit [--import-ps]   (--import-ps: PS_MXNET_AUTOLOAD=0's way)
 """
 import sys
 import time
+
+if "--import-ps" in sys.argv:
+    import ps.mxnet  # noqa: F401
 
 import mxnet as mx
 from mxnet import autograd, gluon, nd

@@ -9,12 +9,16 @@ SCRIPT = str(ROOT / "tests" / "mxnet" / "engine_failure.py")
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("mode", ["waitall", "exit"])
+@pytest.mark.parametrize("mode", ["waitall", "exit", "exit-import-ps"])
 def test_a_pushpull_that_failed_in_the_engine_fails_the_worker(procs, mode):
     """Before, worker 0 printed DONE and exited 0 on weights its failed pushpulls never
-    updated (the errors only logged, then once more at exit)."""
+    updated (the errors only logged, then once more at exit). ``exit-import-ps``: without the
+    launcher's import hook (PS_MXNET_AUTOLOAD=0), the script imports ps.mxnet itself."""
+    args, env = [mode], cluster_env(0)
+    if mode == "exit-import-ps":
+        args, env = ["exit", "--import-ps"], {**env, "PS_MXNET_AUTOLOAD": "0"}
     launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "1", "--launcher", "local",
-                            PYTHON, SCRIPT, mode], cluster_env(0))
+                            PYTHON, SCRIPT, *args], env)
     code, out, err = procs.finish(launcher, timeout=100)
     text = out + err
     assert code == 1, text

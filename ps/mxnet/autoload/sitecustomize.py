@@ -8,6 +8,7 @@ script imports ``mxnet``, the hook lets mxnet load, then imports ``ps.mxnet`` (i
 which registers ps's ``dist_sync``, ``dist_async``, ... with MXNet. A ``sitecustomize`` that
 this one shadows (the Python installation's own) still runs.
 """
+import atexit
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -15,6 +16,7 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+PS_FINAL_EXIT_STATUS = True     # ps.mxnet leaves its exit status check to _final_exit_status
 
 
 class _ThenPs(importlib.abc.Loader):
@@ -66,6 +68,15 @@ def _register_ps():
         sys.stderr.write(f"ps: could not put MXNet's dist_* kvstores on ps: {type(exc).__name__}: {exc}\n")
 
 
+def _final_exit_status():
+    """Registered at start-up, so it runs after every other exit handler (a DataLoader's
+    pool, MXNet's shutdown, the script's own): ps.mxnet's check, which may end the process
+    with status 1, skips none of them."""
+    kvstore = sys.modules.get("ps.mxnet.kvstore")
+    if kvstore is not None:
+        kvstore.exit_status()
+
+
 def _run_shadowed_sitecustomize():
     others = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", others)
@@ -76,4 +87,5 @@ def _run_shadowed_sitecustomize():
 
 if not any(isinstance(f, _MXNetHook) for f in sys.meta_path):
     sys.meta_path.insert(0, _MXNetHook())
+    atexit.register(_final_exit_status)
 _run_shadowed_sitecustomize()

@@ -458,11 +458,9 @@ class Restarts:
 
 def _closed_its_store(name: str, sched: object | None) -> bool:
     """``worker R`` has closed its store (the scheduler counts it as finished)."""
-    words = name.split(" ")
-    if sched is None or words[0] != "worker" or len(words) != 2 or not words[1].isdigit():
-        return False
-    closed = getattr(sched, "closed_worker_ranks", None)
-    return closed is not None and int(words[1]) in closed()
+    rank = name.split(" ")[-1]
+    closed = getattr(sched, "closed_worker_ranks", None)    # a test's stub scheduler may lack it
+    return _role(name) == "worker" and rank.isdigit() and closed is not None and int(rank) in closed()
 
 
 def _how(status: int) -> str:

@@ -24,8 +24,9 @@ server only has to send what the store returns. Rules (design §5, MXNet's where
 * Recovery (PS_MAX_RESTARTS): a push carries its worker's count of pushes to the key
   (``Entry.seq``), so a push resent to a restarted server that its replica already holds is
   answered, not applied twice; a pull carries the pushes so far, the round whose value a
-  restarted worker asks for (:meth:`Store._replayed_pull`). With ``journal`` set, every change to a value is recorded as
-  an :class:`Event` (the sums, not the pushes) for a backup server to replay (ps/replica.py).
+  restarted worker asks for (:meth:`Store._replayed_pull`). With ``journal`` set, every
+  change to a value is recorded as an :class:`Event` (the sums, not the pushes) for a backup
+  server to replay (ps/replica.py).
 """
 from __future__ import annotations
 

@@ -261,7 +261,10 @@ class Job:
                         "every worker must add the same process sets in the same order")
             if kv.rank in group:
                 kv.init(group_key(gid, MEETING), np.zeros(2, np.float64), members=group)
-            kv.barrier()            # the meeting key is on the servers before any member uses it
+            # the meeting key is on the servers before any member uses it (its init is blocking);
+            # operations in flight go on in flight, as at hvd.barrier: waiting for them here
+            # would deadlock a worker that has one the others start only after this call
+            kv.barrier(wait=False)
         self._groups[gid] = group
         return gid
 

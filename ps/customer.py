@@ -8,7 +8,8 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from typing import Any, Callable
+import time
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -21,9 +22,21 @@ logger = logging.getLogger(__name__)
 _LOCAL_ERRORS = {"PeerLostError": PeerLostError, "CollectiveError": CollectiveError}
 
 
+class StallWatch(NamedTuple):
+    """PS_STALL_WARNING on a worker's own waits. The servers and the scheduler name the
+    workers a round or a barrier lacks, and tell the workers waiting on it; a wait none of
+    them has named by twice the threshold (a reply that does not come although no round
+    lacks a push) is named by the waiting worker itself."""
+    after: float                        # seconds; 0: never
+    noticed: Callable[[], float]        # time.monotonic() of the last STALL this worker was sent
+
+
+NO_WATCH = StallWatch(0.0, lambda: 0.0)
+
+
 class Request:
     __slots__ = ("ts", "remaining", "out", "starts", "error", "event", "what", "pending", "callbacks", "sent", "got",
-                 "left")
+                 "left", "since", "warned")
 
     def __init__(self, ts: int, remaining: int, out: np.ndarray | None, starts: dict[int, int], what: str,
                  keep: bool = False):
@@ -40,6 +53,8 @@ class Request:
         # PS_MAX_RESTARTS: what went to each server (resent to its restart) and what came back
         self.sent: list[tuple[int, Any, Any]] | None = [] if keep else None
         self.got: dict[int, dict[int, int]] = {}    # server -> {offset: elements} of the chunks it answered
+        self.since = time.monotonic()
+        self.warned = False
 
     def restart(self, server: int) -> list[tuple[Any, Any]]:
         """``server`` restarted before answering: forget its partial answer; what to resend."""
@@ -47,17 +62,27 @@ class Request:
         self.left.pop(server, None)
         return [(entry, data) for sid, entry, data in self.sent or () if sid == server]
 
-    def wait(self, deadline: Deadline, failure: Callable[[], PSError | None]) -> None:
+    def wait(self, deadline: Deadline, failure: Callable[[], PSError | None], watch: StallWatch = NO_WATCH) -> None:
         while not self.event.wait(deadline.remaining(0.5)):
             exc = failure()
             if exc is not None:
                 raise exc
             if deadline.expired:
-                who = ", ".join(node_name(i) for i in sorted(self.pending)) or "-"
-                raise PSTimeoutError(f"{self.what}: no complete reply from {who} within "
+                raise PSTimeoutError(f"{self.what}: no complete reply from {self._servers()} within "
                                      f"{deadline.seconds:g}s (PS_REQUEST_TIMEOUT)")
+            waited = time.monotonic() - self.since
+            if watch.after and waited >= 2 * watch.after and not self.warned:
+                self.warned = True
+                if watch.noticed() < self.since:         # nobody has named this wait
+                    logger.warning("%s: no complete reply from %s after %.0fs, and no server has named a worker it "
+                                   "waits for: is that server stopped or overloaded? (PS_STALL_WARNING=%gs; request %d, "
+                                   "%d elements or acks to come)",
+                                   self.what, self._servers(), waited, watch.after, self.ts, self.remaining)
         if self.error is not None:
             raise self.error
+
+    def _servers(self) -> str:
+        return ", ".join(node_name(i) for i in sorted(self.pending)) or "-"
 
 
 class Customer:
@@ -192,12 +217,13 @@ class Handle:
 
     def __init__(self, requests: list[Request], finalize: Callable[[], Any],
                  default_timeout: float, failure: Callable[[], PSError | None],
-                 customer: Customer | None = None):
+                 customer: Customer | None = None, watch: StallWatch = NO_WATCH):
         self._requests = requests
         self._customer = customer
         self._finalize = finalize
         self._timeout = default_timeout
         self._failure = failure
+        self._watch = watch
         self._result: Any = None
         self._done = False
 
@@ -230,7 +256,7 @@ class Handle:
         if not self._done:
             deadline = Deadline(self._timeout if timeout is None else timeout)
             for req in self._requests:
-                req.wait(deadline, self._failure)
+                req.wait(deadline, self._failure, self._watch)
             self._result = self._finalize()
             self._done = True
         return self._result

@@ -59,6 +59,7 @@ class Postoffice:
         self.worker_ids: list[int] = []
         self.nodes: dict[int, Node] = {}
         self.failure: PSError | None = None
+        self.stall_noticed = 0.0        # time.monotonic() of the last STALL a server or the scheduler sent
         self.handlers: dict[Command, Handler] = {}
         self._cond = threading.Condition()
         self._table: dict[str, Any] | None = None
@@ -255,6 +256,7 @@ class Postoffice:
             self.fail(PSError(msg.body["reason"]))
         elif cmd == Command.STALL:          # this node waits on a stalled round or barrier
             text = msg.body.get("text") if isinstance(msg.body, dict) else msg.body
+            self.stall_noticed = time.monotonic()
             logger.warning("%s %d (%s) is waiting: %s", self.role.name.lower(), self.rank, self, text)
         elif cmd != Command.HEARTBEAT:
             logger.debug("%s: ignoring %r", self, msg)

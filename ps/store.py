@@ -211,6 +211,10 @@ class KeyState:
     def ready(self) -> bool:
         return self.init_got == self.total
 
+    def kept(self, seq: int) -> np.ndarray | None:
+        """The value as round ``seq`` left it, if the round after it has changed it since."""
+        return self.before[1] if self.before is not None and self.before[0] == seq else None
+
 
 class StoreError(Exception):
     def __init__(self, kind: str, text: str):
@@ -455,10 +459,11 @@ class Store:
         if self.sync and 0 <= index < len(ks.rounds):
             ks.rounds[index].pulls.append(Waiter(sender, entry))
             return []
-        if self.sync and ks.before is not None and ks.before[0] == entry.seq:
+        kept = ks.kept(entry.seq) if self.sync else None
+        if kept is not None:
             # the next round has changed the value since (its dead self pushed into it, or
             # began to): answer with the value after this push's own round
-            return self._answer_with(ks.before[1], Waiter(sender, entry))
+            return self._answer_with(kept, Waiter(sender, entry))
         replies = self._answer(ks, Waiter(sender, entry))
         if self.sync and ks.rounds and ks.rounds[0].started:
             # the open round writes its next chunks into the value in place: copy-on-write
@@ -478,7 +483,7 @@ class Store:
         it another round's sum to train on."""
         if not self.sync or not ks.closed or self.opts.updater(ks.key) is not None:
             return
-        if seq >= ks.closed or (ks.before is not None and ks.before[0] == seq):
+        if seq >= ks.closed or ks.kept(seq) is not None:
             return                      # this round's own sum is here, or still to come (an open round)
         raise StoreError("CollectiveError", (
             f"{self._who(sender)} was restarted and re-runs its script, but key {ks.key} has no optimizer on the "
@@ -816,9 +821,8 @@ class Store:
                 return []
             return None                     # a round not begun: as anyone's pull
         self._check_replay(ks, sender, entry.seq)
-        if ks.before is not None and ks.before[0] == entry.seq:
-            return self._answer_with(ks.before[1], waiter)
-        return self._answer(ks, waiter)
+        kept = ks.kept(entry.seq)
+        return self._answer(ks, waiter) if kept is None else self._answer_with(kept, waiter)
 
     def _answer(self, ks: KeyState, waiter: Waiter, skip: dict[int, int] | None = None) -> list[Reply]:
         """``skip``: the chunks (offset -> length) a pushpull got already (:meth:`_stream`);

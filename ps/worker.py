@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ._timing import Deadline
-from .customer import Customer, Handle, Request
+from .customer import Customer, Handle, Request, StallWatch
 from .errors import PSError, RemoteError
 from .keys import CHUNK_BYTES, Slice, chunks
 from .message import DTYPES, ROW_ID, Batch, Command, Entry, Flag, Message, Op, Rows, node_name, server_id
@@ -34,6 +34,7 @@ class KVWorker:
     def __init__(self, po: Postoffice):
         self.po = po
         self.customer = Customer(keep=po.config.max_restarts > 0)
+        self._watch = StallWatch(po.config.stall_warning, lambda: po.stall_noticed)
         self._push_seq: dict[int, int] = {}    # key -> pushes so far (Entry.seq)
         self._seq_start = 0                    # a restarted worker that resumed: its round
         self._outbox: dict[int, Batch] = {}   # server id -> what waits to leave for it
@@ -247,14 +248,14 @@ class KVWorker:
     def handle(self, requests: list[Request], finalize: Callable[[], Any]) -> Handle:
         """The future of one call made of ``requests``."""
         return Handle(requests, finalize, self.po.config.request_timeout, lambda: self.po.failure,
-                      self.customer)
+                      self.customer, self._watch)
 
     def wait_all(self, deadline: Deadline, errors: bool = True) -> None:
         """Wait for every request this worker still has outstanding. ``errors=False``: a
         request a server refused does not raise here (its own handle reports it)."""
         for req in self.customer.pending():
             try:
-                req.wait(deadline, lambda: self.po.failure)
+                req.wait(deadline, lambda: self.po.failure, self._watch)
             except PSError:
                 if errors or req.error is None:
                     raise

@@ -1,11 +1,16 @@
 """A dist_sync worker whose rank 1 stops for a while: inside a sync round (``round``) or
-before a barrier (``barrier``). Used by test_stall.py; prints RESULT with what it pulled."""
+before a barrier (``barrier``); or (``server``) rank 0 freezes server 1 (keys 3 and 5 live there) (SIGSTOP, SIGCONT
+after the sleep), so that both wait for replies while no round lacks a push. Used by
+test_stall.py; prints RESULT with what it pulled."""
+import signal
 import sys
+import threading
 import time
 
 import numpy as np
 
 import ps
+from recovery_worker import find
 
 MODE, SLEEP = sys.argv[1], float(sys.argv[2])
 
@@ -14,6 +19,11 @@ with ps.KVStore("dist_sync") as kv:
     for step in range(3):
         if MODE == "round" and kv.rank == 1 and step == 1:
             time.sleep(SLEEP)               # the others have pushed step 1 and wait for us
+        if MODE == "server" and kv.rank == 0 and step == 1:
+            server = find("server", 1)
+            server.send_signal(signal.SIGSTOP)
+            print(f"FREEZE server 1 for {SLEEP}s", flush=True)
+            threading.Timer(SLEEP, server.send_signal, (signal.SIGCONT,)).start()
         kv.push([3, 5], [np.ones(4, np.float32), np.ones(6, np.float32)])
         got = kv.pull([3, 5])
     if MODE == "barrier" and kv.rank == 1:

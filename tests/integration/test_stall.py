@@ -1,6 +1,7 @@
 """PS_STALL_WARNING: a worker that stops inside a sync round (or before a barrier) is
 named by rank and host in the server's (the scheduler's) log and in the waiting worker's,
-once, and the job still completes when it wakes up. Real processes, through the launcher."""
+once, and the job still completes when it wakes up; a wait no server can name (a frozen
+server) is named by the waiting workers themselves. Real processes, through the launcher."""
 import re
 
 import pytest
@@ -31,6 +32,20 @@ def test_a_worker_asleep_in_a_round_is_named_by_the_server_and_the_waiting_worke
     assert len(waiting) == 1 and "for worker 1" in waiting[0] and "keys 3, 5" in waiting[0], lines
     assert not any(ln.startswith("[worker 1]") and "is waiting" in ln for ln in lines), lines
     assert any(ln.startswith("[server") and "went on" in ln for ln in lines), lines
+    # the server named it: the waiting worker does not add a warning of its own
+    assert not any("no complete reply" in ln for ln in lines), lines
+
+
+@pytest.mark.timeout(120)
+def test_a_frozen_server_is_named_by_the_workers_waiting_for_its_replies(procs):
+    lines = run(procs, "server", 7, PS_STALL_WARNING="2", PS_HEARTBEAT_TIMEOUT="60")
+    assert any(ln.startswith("[worker 0]") and "FREEZE server 1" in ln for ln in lines), lines
+    for rank in (0, 1):         # each names its first unanswered request, once, and the server
+        own = [ln for ln in lines if ln.startswith(f"[worker {rank}]") and "no complete reply" in ln]
+        assert len(own) == 1, lines
+        assert "from S[10]" in own[0] and "PS_STALL_WARNING=2s" in own[0] and "no server has named" in own[0], own
+        assert re.search(r"(push|pull)\S* of key", own[0]), own
+    assert not any("has waited" in ln for ln in lines), lines       # no round and no barrier lacked anyone
 
 
 @pytest.mark.timeout(120)

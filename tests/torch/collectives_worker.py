@@ -33,12 +33,16 @@ def horovods_rules(out, r):
     out["reuse"] = [hvd.allreduce(torch.ones(k), name="reuse", op=hvd.Sum).tolist() for k in (2, 3)]
     out["int_prescale"] = hvd.allreduce(torch.tensor([7, -7], dtype=torch.int32), op=hvd.Sum,
                                         prescale_factor=0.5).tolist()
-    first = hvd.allreduce_async(torch.ones(2), name="twice")
-    try:
-        hvd.allreduce_async(torch.ones(2), name="twice")
-        out["twice"] = None
-    except ValueError as exc:
-        out["twice"] = str(exc)
+    out["twice"] = None
+    if r != 0:                  # a name twice in flight: rank 0 has not started it, so the first
+        first = hvd.allreduce_async(torch.ones(2), name="twice")     # cannot end before the second call
+        try:
+            hvd.allreduce_async(torch.ones(2), name="twice")
+        except ValueError as exc:
+            out["twice"] = str(exc)
+    hvd.barrier()               # (the last rank to start it could see its first end at once: the name is
+    if r == 0:                  # free again then, as in Horovod, and its second call a round of its own)
+        first = hvd.allreduce_async(torch.ones(2), name="twice")
     hvd.synchronize(first)
     if r == 0:                  # a new name's first use meets nobody: rank 0 starts it while the others
         early = hvd.allreduce_async(torch.ones(2), name="first_use", op=hvd.Sum)     # wait at a barrier
@@ -107,9 +111,14 @@ def horovods_rules(out, r):
 def process_sets(out, r):
     """Collectives over some of the workers: ranks {0, 2} and {1} at once, each set's results
     its own members' only; then the refusals."""
+    if r == 0:                  # in flight across add_process_set: the others start it only after it
+        across = hvd.allreduce_async(torch.ones(1), op=hvd.Sum, name="across_add")
     even, odd = hvd.add_process_set([0, 2]), hvd.add_process_set(hvd.ProcessSet([1]))
+    if r != 0:
+        across = hvd.allreduce_async(torch.ones(1), op=hvd.Sum, name="across_add")
     mine = even if r % 2 == 0 else odd
     got = out["sets"] = {"id": mine.process_set_id, "rank": mine.rank(), "size": mine.size()}
+    got["across_add"] = hvd.synchronize(across).tolist()
     got["sum"] = hvd.allreduce(torch.full((3,), float(r + 1)), op=hvd.Sum, name="x", process_set=mine).tolist()
     got["avg"] = hvd.allreduce(torch.full((2,), float(r + 1)), process_set=mine).tolist()
     got["ag"] = hvd.allgather(rows(r, r + 1), process_set=mine).tolist()

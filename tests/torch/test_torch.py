@@ -20,7 +20,7 @@ def results(text):
 
 def launch(procs, *args, expect=0, script=SCRIPT, workers=2, **extra):
     """Run ``script`` under the launcher (W``workers`` S2); its combined output."""
-    env = cluster_env(0, PS_MXNET_AUTOLOAD="0", PS_STALL_WARNING="0", **extra)
+    env = cluster_env(0, PS_MXNET_AUTOLOAD="0", PS_STALL_WARNING="30", **extra)
     launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", str(workers), "-s", "2", "--launcher", "local",
                             PYTHON, script, *args], env)
     code, out, err = procs.finish(launcher, timeout=150)

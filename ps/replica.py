@@ -21,7 +21,7 @@ import numpy as np
 from . import optim
 from .errors import ProtocolError
 from .message import DTYPES
-from .store import Event, Optimizers, Replays, Store, apply_rows
+from .store import Event, Joins, Optimizers, Replays, Store, apply_rows
 
 # dtypes an event array may have: the key dtypes plus int64 row ids
 _ARRAY_DTYPES = (*DTYPES, np.dtype("<i8"), np.dtype("<u4"))
@@ -100,10 +100,11 @@ def snapshot(store: Store) -> list[Event]:
     """Everything a backup needs to mirror ``store`` (call between rounds: see half_applied)."""
     events = updater_events(store.opts, store.compression) + members_events(store.members)
     events.append(Event("workers", 0, 0, store.replays.info()))
+    events.append(Event("joins", 0, 0, store.joins.info()))
     for ks in store.keys.values():
         if ks.ready:
-            events.append(Event("key", ks.key, 0, [ks.dtype_code, ks.closed, list(ks.applied.items())],
-                                (ks.value.copy(),)))
+            events.append(Event("key", ks.key, 0, [ks.dtype_code, ks.closed, list(ks.applied.items()),
+                                                   list(ks.excused.items())], (ks.value.copy(),)))
     return events
 
 
@@ -112,8 +113,9 @@ def restore(store: Store, events: list[Event]) -> None:
     opts = Optimizers()
     for ev in events:
         if ev.kind == "key":
-            code, closed, applied = ev.info
-            store.restore_key(ev.key, code, ev.arrays[0].copy(), closed, {int(w): int(s) for w, s in applied})
+            code, closed, applied, excused = ev.info
+            store.restore_key(ev.key, code, ev.arrays[0].copy(), closed, {int(w): int(s) for w, s in applied},
+                              {int(w): int(n) for w, n in excused})
         elif ev.kind == "opt":
             opts.set(ev.key, optim.Updater(optim.from_spec(ev.info[0])), bool(ev.info[1]))
         elif ev.kind == "states" and ev.key in opts.updaters:
@@ -126,6 +128,8 @@ def restore(store: Store, events: list[Event]) -> None:
             store.compression = ev.info
         elif ev.kind == "workers":
             store.replays = Replays.from_info(ev.info)
+        elif ev.kind == "joins":
+            store.joins = Joins.from_info(ev.info)
     for ns, updater in opts.updaters.items():
         store.set_updater(updater, opts.multi[ns], ns)
 
@@ -138,6 +142,7 @@ class MirrorKey:
     closed: int = 0
     applied: dict[int, int] = field(default_factory=dict)
     chunks: list[tuple[int, np.ndarray]] = field(default_factory=list)   # the open round's sums
+    excused: dict[int, int] = field(default_factory=dict)   # joined worker -> rounds closed without it
 
 
 class Mirror:
@@ -152,6 +157,7 @@ class Mirror:
         self.events = 0
         self.broken: str | None = None      # a change it cannot replay arrived (the copy is useless)
         self.replays = Replays()            # the primary's restarted workers (ps/store.py)
+        self.joins = Joins()                # the workers in join, as the primary sees them
 
     def apply(self, events: list[Event]) -> None:
         for ev in events:
@@ -165,8 +171,10 @@ class Mirror:
         """This copy as the events :func:`restore` reads (the open rounds' sums left out)."""
         events = updater_events(self.opts, self.compression) + members_events(self.members)
         events.append(Event("workers", 0, 0, self.replays.info()))
+        events.append(Event("joins", 0, 0, self.joins.info()))
         for key, mk in self.keys.items():
-            events.append(Event("key", key, 0, [mk.dtype_code, mk.closed, list(mk.applied.items())], (mk.value,)))
+            events.append(Event("key", key, 0, [mk.dtype_code, mk.closed, list(mk.applied.items()),
+                                                list(mk.excused.items())], (mk.value,)))
         return events
 
     def nbytes(self) -> int:
@@ -184,8 +192,9 @@ class Mirror:
         self.keys[ev.key] = MirrorKey(ev.arrays[0].copy(), code)
 
     def _on_key(self, ev: Event) -> None:
-        code, closed, applied = ev.info
-        self.keys[ev.key] = MirrorKey(ev.arrays[0].copy(), code, closed, {int(w): int(s) for w, s in applied})
+        code, closed, applied, excused = ev.info
+        self.keys[ev.key] = MirrorKey(ev.arrays[0].copy(), code, closed, {int(w): int(s) for w, s in applied},
+                                      excused={int(w): int(n) for w, n in excused})
 
     def _on_chunk(self, ev: Event) -> None:
         self._key(ev).chunks.append((ev.offset, ev.arrays[0].copy()))
@@ -265,6 +274,23 @@ class Mirror:
     def _on_replays(self, ev: Event) -> None:
         self.replays.apply(ev)
 
+    def _on_joins(self, ev: Event) -> None:
+        self.joins = Joins.from_info(ev.info)
+
+    def _on_join(self, ev: Event) -> None:
+        self.joins.apply(ev)
+
+    def _on_leave(self, ev: Event) -> None:
+        self.joins.apply(ev)
+        worker = int(ev.info[0])
+        for mk in self.keys.values():
+            mk.excused.pop(worker, None)
+
+    def _on_excused(self, ev: Event) -> None:
+        mk = self._key(ev)
+        for worker, rounds in ev.info:
+            mk.excused[int(worker)] = mk.excused.get(int(worker), 0) + int(rounds)
+
     def _updater(self, key: int) -> Any:
         return self._optimizer_of(self.opts.namespace(key))
 
@@ -279,6 +305,7 @@ class Mirror:
         "dense": _on_dense, "rows": _on_rows, "async": _on_async, "arows": _on_arows, "opt": _on_opt,
         "states": _on_states, "ns": _on_ns, "members": _on_members, "params": _on_params, "compression": _on_compression,
         "unreplicable": _on_unreplicable, "workers": _on_workers, "died": _on_replays,
-        "caught_up": _on_replays, "setting": _on_replays,
+        "caught_up": _on_replays, "setting": _on_replays, "joins": _on_joins, "join": _on_join,
+        "leave": _on_leave, "excused": _on_excused,
     }
 

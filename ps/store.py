@@ -132,6 +132,45 @@ class Replays:
                    {int(w): int(cid) for w, cid in info["last"]})
 
 
+@dataclass
+class Joins:
+    """Workers in Horovod's join (KVStore.join) as one server sees them: who joined, in join
+    order (the last to join is every worker's answer), and per worker the answer to its last
+    leave, given again to a leave resent to this server's restart. A store keeps one and a
+    backup's copy another (ps/replica.py), both moved by the same events: join, leave. The
+    rounds each key closed without a joined worker are the key's (``KeyState.excused``)."""
+
+    joined: dict[int, None] = field(default_factory=dict)
+    order: list[int] = field(default_factory=list)
+    left: dict[int, tuple[int, list[tuple[int, int]]]] = field(default_factory=dict)
+
+    def apply(self, ev: Event) -> None:
+        if ev.kind == "join":
+            worker = int(ev.info)
+            self.left.pop(worker, None)
+            if worker not in self.joined:
+                self.joined[worker] = None
+                self.order.append(worker)
+        elif ev.kind == "leave":
+            worker, last, skipped = ev.info
+            self.joined.pop(int(worker), None)
+            if not self.joined:
+                self.order.clear()
+            self.left[int(worker)] = (int(last), [(int(k), int(n)) for k, n in skipped])
+        else:
+            raise ValueError(f"not an event about joined workers: {ev.kind!r}")
+
+    def info(self) -> dict[str, Any]:
+        """As the "joins" event of a snapshot carries it."""
+        return {"joined": list(self.joined), "order": list(self.order),
+                "left": [[w, last, [list(p) for p in skipped]] for w, (last, skipped) in self.left.items()]}
+
+    @classmethod
+    def from_info(cls, info: dict[str, Any]) -> Joins:
+        return cls(dict.fromkeys(int(w) for w in info["joined"]), [int(w) for w in info["order"]],
+                   {int(w): (int(last), [(int(k), int(n)) for k, n in skipped]) for w, last, skipped in info["left"]})
+
+
 class Reply(NamedTuple):
     dest: int                  # worker node id
     entry: Entry
@@ -280,9 +319,8 @@ class Store:
         # their rounds close when those workers pushed. Every other key waits for all.
         self.members: dict[int, frozenset[int]] = {}
         # workers that joined (KVStore.join, Horovod's uneven data): rounds pushed JOINABLE close
-        # without them, their share zero; other rounds they were needed in fail. In join order.
-        self.joined: dict[int, None] = {}
-        self.join_order: list[int] = []
+        # without them, their share zero; other rounds they were needed in fail. In the replica.
+        self.joins = Joins()
         self.compression: dict[str, Any] | None = None
         self.closed_workers: set[int] = set()
         self.journal: list[Event] | None = None  # recorded changes, for a backup (ps/replica.py)
@@ -366,23 +404,25 @@ class Store:
 
     def _round_full(self, ks: KeyState, rnd: Round) -> bool:
         """Every worker ``rnd`` needs pushed whole, or is excused by a join."""
-        if self.joined and rnd.joinable:
-            return all(w in rnd.complete or w in self.joined for w in self._required(ks))
+        if self.joins.joined and rnd.joinable:
+            return all(w in rnd.complete or w in self.joins.joined for w in self._required(ks))
         return len(rnd.complete) >= self._needed(ks)
 
     def _chunk_full(self, ks: KeyState, rnd: Round, pend: list) -> bool:
         """Every worker ``rnd`` needs sent this chunk (``pend``), or is excused by a join."""
-        if self.joined and rnd.joinable:
+        if self.joins.joined and rnd.joinable:
             have = {w for w, _ in pend}
-            return all(w in have or w in self.joined for w in self._required(ks))
+            return all(w in have or w in self.joins.joined for w in self._required(ks))
         return len(pend) >= self._needed(ks)
 
     def _excuse(self, ks: KeyState, rnd: Round) -> None:
         """``rnd`` closed without the joined workers it needed: count it for each."""
         group = self.members.get(ks.key)
-        for w in self.joined:
-            if w not in rnd.complete and (group is None or w in group):
-                ks.excused[w] = ks.excused.get(w, 0) + 1
+        excused = [w for w in self.joins.joined if w not in rnd.complete and (group is None or w in group)]
+        for w in excused:
+            ks.excused[w] = ks.excused.get(w, 0) + 1
+        if excused:
+            self.record(Event("excused", ks.key, 0, [[w, 1] for w in excused]))
 
     def _check_member(self, ks: KeyState, sender: int) -> None:
         group = self.members.get(ks.key)
@@ -634,7 +674,7 @@ class Store:
         elif pend[0][1].size != n:
             raise StoreError("ProtocolError", f"key {ks.key}: workers cut the value into different chunks")
         pend.append((sender, data))
-        full = len(pend) >= self.num_workers if not (self.members or self.joined) else self._chunk_full(ks, rnd, pend)
+        full = len(pend) >= self.num_workers if not (self.members or self.joins.joined) else self._chunk_full(ks, rnd, pend)
         if full and (rnd is ks.rounds[0] or _whole_key(self.opts.updater(ks.key))):
             return self._reduce(ks, rnd, off, rnd.frames.pop(off))
         return []
@@ -723,12 +763,12 @@ class Store:
 
     def _close_rounds(self, ks: KeyState) -> list[Reply]:
         replies: list[Reply] = []
-        plain = not (self.members or self.joined)         # the usual case: every worker, nobody joined
+        plain = not (self.members or self.joins.joined)         # the usual case: every worker, nobody joined
         while ks.rounds and (len(ks.rounds[0].complete) >= self.num_workers if plain
                              else self._round_full(ks, ks.rounds[0])):
             rnd = ks.rounds.pop(0)
             ks.closed += 1
-            if self.joined:
+            if self.joins.joined:
                 self._excuse(ks, rnd)
             self._apply_round(ks, rnd)
             if self.journal is not None:
@@ -887,7 +927,7 @@ class Store:
             rnd = ks.rounds[0]
             group = self.members.get(ks.key)
             missing = tuple(w for w in workers if w not in rnd.complete and (group is None or w in group)
-                            and not (rnd.joinable and w in self.joined))
+                            and not (rnd.joinable and w in self.joins.joined))
             waiting = tuple(sorted(rnd.complete | {p.worker for p in rnd.pulls}))
             found.append(Stall(ks.key, ks.closed + 1, now - rnd.opened, missing, waiting))
         return found
@@ -956,14 +996,14 @@ class Store:
         return replies
 
     def _fail_doomed(self, ks: KeyState) -> list[Reply]:
-        if not self.closed_workers and not self.joined:     # the common case, on every round close
+        if not self.closed_workers and not self.joins.joined:     # the common case, on every round close
             return []
         replies: list[Reply] = []
         keep = []
         group = self.members.get(ks.key)
         for rnd in ks.rounds:
             gone = sorted(w for w in self.closed_workers if w not in rnd.members and (group is None or w in group))
-            joined = [] if rnd.joinable else sorted(w for w in self.joined if w not in rnd.members
+            joined = [] if rnd.joinable else sorted(w for w in self.joins.joined if w not in rnd.members
                                                     and (group is None or w in group))
             if gone:
                 kind, text = "PeerLostError", (
@@ -989,8 +1029,7 @@ class Store:
         """``worker`` has nothing more to push until every worker joined: rounds pushed
         JOINABLE close without it (its share zero), every other round it is needed in fails.
         Returns the replies of the rounds that close or fail now."""
-        self.joined[worker] = None
-        self.join_order.append(worker)
+        self._joins_event(Event("join", 0, 0, worker))
         replies: list[Reply] = []
         for ks in self.keys.values():
             if ks.rounds and ks.rounds[0].joinable:
@@ -1006,12 +1045,16 @@ class Store:
         """Every worker joined; ``worker`` pushes again. Returns the last worker to join, and
         per key the rounds closed without ``worker`` (its next push of the key counts after
         them). The join ends for this store when every joined worker left."""
-        last = self.join_order[-1] if self.join_order else worker
-        self.joined.pop(worker, None)
-        if not self.joined:
-            self.join_order.clear()
+        if worker not in self.joins.joined and worker in self.joins.left:
+            return self.joins.left[worker]      # resent to this server's restart: the same answer
+        last = self.joins.order[-1] if self.joins.order else worker
         skipped = [(ks.key, ks.excused.pop(worker)) for ks in self.keys.values() if worker in ks.excused]
+        self._joins_event(Event("leave", 0, 0, [worker, last, skipped]))
         return last, skipped
+
+    def _joins_event(self, event: Event) -> None:
+        self.joins.apply(event)
+        self.record(event)
 
     @staticmethod
     def _who(worker: int) -> str:
@@ -1074,13 +1117,14 @@ class Store:
         return [ks.key for ks in self.keys.values() if any(r.started for r in ks.rounds)]
 
     def restore_key(self, key: int, dtype_code: int, value: np.ndarray, closed: int,
-                    applied: dict[int, int]) -> None:
+                    applied: dict[int, int], excused: dict[int, int]) -> None:
         """A key as a replica held it (a restarted server): initialized, ``closed`` sync rounds."""
         ks = self.keys[key] = KeyState(key, dtype_code, value.size, (-1, -1))
         ks.value = value
         ks.init_got = value.size
         ks.closed = closed
         ks.applied = dict(applied)
+        ks.excused = dict(excused)
 
     def stats(self) -> dict[str, Any]:
         return {"keys": len(self.keys), "bytes": sum(ks.value.nbytes for ks in self.keys.values())}

@@ -1,9 +1,11 @@
 """A ps.torch training loop in which rank 1 SIGKILLs, once, a server or itself (test_torch.py):
 
-    python restart_worker.py MARKER_FILE server|worker|none
+    python restart_worker.py MARKER_FILE server|worker|none [join]
 
-Prints ``DONE rank weights`` at the end; the marker file says the kill happened already (a
-restarted worker runs this script again)."""
+Prints ``DONE [rank, weights]`` at the end; the marker file says the kill happened already (a
+restarted worker runs this script again). ``join``: rank 0 trains 5 steps and joins
+(Horovod's uneven data), so the kill at step 10 comes while it is in join; then every rank
+prints ``DONE [rank, weights, last to join, a sum after the join]``."""
 import json
 import os
 import signal
@@ -24,7 +26,8 @@ def main():
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                                    named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    for step in range(30):
+    uneven = sys.argv[3:] == ["join"]
+    for step in range(5 if uneven and hvd.rank() == 0 else 30):
         x = torch.arange(32.0).reshape(4, 8) * (hvd.rank() + 1) / 32
         opt.zero_grad()
         ((model(x) - 1.0) ** 2).mean().backward()
@@ -35,7 +38,10 @@ def main():
                 os.kill(os.getpid(), signal.SIGKILL)
             find("server", 1).send_signal(signal.SIGKILL)
         time.sleep(0.05)
-    print("DONE " + json.dumps([hvd.rank(), model.weight.detach().reshape(-1).tolist()]), flush=True)
+    done = [hvd.rank(), model.weight.detach().reshape(-1).tolist()]
+    if uneven:
+        done += [hvd.join(), hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after").tolist()]
+    print("DONE " + json.dumps(done), flush=True)
 
 
 if __name__ == "__main__":

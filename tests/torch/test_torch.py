@@ -132,30 +132,39 @@ def test_server_optimizer_async_two_workers_learn(procs):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("victim", ["server", "worker"])
+@pytest.mark.parametrize("victim", ["server", "worker", "server in join"])
 def test_a_killed_server_is_recovered_and_a_killed_worker_ends_the_job_with_the_reason(procs, tmp_path, victim):
     """--max-restarts under Horovod's API: a server only sums, so its restart recovers the
     sums and the job ends with the weights of an unfaulted run; a worker holds the model, so its
     restart cannot rejoin the step the others are in: it says so and the job stops, instead of
-    training on from other weights than the rest (before: exit 0, each worker's weights its own)."""
+    training on from other weights than the rest (before: exit 0, each worker's weights its own).
+    ``server in join``: rank 0 is in hvd.join() when the server dies; its restart knows it from
+    the replica (before: it did not, and its sums waited for rank 0 for ever)."""
     script = str(ROOT / "tests" / "torch" / "restart_worker.py")
+    who, *mode = victim.split(" ", 1)
+    mode = ["join"] if mode else []
 
     def done(out):
         return sorted(json.loads(ln.split("DONE ", 1)[1]) for ln in out.splitlines() if "DONE " in ln)
-    env = cluster_env(0, PS_MXNET_AUTOLOAD="0", PS_STALL_WARNING="0")
+    env = cluster_env(0, PS_MXNET_AUTOLOAD="0", PS_STALL_WARNING="30")
     hurt = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--max-restarts", "2", "--launcher", "local",
-                        PYTHON, script, str(tmp_path / "killed"), victim], env)
+                        PYTHON, script, str(tmp_path / "killed"), who, *mode], env)
     code, out, err = procs.finish(hurt, timeout=150)
     assert (tmp_path / "killed").exists(), out + err
-    assert f"{victim} 1 was killed by SIGKILL: starting it again (restart 1 of 2)" in out + err, out + err
-    if victim == "server":
+    assert f"{who} 1 was killed by SIGKILL: starting it again (restart 1 of 2)" in out + err, out + err
+    if who == "server":
         assert code == 0, out + err
         ref = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local", PYTHON, script,
-                           str(tmp_path / "unused"), "none"], env)
+                           str(tmp_path / "unused"), "none", *mode], env)
         code, ref_out, err = procs.finish(ref, timeout=150)
         assert code == 0, ref_out + err
-        (_, want), (_, also) = done(ref_out)
-        assert want == also and [w for _, w in done(out)] == [want, want], out + ref_out
+        assert done(out) == done(ref_out) and len(done(out)) == 2, out + ref_out
+        if mode:                # rank 0 stopped after 5 steps, rank 1 went on: their own weights
+            (_, w0, last0, after0), (_, w1, last1, after1) = done(out)
+            assert w0 != w1 and last0 == last1 == 1 and after0 == after1 == [2.0, 2.0], out
+        else:
+            (_, want), (_, also) = done(out)
+            assert want == also, out
     else:
         assert code != 0 and not done(out), out + err
         assert "this worker (rank 1) was restarted (--max-restarts), but a Horovod-style job keeps its model" \

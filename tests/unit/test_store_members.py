@@ -129,7 +129,40 @@ def test_a_joined_worker_is_excused_from_joinable_rounds_and_fails_the_others():
     assert s.leave(W1) == (W0, [(5, 1)])     # the last to join; rounds of key 5 closed without worker 1
     assert s.leave(W0) == (W0, [])
     assert s.leave(W2) == (W0, [(5, 4)])
-    assert s.joined == {} and s.join_order == []
+    assert s.joins.joined == {} and s.joins.order == []
     # back to normal: worker 2 pushes as round 5 after skipping 4, with the others
     assert joinable(s, W0, 50, 5, 1.0, 5) == [] and joinable(s, W1, 51, 5, 1.0, 5) == []
     assert len(joinable(s, W2, 52, 5, 1.0, 5)) == 3
+
+
+def test_the_join_is_in_the_copy_and_a_restored_store_goes_on_with_it():
+    """A server restarted while workers are in join (PS_MAX_RESTARTS): its backup's copy, and
+    a snapshot, carry who joined, in what order, and the rounds each key closed without them;
+    a leave resent to the restart gets its dead self's answer again."""
+    s = Store(3)
+    s.journal = []
+    mirror = Mirror(8)
+    assert joinable(s, W0, 10, 5, 1.0, 1) == [] and joinable(s, W1, 11, 5, 1.0, 1) == []
+    s.join(W2)                               # closes round 1 without worker 2
+    s.join(W1)
+    assert len(joinable(s, W0, 12, 5, 1.0, 2)) == 1     # round 2: only worker 0 still pushes
+    body, frames = encode_events(s.journal)
+    s.journal.clear()
+    mirror.apply(decode_events(body, [memoryview(f) for f in frames]))
+    assert mirror.joins.order == [W2, W1] and mirror.keys[5].excused == {W2: 2, W1: 1}
+    for events in (snapshot(s), mirror.snapshot()):
+        again = Store(3)
+        restore(again, decode_events(*encode_events(events)))
+        assert list(again.joins.joined) == [W2, W1] and again.keys[5].excused == {W2: 2, W1: 1}
+        assert len(joinable(again, W0, 13, 5, 1.0, 3)) == 1     # closes alone, as on the dead server
+        again.join(W0)
+        assert again.leave(W2) == (W0, [(5, 3)])
+        assert again.leave(W2) == (W0, [(5, 3)])    # resent: the same answer, nothing popped twice
+    s.join(W0)
+    assert s.leave(W1) == (W0, [(5, 1)])
+    body, frames = encode_events(s.journal)
+    mirror.apply(decode_events(body, [memoryview(f) for f in frames]))
+    again = Store(3)
+    restore(again, mirror.snapshot())
+    assert again.leave(W1) == (W0, [(5, 1)])        # left before the restart: its answer again
+    assert W1 not in again.keys[5].excused and again.keys[5].excused == {W2: 2}

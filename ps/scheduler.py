@@ -740,6 +740,10 @@ class Scheduler:
         del self._recovering[msg.sender]
         logger.warning("scheduler: %s is back after %.1fs (restart %d of %d)", self._describe(msg.sender),
                        self.clock() - rec.since, self.restarts, self.config.max_restarts)
+        if self._nodes[msg.sender].role == Role.SERVER:
+            # its dead self knew which workers closed their stores: rounds missing their pushes fail
+            for wid in sorted(self._closed_workers):
+                self._send_to(msg.sender, Command.WORKER_CLOSED, {"rank": self._nodes[wid].rank, "id": wid})
         body = {"row": self._nodes[msg.sender].node(msg.sender).to_row(), "restart": self.restarts}
         for other in self._nodes:
             if other != msg.sender and not self._gone(other) and self._reachable(other):

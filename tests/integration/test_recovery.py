@@ -400,3 +400,21 @@ def test_a_dead_server_nobody_restarts_ends_the_job_after_the_connect_timeout(pr
                      r"\(process died\?\); it was not restarted within 8s \(PS_CONNECT_TIMEOUT\)", err), err
     for proc in [sched, servers[0], workers[1]]:
         assert procs.finish(proc, timeout=30)[0] != 0
+
+
+@pytest.mark.timeout(120)
+def test_a_restarted_server_knows_which_workers_closed_their_stores(procs, tmp_path):
+    """Workers with different numbers of steps (MXNet #7888) and a server restart: worker 1
+    closes after 2 steps, server 1 is SIGKILLed, worker 0's third push reaches its restart,
+    which fails it naming worker 1 as its dead self would have (before: it waited for ever)."""
+    script = str(ROOT / "tests" / "integration" / "closed_worker.py")
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local", "--max-restarts",
+                            "1", PYTHON, script, str(tmp_path / "closed")], cluster_env(0, PS_STALL_WARNING="10"))
+    code, out, err = procs.finish(launcher, timeout=90)
+    text = out + err
+    assert "KILLED server 1" in text and "server 1 was killed by SIGKILL: starting it again" in text, text
+    assert text.count("STEP ") == 4 and "STEP 1 [2.0, 2.0, 2.0, 2.0]" in text, text
+    refused = [ln for ln in text.splitlines() if "REFUSED step 2" in ln]
+    assert len(refused) == 1 and refused[0].startswith("[worker 0]"), text
+    assert "worker 1 (W[11]) closed its store without pushing" in refused[0], refused
+    assert code == 0, text

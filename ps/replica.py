@@ -96,15 +96,23 @@ def members_events(members: dict[int, frozenset[int]]) -> list[Event]:
     return [Event("members", 0, 0, [keys, sorted(group)]) for group, keys in by_group.items()]
 
 
+def state_events(opts: Optimizers, compression: Any, members: dict[int, frozenset[int]], replays: Replays,
+                 joins: Joins) -> list[Event]:
+    """A snapshot's events other than the keys': a store's and a backup's copy alike."""
+    return [*updater_events(opts, compression), *members_events(members), Event("workers", 0, 0, replays.info()),
+            Event("joins", 0, 0, joins.info())]
+
+
+def key_event(key: int, state: Any, value: np.ndarray) -> Event:
+    """A key's value and counts (``state``: a store's KeyState or a copy's MirrorKey)."""
+    return Event("key", key, 0, [state.dtype_code, state.closed, list(state.applied.items()),
+                                 list(state.excused.items())], (value,))
+
+
 def snapshot(store: Store) -> list[Event]:
     """Everything a backup needs to mirror ``store`` (call between rounds: see half_applied)."""
-    events = updater_events(store.opts, store.compression) + members_events(store.members)
-    events.append(Event("workers", 0, 0, store.replays.info()))
-    events.append(Event("joins", 0, 0, store.joins.info()))
-    for ks in store.keys.values():
-        if ks.ready:
-            events.append(Event("key", ks.key, 0, [ks.dtype_code, ks.closed, list(ks.applied.items()),
-                                                   list(ks.excused.items())], (ks.value.copy(),)))
+    events = state_events(store.opts, store.compression, store.members, store.replays, store.joins)
+    events += [key_event(ks.key, ks, ks.value.copy()) for ks in store.keys.values() if ks.ready]
     return events
 
 
@@ -169,13 +177,8 @@ class Mirror:
 
     def snapshot(self) -> list[Event]:
         """This copy as the events :func:`restore` reads (the open rounds' sums left out)."""
-        events = updater_events(self.opts, self.compression) + members_events(self.members)
-        events.append(Event("workers", 0, 0, self.replays.info()))
-        events.append(Event("joins", 0, 0, self.joins.info()))
-        for key, mk in self.keys.items():
-            events.append(Event("key", key, 0, [mk.dtype_code, mk.closed, list(mk.applied.items()),
-                                                list(mk.excused.items())], (mk.value,)))
-        return events
+        events = state_events(self.opts, self.compression, self.members, self.replays, self.joins)
+        return events + [key_event(key, mk, mk.value) for key, mk in self.keys.items()]
 
     def nbytes(self) -> int:
         return sum(mk.value.nbytes for mk in self.keys.values())

@@ -1,10 +1,14 @@
-"""Deadlines shared by the phases of one wait, so a timeout names what it waited for."""
+"""Deadlines shared by the phases of one wait, so a timeout names what it waited for; and
+the pause watch that keeps a check from blaming others for its own process's pause."""
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
 from .errors import PSTimeoutError
+
+logger = logging.getLogger(__name__)
 
 # a peer whose connection stays closed this long is dead: long enough for ZeroMQ to reconnect
 # after a reset, short against the heartbeat timeout (the scheduler watches every node, and
@@ -34,3 +38,44 @@ class Deadline:
     def check(self, activity: str) -> None:
         if self.expired:
             raise PSTimeoutError(f"timed out after {self.seconds:g}s waiting for {activity}")
+
+
+class PauseWatch:
+    """Whether a periodic check should hold its judgement this time.
+
+    A check that judges peers by how long it has not heard from them (heartbeats, a sync
+    round, a barrier, a reply) must not judge right after its own process did not run: a
+    SIGSTOP, a debugger, swap, a paused VM, a starved CPU. What the peers sent meanwhile is
+    still unread in its sockets, and it would blame them for its own pause (a server thawed
+    after 7 s named the worker whose push was waiting in its socket). A call that comes
+    ``slack`` seconds later than ``period`` after the one before holds, and so does every
+    call for ``settle`` seconds after it, while the I/O thread reads what waited. Of two
+    late calls in a row only the first holds, so a check that is always late still judges.
+    ``name()``, if given, names the process in the warning a pause is logged with.
+    """
+
+    _logged_at = float("-inf")      # the process's threads notice one pause together
+
+    def __init__(self, period: float, name: Callable[[], str] | None = None, slack: float = 1.0, settle: float = 0.3,
+                 clock: Callable[[], float] = time.monotonic):
+        self.period, self.name, self.slack, self.settle = period, name, slack, settle
+        self._clock = clock
+        self._last = clock()                    # the first period starts now
+        self._held_until = float("-inf")
+        self._held = False
+
+    def hold(self) -> bool:
+        now = self._clock()
+        last, self._last = self._last, now
+        if now < self._held_until:
+            return True
+        if now - last > self.period + self.slack and not self._held:
+            self._held, self._held_until = True, now + self.settle
+            if self.name and now - PauseWatch._logged_at > self.slack:    # one line per pause per process
+                PauseWatch._logged_at = now
+                logger.warning("%s: its periodic checks ran %.1fs late (this process was stopped, swapping or "
+                               "starved of CPU, or its I/O thread was busy): it reads what waited before it "
+                               "names anyone", self.name(), now - last)
+            return True
+        self._held = False
+        return False

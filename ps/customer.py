@@ -13,7 +13,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from ._timing import Deadline
+from ._timing import Deadline, PauseWatch
 from .errors import CollectiveError, PeerLostError, PSError, PSTimeoutError, RemoteError
 from .message import Message, Op, node_name
 
@@ -63,7 +63,9 @@ class Request:
         return [(entry, data) for sid, entry, data in self.sent or () if sid == server]
 
     def wait(self, deadline: Deadline, failure: Callable[[], PSError | None], watch: StallWatch = NO_WATCH) -> None:
+        pause = PauseWatch(0.5)     # the heartbeat thread names a pause; this only holds the warning
         while not self.event.wait(deadline.remaining(0.5)):
+            held = pause.hold()
             exc = failure()
             if exc is not None:
                 raise exc
@@ -71,7 +73,7 @@ class Request:
                 raise PSTimeoutError(f"{self.what}: no complete reply from {self._servers()} within "
                                      f"{deadline.seconds:g}s (PS_REQUEST_TIMEOUT)")
             waited = time.monotonic() - self.since
-            if watch.after and waited >= 2 * watch.after and not self.warned:
+            if watch.after and waited >= 2 * watch.after and not self.warned and not held:
                 self.warned = True
                 if watch.noticed() < self.since:         # nobody has named this wait
                     logger.warning("%s: no complete reply from %s after %.0fs, and no server has named a worker it "

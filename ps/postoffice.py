@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable
 
 from . import netutil, ring
-from ._timing import DISCONNECT_GRACE, Deadline
+from ._timing import DISCONNECT_GRACE, Deadline, PauseWatch
 from .config import Config
 from .errors import ClosedError, PeerLostError, ProtocolError, PSError, PSTimeoutError
 from .message import Command, Flag, Message, Node, Role, id_to_rank, node_name, payload_bytes
@@ -410,7 +410,9 @@ class Postoffice:
         interval, timeout = self.config.heartbeat_interval, self.config.heartbeat_timeout
         step = min(interval, 0.5) if interval else 0.5
         next_beat = self.clock() + interval
+        pause = PauseWatch(step, lambda: str(self), clock=self.clock)
         while not self._hb_stop.wait(step):
+            held = pause.hold()
             if interval and self.clock() >= next_beat:
                 next_beat = self.clock() + interval
                 try:
@@ -418,12 +420,12 @@ class Postoffice:
                 except PSError:
                     return
                 silent = self.clock() - self._last_scheduler_contact
-                if timeout and silent > timeout:
+                if timeout and silent > timeout and not held:
                     self.fail(PeerLostError(f"the scheduler has not answered for {silent:.1f}s "
                                             f"(PS_HEARTBEAT_TIMEOUT={timeout:g}); it is presumed dead", "H"))
                     return
             down = self._scheduler_down_since
-            if down is not None and self.clock() - down > DISCONNECT_GRACE and not (self._closed or self._leaving):
+            if down is not None and self.clock() - down > DISCONNECT_GRACE and not (held or self._closed or self._leaving):
                 self.fail(PeerLostError(f"the connection to the scheduler at {self._scheduler_addr} closed and "
                                         f"did not come back within {DISCONNECT_GRACE:g}s: the scheduler died "
                                         "(or the launcher that runs it)", "H"))

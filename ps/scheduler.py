@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
 from . import netutil, ring
-from ._timing import DISCONNECT_GRACE
+from ._timing import DISCONNECT_GRACE, PauseWatch
 from .config import Config
 from .message import Command, Message, Node, Role, node_name, server_id, worker_id
 from .van import Van, for_config, with_resend
 
 logger = logging.getLogger(__name__)
+TICK = 0.2      # s between two checks of silences, barriers and recoveries
 
 # seconds a registered restart waits for the live nodes to acknowledge its dead self's death
 # (a node that never does is dead itself, or stuck: heartbeats deal with it)
@@ -181,8 +182,10 @@ class Scheduler:
     def run(self, timeout: float | None = None) -> int:
         """Serve until the job ends; 0 when every worker closed, 1 on any failure."""
         end = None if timeout is None else self.clock() + timeout
-        while not self._done.wait(0.2):
-            self._tick()
+        pause = PauseWatch(TICK, lambda: "scheduler", clock=self.clock)
+        while not self._done.wait(TICK):
+            if not pause.hold():
+                self._tick()
             if end is not None and self.clock() > end:
                 self._finish(1, f"the scheduler's run(timeout={timeout}) expired")
         self.van.stop(linger=1.0)

@@ -11,6 +11,7 @@ import time
 from typing import Any, Callable
 
 from . import compression, optim
+from ._timing import PauseWatch
 from .bufguard import BufferGuard
 from .config import Config
 from .errors import PSError
@@ -25,6 +26,7 @@ from .store import Event, Reply, Stall, Store, Updater
 from .van import Van
 
 logger = logging.getLogger(__name__)
+STALL_CHECK = 0.5       # s between two stall checks (PS_STALL_WARNING)
 
 
 class KVServer:
@@ -39,6 +41,7 @@ class KVServer:
         self._stopped = threading.Event()
         self._joined = threading.Event()
         self._stalls: dict[tuple[int, int], Stall] = {}   # (key, round) -> as last warned
+        self._pause = PauseWatch(STALL_CHECK, lambda: self.name)    # made again when run() starts
         # requests that came before this server could answer them (I/O thread): a restart's,
         # before its state is back from the replica; any server's, before it has its node table
         self._serving = False
@@ -106,8 +109,9 @@ class KVServer:
         try:
             if not self._joined.is_set():
                 self.start()
-            while not self._stopped.wait(0.5):
-                if self.po.config.stall_warning and self.store is not None:
+            self._pause = PauseWatch(STALL_CHECK, lambda: self.name)
+            while not self._stopped.wait(STALL_CHECK):
+                if self.po.config.stall_warning:
                     self.po.call_later(self._check_stalls)     # the store lives on the I/O thread
         except PSError as exc:
             self.error = exc
@@ -238,6 +242,8 @@ class KVServer:
     def _check_stalls(self) -> None:
         """Warn once per stalled round (PS_STALL_WARNING), naming the keys and the workers it
         waits for, here and to the workers that wait on it; say when it moves on."""
+        if self._pause.hold() or self.store is None:
+            return
         after = self.po.config.stall_warning
         self._report_resumed()
         found = self._store().stalls(after, self.po.worker_ids)

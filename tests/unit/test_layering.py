@@ -29,7 +29,7 @@ ALLOWED = {
     "worker": {"_timing", "customer", "errors", "keys", "message", "postoffice", "sendqueue"},
     "replica": {"errors", "message", "optim", "store"},
     "replication": {"_timing", "errors", "message", "postoffice", "replica", "ring", "store"},
-    "server": {"_security", "bufguard", "compression", "config", "errors", "keys", "message", "optim",
+    "server": {"_security", "_timing", "bufguard", "compression", "config", "errors", "keys", "message", "optim",
                "optim.pickled", "postoffice", "profiler", "replication", "sendqueue", "store", "van"},
     "kvstore": {"_logging", "_timing", "compression", "config", "customer", "errors", "keys", "message",
                 "postoffice", "timeline", "van", "worker"},

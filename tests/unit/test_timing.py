@@ -1,0 +1,47 @@
+"""PauseWatch: a periodic check holds its judgement right after its own process did not run."""
+import logging
+
+from ps._timing import PauseWatch
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_late_call_holds_and_so_do_the_calls_while_the_io_thread_reads_what_waited(caplog):
+    clock = Clock()
+    watch = PauseWatch(0.5, lambda: "server 1", clock=clock)
+    for _ in range(3):                      # on time, or a little late: judge
+        clock.now += 0.5
+        assert not watch.hold()
+    clock.now += 1.4
+    assert not watch.hold()                 # 0.9 s late: within the slack
+    with caplog.at_level(logging.WARNING, logger="ps._timing"):
+        clock.now += 7.0                    # stopped for 7 s
+        assert watch.hold()
+    assert "server 1: its periodic checks ran 7.0s late" in caplog.text
+    clock.now += 0.1
+    assert watch.hold()                     # still settling
+    clock.now += 0.5
+    assert not watch.hold()
+
+
+def test_a_check_that_is_always_late_still_judges_every_other_time():
+    clock = Clock()
+    watch = PauseWatch(0.2, clock=clock)
+    held = []
+    for _ in range(6):
+        clock.now += 2.0
+        held.append(watch.hold())
+    assert held == [True, False, True, False, True, False]
+
+
+def test_the_first_period_starts_when_the_watch_is_made():
+    clock = Clock()
+    watch = PauseWatch(0.5, clock=clock)
+    clock.now += 5.0                        # a wait that began, then the process was stopped
+    assert watch.hold()

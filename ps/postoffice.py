@@ -410,7 +410,7 @@ class Postoffice:
         interval, timeout = self.config.heartbeat_interval, self.config.heartbeat_timeout
         step = min(interval, 0.5) if interval else 0.5
         next_beat = self.clock() + interval
-        pause = PauseWatch(step, lambda: str(self), clock=self.clock)
+        pause = PauseWatch(step, lambda: f"{self.role.name.lower()} {self.rank} ({self!r})", clock=self.clock)
         while not self._hb_stop.wait(step):
             held = pause.hold()
             if interval and self.clock() >= next_beat:

@@ -56,8 +56,8 @@ class PauseWatch:
 
     _logged_at = float("-inf")      # the process's threads notice one pause together
 
-    def __init__(self, period: float, name: Callable[[], str] | None = None, slack: float = 1.0, settle: float = 0.3,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, period: float, name: Callable[[], str] | None = None, slack: float = 1.0,
+                 settle: float = 0.3, clock: Callable[[], float] = time.monotonic):
         self.period, self.name, self.slack, self.settle = period, name, slack, settle
         self._clock = clock
         self._last = clock()                    # the first period starts now

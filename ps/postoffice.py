@@ -425,7 +425,8 @@ class Postoffice:
                                             f"(PS_HEARTBEAT_TIMEOUT={timeout:g}); it is presumed dead", "H"))
                     return
             down = self._scheduler_down_since
-            if down is not None and self.clock() - down > DISCONNECT_GRACE and not (held or self._closed or self._leaving):
+            gone = down is not None and self.clock() - down > DISCONNECT_GRACE
+            if gone and not (held or self._closed or self._leaving):
                 self.fail(PeerLostError(f"the connection to the scheduler at {self._scheduler_addr} closed and "
                                         f"did not come back within {DISCONNECT_GRACE:g}s: the scheduler died "
                                         "(or the launcher that runs it)", "H"))

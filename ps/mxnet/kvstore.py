@@ -704,9 +704,9 @@ def patch_create() -> None:
 def patch_waitall() -> None:
     """Native MXNet raises a failed engine operation's error at ``mx.nd.waitall()``. A
     pushpull ps ran in the engine does not hand MXNet its error (the completion callback takes
-    a C++ ``dmlc::Error``; docs/mxnet.md says why not), so after MXNet's wait the error is raised here, as MXNet would,
-    besides at the store's next call: a script that queues its steps and then waits would
-    otherwise finish on weights its failed pushpulls never updated."""
+    a C++ ``dmlc::Error``; docs/mxnet.md says why not), so after MXNet's wait the error is
+    raised here, as MXNet would, besides at the store's next call: a script that queues its
+    steps and then waits would otherwise finish on weights its failed pushpulls never updated."""
     if getattr(mx.nd.waitall, "_ps_patched", False):
         return
 

@@ -3,6 +3,7 @@ the pause watch that keeps a check from blaming others for its own process's pau
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Callable
 
@@ -55,6 +56,7 @@ class PauseWatch:
     """
 
     _logged_at = float("-inf")      # the process's threads notice one pause together
+    _log_lock = threading.Lock()
 
     def __init__(self, period: float, name: Callable[[], str] | None = None, slack: float = 1.0,
                  settle: float = 0.3, clock: Callable[[], float] = time.monotonic):
@@ -69,13 +71,20 @@ class PauseWatch:
         last, self._last = self._last, now
         if now < self._held_until:
             return True
-        if now - last > self.period + self.slack and not self._held:
+        late = now - last - self.period
+        if late > self.slack and not self._held:
             self._held, self._held_until = True, now + self.settle
-            if self.name and now - PauseWatch._logged_at > self.slack:    # one line per pause per process
-                PauseWatch._logged_at = now
+            if self.name and self._first_to_tell(now):
                 logger.warning("%s: its periodic checks ran %.1fs late (this process was stopped, swapping or "
-                               "starved of CPU, or its I/O thread was busy): it reads what waited before it "
-                               "names anyone", self.name(), now - last)
+                               "starved of CPU): it reads what waited before it names anyone", self.name(), late)
             return True
         self._held = False
         return False
+
+    def _first_to_tell(self, now: float) -> bool:
+        """One line per pause per process: its threads wake from it together."""
+        with PauseWatch._log_lock:
+            if 0 <= now - PauseWatch._logged_at <= self.slack:
+                return False
+            PauseWatch._logged_at = now
+            return True

@@ -419,11 +419,11 @@ class Postoffice:
                     self.van.send(Message(Command.HEARTBEAT, self.node_id, SCHEDULER))
                 except PSError:
                     return
-                silent = self.clock() - self._last_scheduler_contact
-                if timeout and silent > timeout and not held:
-                    self.fail(PeerLostError(f"the scheduler has not answered for {silent:.1f}s "
-                                            f"(PS_HEARTBEAT_TIMEOUT={timeout:g}); it is presumed dead", "H"))
-                    return
+            silent = self.clock() - self._last_scheduler_contact
+            if interval and timeout and silent > timeout and not held:
+                self.fail(PeerLostError(f"the scheduler has not answered for {silent:.1f}s "
+                                        f"(PS_HEARTBEAT_TIMEOUT={timeout:g}); it is presumed dead", "H"))
+                return
             down = self._scheduler_down_since
             gone = down is not None and self.clock() - down > DISCONNECT_GRACE
             if gone and not (held or self._closed or self._leaving):

@@ -23,7 +23,7 @@ def test_a_late_call_holds_and_so_do_the_calls_while_the_io_thread_reads_what_wa
     with caplog.at_level(logging.WARNING, logger="ps._timing"):
         clock.now += 7.0                    # stopped for 7 s
         assert watch.hold()
-    assert "server 1: its periodic checks ran 7.0s late" in caplog.text
+    assert "server 1: its periodic checks ran 6.5s late" in caplog.text     # beyond its 0.5 s period
     clock.now += 0.1
     assert watch.hold()                     # still settling
     clock.now += 0.5
@@ -45,3 +45,16 @@ def test_the_first_period_starts_when_the_watch_is_made():
     watch = PauseWatch(0.5, clock=clock)
     clock.now += 5.0                        # a wait that began, then the process was stopped
     assert watch.hold()
+
+
+def test_one_line_per_pause_per_process_whatever_the_clocks(caplog):
+    clock = Clock()
+    watches = [PauseWatch(0.5, lambda: "worker 1", clock=clock) for _ in range(2)]
+    with caplog.at_level(logging.WARNING, logger="ps._timing"):
+        clock.now += 5.0
+        assert all(w.hold() for w in watches)           # both threads hold, one says so
+        assert caplog.text.count("ran 4.5s late") == 1
+        other = PauseWatch(0.5, lambda: "worker 1", clock=lambda: clock.now - 1000.0)
+        clock.now += 5.0                                # a clock far behind the one that logged
+        assert other.hold()
+        assert caplog.text.count("periodic checks ran") == 2

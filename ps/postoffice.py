@@ -59,7 +59,8 @@ class Postoffice:
         self.worker_ids: list[int] = []
         self.nodes: dict[int, Node] = {}
         self.failure: PSError | None = None
-        self.stall_noticed = 0.0        # time.monotonic() of the last STALL a server or the scheduler sent
+        self._stall_at = 0.0            # time.monotonic() of the last STALL a server or the scheduler sent
+        self._stalls_named: set[int] = set()    # who has named a stall this node waits in, not yet over
         self.handlers: dict[Command, Handler] = {}
         self._cond = threading.Condition()
         self._table: dict[str, Any] | None = None
@@ -255,9 +256,13 @@ class Postoffice:
         elif cmd == Command.ABORT:
             self.fail(PSError(msg.body["reason"]))
         elif cmd == Command.STALL:          # this node waits on a stalled round or barrier
-            text = msg.body.get("text") if isinstance(msg.body, dict) else msg.body
-            self.stall_noticed = time.monotonic()
-            logger.warning("%s %d (%s) is waiting: %s", self.role.name.lower(), self.rank, self, text)
+            body = msg.body if isinstance(msg.body, dict) else {"text": msg.body}
+            if body.get("over"):            # the namer's own log says it went on
+                self._stalls_named.discard(msg.sender)
+                return
+            self._stall_at = time.monotonic()
+            self._stalls_named.add(msg.sender)
+            logger.warning("%s %d (%s) is waiting: %s", self.role.name.lower(), self.rank, self, body.get("text"))
         elif cmd != Command.HEARTBEAT:
             logger.debug("%s: ignoring %r", self, msg)
 
@@ -267,8 +272,15 @@ class Postoffice:
         (False) and when its restart is back (True, connections already reopened)."""
         self._node_listeners.append(listener)
 
+    @property
+    def stall_noticed(self) -> float:
+        """When a server or the scheduler last named what this node waits for: now, while a
+        stall it named is not over (a request begun after its one notice is still named)."""
+        return time.monotonic() if self._stalls_named else self._stall_at
+
     def _on_node_down(self, body: dict[str, Any]) -> None:
         node_id = int(body["id"])
+        self._stalls_named.discard(node_id)     # its restart names its stalls anew
         self.down[node_id] = body["reason"]
         if isinstance(body.get("incarnation"), int):
             self.dead_incarnation[node_id] = body["incarnation"]

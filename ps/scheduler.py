@@ -509,6 +509,8 @@ class Scheduler:
         else:
             return
         for node_id in arrived:
+            if barrier.warned and error is None:      # it named this barrier to them: no longer
+                self._send_to(node_id, Command.STALL, {"text": f"scheduler: barrier '{group}' went on", "over": True})
             self._send_to(node_id, Command.BARRIER, {"group": group, "error": error})
             if error is None:
                 passed = self._passed.setdefault(node_id, {})

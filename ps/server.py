@@ -278,7 +278,12 @@ class KVServer:
             return
         for s in over:
             del self._stalls[(s.key, s.round)]
-        logger.warning("%s: the stalled sync round %d of %s went on", self.name, max(s.round for s in over), _keys(over))
+        text = f"{self.name}: the stalled sync round {max(s.round for s in over)} of {_keys(over)} went on"
+        logger.warning("%s", text)
+        still = {w for s in self._stalls.values() for w in s.waiting}    # named by a round still stalled
+        for worker in sorted({w for s in over for w in s.waiting} - still):
+            self.po.send(Message(Command.STALL, recver=worker, body={"text": text, "over": True}, request=False,
+                                 route=self._routes.get(worker)))
 
     def _describe(self, worker: int) -> str:
         node = self.po.nodes.get(worker)

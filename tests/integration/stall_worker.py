@@ -1,5 +1,6 @@
 """A dist_sync worker whose rank 1 stops for a while: inside a sync round (``round``) or
-before a barrier (``barrier``); or (``server``) rank 0 freezes server 1 (keys 3 and 5 live there) (SIGSTOP, SIGCONT
+before a barrier (``barrier``), or inside a round while rank 0 begins its pull only after
+the server named the stall (``late``); or (``server``) rank 0 freezes server 1 (keys 3 and 5 live there) (SIGSTOP, SIGCONT
 after the sleep), so that both wait for replies while no round lacks a push. Used by
 test_stall.py; prints RESULT with what it pulled."""
 import signal
@@ -17,7 +18,7 @@ MODE, SLEEP = sys.argv[1], float(sys.argv[2])
 with ps.KVStore("dist_sync") as kv:
     kv.init([3, 5], [np.zeros(4, np.float32), np.zeros(6, np.float32)])
     for step in range(3):
-        if MODE == "round" and kv.rank == 1 and step == 1:
+        if MODE in ("round", "late") and kv.rank == 1 and step == 1:
             time.sleep(SLEEP)               # the others have pushed step 1 and wait for us
         if MODE == "server" and kv.rank == 0 and step == 1:
             server = find("server", 1)
@@ -25,6 +26,8 @@ with ps.KVStore("dist_sync") as kv:
             print(f"FREEZE server 1 for {SLEEP}s", flush=True)
             threading.Timer(SLEEP, server.send_signal, (signal.SIGCONT,)).start()
         kv.push([3, 5], [np.ones(4, np.float32), np.ones(6, np.float32)])
+        if MODE == "late" and kv.rank == 0 and step == 1:
+            time.sleep(3)                   # the pull begins after the server named the stall
         got = kv.pull([3, 5])
     if MODE == "barrier" and kv.rank == 1:
         time.sleep(SLEEP)

@@ -37,6 +37,19 @@ def test_a_worker_asleep_in_a_round_is_named_by_the_server_and_the_waiting_worke
 
 
 @pytest.mark.timeout(120)
+def test_a_request_begun_after_the_servers_notice_is_still_named_by_it(procs):
+    """Worker 0 pulls 3 s into the stall, after the server's one notice: the stall is still
+    named (until the server says it went on), so the worker adds no warning of its own. Before,
+    it said at 4 s that no server had named anything."""
+    lines = run(procs, "late", 9, PS_STALL_WARNING="2")
+    server = [ln for ln in lines if ln.startswith("[server") and "has waited" in ln]
+    assert len(server) == 1 and "for worker 1" in server[0], lines
+    assert sum(ln.startswith("[worker 0]") and "is waiting" in ln for ln in lines) == 1, lines
+    assert any(ln.startswith("[server") and "went on" in ln for ln in lines), lines
+    assert not any("no complete reply" in ln for ln in lines), lines
+
+
+@pytest.mark.timeout(120)
 def test_a_frozen_server_is_named_by_the_workers_waiting_for_its_replies(procs):
     lines = run(procs, "server", 7, PS_STALL_WARNING="2", PS_HEARTBEAT_TIMEOUT="60")
     assert any(ln.startswith("[worker 0]") and "FREEZE server 1" in ln for ln in lines), lines

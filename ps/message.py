@@ -55,7 +55,7 @@ class Command(enum.IntEnum):
     NODE_FAILED = 9   # scheduler -> everyone: a node died
     ABORT = 10        # scheduler -> node: the job cannot go on (formation timeout, bad config)
     SERVER_CMD = 11   # worker <-> server: optimizer, learning rate, states... (request/reply)
-    STALL = 12        # server/scheduler -> waiting nodes: who a sync round or barrier still waits for ("over": it went on)
+    STALL = 12        # server/scheduler -> waiting nodes: who a round or barrier still waits for ("over": it went on)
     NODE_DOWN = 13    # scheduler -> everyone (PS_MAX_RESTARTS): a node died; its restart is awaited
     NODE_UP = 14      # scheduler -> everyone: the restarted node is back (its new node table row)
     REJOINED = 15     # restarted node -> scheduler: state recovered, tell the others

@@ -27,7 +27,6 @@ from .van import Van
 
 logger = logging.getLogger(__name__)
 STALL_CHECK = 0.5       # s between two stall checks (PS_STALL_WARNING)
-LAG = 1.0               # s a stall check may wait for the I/O thread and still judge
 
 
 class KVServer:
@@ -42,7 +41,7 @@ class KVServer:
         self._stopped = threading.Event()
         self._joined = threading.Event()
         self._stalls: dict[tuple[int, int], Stall] = {}   # (key, round) -> as last warned
-        self._lagged = False                 # the last stall check was skipped: the I/O thread lagged
+        self._checks = PauseWatch(STALL_CHECK)    # the stall checks as the I/O thread runs them (run())
         # requests that came before this server could answer them (I/O thread): a restart's,
         # before its state is back from the replica; any server's, before it has its node table
         self._serving = False
@@ -111,10 +110,10 @@ class KVServer:
             if not self._joined.is_set():
                 self.start()
             pause = PauseWatch(STALL_CHECK, lambda: self.name)
+            self._checks = PauseWatch(STALL_CHECK)
             while not self._stopped.wait(STALL_CHECK):
                 if self.po.config.stall_warning and not pause.hold():
-                    queued = time.monotonic()                   # the store lives on the I/O thread
-                    self.po.call_later(lambda queued=queued: self._check_stalls(queued))
+                    self.po.call_later(self._check_stalls)     # the store lives on the I/O thread
         except PSError as exc:
             self.error = exc
         finally:
@@ -241,16 +240,14 @@ class KVServer:
                 self.guard.handed_over(self._queue.frames())    # replies still queued keep lending theirs
 
     # -- stall warnings -------------------------------------------------------------------
-    def _check_stalls(self, queued: float) -> None:
+    def _check_stalls(self) -> None:
         """Warn once per stalled round (PS_STALL_WARNING), naming the keys and the workers it
         waits for, here and to the workers that wait on it; say when it moves on.
 
-        A check that waited over a second in the I/O thread's queue (``queued``: when) is
-        skipped, once: the process was stopped meanwhile, or the thread is still reading
-        what came, and the pushes a round lacks may be among it (PauseWatch)."""
-        lagged = time.monotonic() - queued > LAG and not self._lagged
-        self._lagged = lagged
-        if lagged or self.store is None:
+        A check the I/O thread runs over a second late is skipped (``_checks``, silently:
+        run() names a pause of the process): the process was stopped while it was queued,
+        or the thread is still reading what came, and the pushes a round lacks may be among it."""
+        if self._checks.hold() or self.store is None:
             return
         after = self.po.config.stall_warning
         self._report_resumed()

@@ -674,7 +674,8 @@ class Store:
         elif pend[0][1].size != n:
             raise StoreError("ProtocolError", f"key {ks.key}: workers cut the value into different chunks")
         pend.append((sender, data))
-        full = len(pend) >= self.num_workers if not (self.members or self.joins.joined) else self._chunk_full(ks, rnd, pend)
+        plain = not (self.members or self.joins.joined)
+        full = len(pend) >= self.num_workers if plain else self._chunk_full(ks, rnd, pend)
         if full and (rnd is ks.rounds[0] or _whole_key(self.opts.updater(ks.key))):
             return self._reduce(ks, rnd, off, rnd.frames.pop(off))
         return []
@@ -763,7 +764,7 @@ class Store:
 
     def _close_rounds(self, ks: KeyState) -> list[Reply]:
         replies: list[Reply] = []
-        plain = not (self.members or self.joins.joined)         # the usual case: every worker, nobody joined
+        plain = not (self.members or self.joins.joined)     # the usual case: every worker, nobody joined
         while ks.rounds and (len(ks.rounds[0].complete) >= self.num_workers if plain
                              else self._round_full(ks, ks.rounds[0])):
             rnd = ks.rounds.pop(0)
@@ -996,7 +997,7 @@ class Store:
         return replies
 
     def _fail_doomed(self, ks: KeyState) -> list[Reply]:
-        if not self.closed_workers and not self.joins.joined:     # the common case, on every round close
+        if not self.closed_workers and not self.joins.joined:   # the common case, on every round close
             return []
         replies: list[Reply] = []
         keep = []

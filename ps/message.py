@@ -236,7 +236,7 @@ class Message:
 
 
 def namespace_field(namespace: int) -> dict[str, int]:
-    """A server command's namespace field (ps/store.py's per-store optimizers): none for
+    """A server command's namespace field (ps/updaters.py's per-store optimizers): none for
     namespace 0, which is what a command without one means."""
     if not isinstance(namespace, int) or isinstance(namespace, bool) or namespace < 0:
         raise ValueError(f"namespace must be an int >= 0, got {namespace!r}")

@@ -21,9 +21,10 @@ from typing import Callable, NamedTuple
 from . import replica, ring
 from ._timing import Deadline
 from .errors import ProtocolError, PSError
+from .events import Event
 from .message import Command, Message, node_name, server_id
 from .postoffice import Postoffice
-from .store import Event, Store
+from .store import Store
 
 logger = logging.getLogger(__name__)
 

@@ -15,14 +15,17 @@ from ._timing import PauseWatch
 from .bufguard import BufferGuard
 from .config import Config
 from .errors import PSError
+from .events import Event
 from .keys import CHUNK_BYTES
 from .message import (Batch, Command, Flag, Message, Op, entry_has_data, id_to_rank, namespace_of,
                       node_name, worker_id)
 from .postoffice import SCHEDULER, Postoffice
 from .profiler import ServerProfiler
 from .replication import Replication
+from .rounds import Reply, Stall
 from .sendqueue import SendQueue
-from .store import Event, Reply, Stall, Store, Updater
+from .store import Store
+from .updaters import Updater
 from .van import Van
 
 logger = logging.getLogger(__name__)

@@ -30,277 +30,31 @@ server only has to send what the store returns. Rules (design §5, MXNet's where
 """
 from __future__ import annotations
 
-import collections
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, NamedTuple, Protocol
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
 from . import compression as comp
 from .bufguard import BufferGuard
-from .keys import CHUNK_BYTES, chunks
+from .events import Event, Joins, Replays
+from .keys import CHUNK_BYTES
 from .message import DTYPES, Entry, Op, Rows, id_to_rank, node_name, worker_id
+from .rounds import DEAD, KeyState, Reply, Round, Stall, Waiter, answer, by_worker, sum_frames, uncovered
+from .updaters import Optimizers, Updater, apply_rows, whole_key
 
 logger = logging.getLogger(__name__)
-
-
-class Updater(Protocol):
-    """What the store needs of an optimizer (``ps.optim.Updater``, or MXNet's own pickled one).
-
-    ``elementwise`` updaters are applied chunk by chunk as each chunk's sum completes
-    (``begin`` once per key per round, then ``update_chunk``); the others get the round's
-    whole sum in one ``__call__``."""
-
-    elementwise: bool
-    optimizer: Any         # its hyper-parameters change between steps (server command set_params)
-
-    def __call__(self, key: int, grad: np.ndarray, weight: np.ndarray) -> None: ...
-
-    def begin(self, key: int, weight: np.ndarray) -> None: ...
-
-    def update_chunk(self, key: int, offset: int, grad: np.ndarray, weight: np.ndarray) -> None: ...
-
-    def update_rows(self, key: int, rows: np.ndarray, grad: np.ndarray, weight: np.ndarray) -> None:
-        """``grad`` holds the rows ``rows`` (sorted, distinct) of a gradient shaped like
-        ``weight`` (2-D: rows of the key's slice)."""
-
-    def get_states(self) -> bytes: ...
-
-    def set_states(self, data: bytes) -> None: ...
-
-
-class Event(NamedTuple):
-    """One change of this store, as a backup replays it (ps/replica.py): ``kind`` is
-    init, chunk (a chunk sum of the open round, applied at its close), close, whole (a
-    non-elementwise round's full sum), rows, dense, async, arows; and, for restarted
-    workers, died, caught_up and setting (their settings counted). The optimizer's events
-    (opt, states, params) carry its namespace in ``key``; ns (keys moved to a namespace)
-    carries the namespace there and the keys in ``info``."""
-
-    kind: str
-    key: int
-    offset: int = 0
-    info: Any = None
-    arrays: tuple = ()
-
-
-@dataclass
-class Replays:
-    """Restarted workers re-running their scripts, as one server sees them: who still replays
-    (until it pushes something new), and per (worker, setting command) how many were applied
-    from it and how many its restart sent again, with the id of the last one counted (a
-    resend of that one is not counted twice). A store keeps one and a backup's copy of it
-    another (ps/replica.py), both moved by the same events: died, caught_up, setting."""
-
-    replaying: set[int] = field(default_factory=set)
-    applied: collections.Counter[tuple[int, str]] = field(default_factory=collections.Counter)
-    replayed: collections.Counter[tuple[int, str]] = field(default_factory=collections.Counter)
-    last: dict[int, int] = field(default_factory=dict)
-
-    def apply(self, ev: Event) -> None:
-        if ev.kind == "died":           # its restart replays from its script's start, ids from 1
-            worker = int(ev.info)
-            self.replaying.add(worker)
-            for key in [k for k in self.replayed if k[0] == worker]:
-                del self.replayed[key]
-            self.last.pop(worker, None)
-        elif ev.kind == "caught_up":
-            self.replaying.discard(int(ev.info))
-        elif ev.kind == "setting":
-            worker, cmd, how, cid = ev.info
-            counts = self.applied if how == "applied" else self.replayed
-            counts[(int(worker), str(cmd))] += 1
-            if isinstance(cid, int):
-                self.last[int(worker)] = max(cid, self.last.get(int(worker), 0))
-        else:
-            raise ValueError(f"not an event about restarted workers: {ev.kind!r}")
-
-    def info(self) -> dict[str, Any]:
-        """As the "workers" event of a snapshot carries it (msgpack: no tuple keys)."""
-        return {"replaying": sorted(self.replaying),
-                "applied": [[w, cmd, n] for (w, cmd), n in self.applied.items()],
-                "replayed": [[w, cmd, n] for (w, cmd), n in self.replayed.items()],
-                "last": [[w, cid] for w, cid in self.last.items()]}
-
-    @classmethod
-    def from_info(cls, info: dict[str, Any]) -> Replays:
-        def counts(rows: Any) -> collections.Counter[tuple[int, str]]:
-            return collections.Counter({(int(w), str(cmd)): int(n) for w, cmd, n in rows})
-        return cls({int(w) for w in info["replaying"]}, counts(info["applied"]), counts(info["replayed"]),
-                   {int(w): int(cid) for w, cid in info["last"]})
-
-
-@dataclass
-class Joins:
-    """Workers in Horovod's join (KVStore.join) as one server sees them: who joined, in join
-    order (the last to join is every worker's answer), and per worker the answer to its last
-    leave, given again to a leave resent to this server's restart. A store keeps one and a
-    backup's copy another (ps/replica.py), both moved by the same events: join, leave. The
-    rounds each key closed without a joined worker are the key's (``KeyState.excused``)."""
-
-    joined: dict[int, None] = field(default_factory=dict)
-    order: list[int] = field(default_factory=list)
-    left: dict[int, tuple[int, list[tuple[int, int]]]] = field(default_factory=dict)
-
-    def apply(self, ev: Event) -> None:
-        if ev.kind == "join":
-            worker = int(ev.info)
-            self.left.pop(worker, None)
-            if worker not in self.joined:
-                self.joined[worker] = None
-                self.order.append(worker)
-        elif ev.kind == "leave":
-            worker, last, skipped = ev.info
-            self.joined.pop(int(worker), None)
-            if not self.joined:
-                self.order.clear()
-            self.left[int(worker)] = (int(last), [(int(k), int(n)) for k, n in skipped])
-        else:
-            raise ValueError(f"not an event about joined workers: {ev.kind!r}")
-
-    def info(self) -> dict[str, Any]:
-        """As the "joins" event of a snapshot carries it."""
-        return {"joined": list(self.joined), "order": list(self.order),
-                "left": [[w, last, [list(p) for p in skipped]] for w, (last, skipped) in self.left.items()]}
-
-    @classmethod
-    def from_info(cls, info: dict[str, Any]) -> Joins:
-        return cls(dict.fromkeys(int(w) for w in info["joined"]), [int(w) for w in info["order"]],
-                   {int(w): (int(last), [(int(k), int(n)) for k, n in skipped]) for w, last, skipped in info["left"]})
-
-
-class Reply(NamedTuple):
-    dest: int                  # worker node id
-    entry: Entry
-    data: np.ndarray | None
 
 
 SPARE_MAX_BYTES = 256 << 10   # keep a key's free merge buffer across rounds only up to this size
 SCRATCH_MAX_BYTES = 4 << 20   # keep the chunk-sum scratch up to this size (a chunk is ~1 MiB)
 
 
-DEAD = -1       # Round.members: a push a dead worker began; its restart finishes it
-
-
-class Round:
-    __slots__ = ("merged", "members", "received", "complete", "waiters", "pulls", "frames", "started",
-                 "rows", "row_len", "opened", "skip", "pulling", "streamed", "joinable")
-
-    def __init__(self, opened: float = 0.0) -> None:
-        self.opened = opened                    # when its first push arrived (Store's clock)
-        self.merged: np.ndarray | None = None   # full-size sum, only for non-elementwise optimizers
-        self.members: dict[int, int] = {}       # worker -> ts of its push in this round
-        self.received: dict[int, int] = {}      # worker -> elements received so far
-        self.complete: set[int] = set()
-        self.waiters: list[Waiter] = []         # pushes answered at close
-        self.pulls: list[Waiter] = []           # deferred pulls
-        self.frames: dict[int, list] = {}       # chunk offset -> [(worker, received array)] not summed yet
-        self.started = False                    # a chunk sum went into the value already
-        self.rows: list[Rows] | None = None     # row-sparse pushes, in arrival order
-        self.row_len = 0
-        self.skip: dict[int, int] = {}          # restarted worker -> leading elements its dead self sent
-        self.pulling: dict[int, int] = {}       # worker -> op of its pushpull in this round (chunks answered as summed)
-        self.streamed: dict[int, dict[int, int]] = {}   # such a worker -> {offset: length} of the chunks it got
-        self.joinable = False                   # may close without joined workers (Op.JOINABLE pushes)
-
-
-class Waiter(NamedTuple):
-    """A request answered when its round closes."""
-
-    worker: int
-    entry: Entry
-    ids: np.ndarray | None = None           # a row-sparse pull: the rows asked for
-
-
-class Stall(NamedTuple):
-    """A key's oldest open sync round that has waited long: what a stall warning names."""
-
-    key: int
-    round: int                  # this key's sync rounds so far, counting this one
-    waited: float               # seconds since its first push arrived
-    missing: tuple[int, ...]    # workers whose push has not (wholly) arrived
-    waiting: tuple[int, ...]    # workers that pushed, or whose pull waits on the round
-
-
-class KeyState:
-    __slots__ = ("key", "value", "dtype_code", "total", "init_src", "init_got", "rounds", "spare",
-                 "partial", "merge_dtype", "closed", "applied", "before", "excused")
-
-    def __init__(self, key: int, dtype_code: int, total: int, init_src: tuple[int, int]):
-        self.key = key
-        self.dtype_code = dtype_code
-        self.total = total
-        self.value = np.empty(total, DTYPES[dtype_code])
-        self.init_src = init_src
-        self.init_got = 0
-        self.rounds: list[Round] = []
-        self.spare: np.ndarray | None = None    # a free buffer for the next round's sum
-        self.partial: dict[tuple[int, int], list] = {}  # async: (worker, ts) -> [buffer, got]
-        self.merge_dtype = DTYPES[dtype_code]
-        self.closed = 0                         # sync rounds applied so far
-        self.applied: dict[int, int] = {}       # async: worker -> seq of its last applied push
-        # (n, copy of the value after round n) from just before round n + 1 changed it
-        # (Store.keep_before): what a restarted worker replaying round n must be answered
-        self.before: tuple[int, np.ndarray] | None = None
-        self.excused: dict[int, int] = {}       # joined worker -> rounds closed without it (KVStore.join)
-
-    @property
-    def ready(self) -> bool:
-        return self.init_got == self.total
-
-    def kept(self, seq: int) -> np.ndarray | None:
-        """The value as round ``seq`` left it, if the round after it has changed it since."""
-        return self.before[1] if self.before is not None and self.before[0] == seq else None
-
-
 class StoreError(Exception):
     def __init__(self, kind: str, text: str):
         super().__init__(text)
         self.kind = kind
-
-
-class Optimizers:
-    """Which optimizer each key goes through. Keys are in namespace 0 unless told otherwise:
-    every ``dist_*`` kvstore of an MXNet process is one ps store, and a second one that
-    initializes keys (a GAN's second Trainer) gets namespace 1, 2, ... with an optimizer
-    (and hyper-parameters, states) of its own. A Store and its backup's Mirror both hold one."""
-
-    def __init__(self) -> None:
-        self.updaters: dict[int, Updater] = {}
-        self.multi: dict[int, bool] = {}
-        self.of_key: dict[int, int] = {}      # only keys outside namespace 0
-
-    def namespace(self, key: int) -> int:
-        return self.of_key.get(key, 0)
-
-    def updater(self, key: int) -> Updater | None:
-        return self.updaters.get(self.namespace(key))
-
-    def multi_precision(self, key: int) -> bool:
-        return self.multi.get(self.namespace(key), False)
-
-    def assign(self, keys: list[int], ns: int) -> None:
-        for key in keys:
-            if ns:
-                self.of_key[key] = ns
-            else:
-                self.of_key.pop(key, None)
-
-    def set(self, ns: int, updater: Updater | None, multi_precision: bool) -> None:
-        if updater is None:
-            self.updaters.pop(ns, None)
-        else:
-            self.updaters[ns] = updater
-        self.multi[ns] = multi_precision
-
-    def by_namespace(self) -> dict[int, list[int]]:
-        """{namespace: its keys} for the keys placed outside namespace 0."""
-        found: dict[int, list[int]] = {}
-        for key, n in self.of_key.items():
-            found.setdefault(n, []).append(key)
-        return found
 
 
 class Store:
@@ -457,7 +211,7 @@ class Store:
         if not self.sync:
             return self._push_async(sender, entry, data, ks)
         rnd = self._round_for(ks, sender, entry.ts)
-        if _sent_before(rnd, sender, entry):
+        if rnd.sent_before(sender, entry):
             return []                        # its dead self sent this chunk: counted already
         if entry.op & Op.JOINABLE:
             rnd.joinable = True
@@ -503,7 +257,7 @@ class Store:
         if kept is not None:
             # the next round has changed the value since (its dead self pushed into it, or
             # began to): answer with the value after this push's own round
-            return self._answer_with(kept, Waiter(sender, entry))
+            return answer(kept, Waiter(sender, entry), self.chunk_bytes)
         replies = self._answer(ks, Waiter(sender, entry))
         if self.sync and ks.rounds and ks.rounds[0].started:
             # the open round writes its next chunks into the value in place: copy-on-write
@@ -565,7 +319,7 @@ class Store:
         if not self.sync:
             return self._push_rows_async(sender, entry, data, ks)
         rnd = self._round_for(ks, sender, entry.ts)
-        if _sent_before(rnd, sender, entry):
+        if rnd.sent_before(sender, entry):
             return []
         if rnd.rows is None:
             rnd.rows = []
@@ -619,11 +373,11 @@ class Store:
         if rnd.frames:                          # some workers pushed dense: sum dense
             grad = np.zeros(ks.total, ks.merge_dtype)
             for off, pend in rnd.frames.items():
-                for frame in _by_worker(pend):
+                for frame in by_worker(pend):
                     np.add(grad[off:off + frame.size], frame, out=grad[off:off + frame.size], casting="unsafe")
             rnd.frames = {}
             by_row = grad.reshape(-1, row_len)
-            for data in _by_worker(rnd.rows):
+            for data in by_worker(rnd.rows):
                 by_row[data.ids] += data.values.reshape(-1, row_len)
             self._writable(ks)
             if updater is None:
@@ -633,7 +387,7 @@ class Store:
             if self.journal is not None:
                 self.journal.append(Event("dense", ks.key, 0, None, (grad,)))
             return
-        pushes = _by_worker(rnd.rows)
+        pushes = by_worker(rnd.rows)
         rows = np.unique(np.concatenate([data.ids for data in pushes])).astype(np.int64)
         summed = np.zeros((rows.size, row_len), ks.merge_dtype)
         for data in pushes:                     # in rank order, as dense sums; ids distinct per push
@@ -676,7 +430,7 @@ class Store:
         pend.append((sender, data))
         plain = not (self.members or self.joins.joined)
         full = len(pend) >= self.num_workers if plain else self._chunk_full(ks, rnd, pend)
-        if full and (rnd is ks.rounds[0] or _whole_key(self.opts.updater(ks.key))):
+        if full and (rnd is ks.rounds[0] or whole_key(self.opts.updater(ks.key))):
             return self._reduce(ks, rnd, off, rnd.frames.pop(off))
         return []
 
@@ -692,11 +446,11 @@ class Store:
 
         A chunk used this way holds its value after the round already, so the round's
         pushpulls get it now (:meth:`_stream`) instead of at the close."""
-        frames = _by_worker(frames)
+        frames = by_worker(frames)
         n = frames[0].size
         updater = self.opts.updater(ks.key)
-        if _whole_key(updater):
-            _sum(frames, self._merge_buffer(ks, rnd)[off:off + n])
+        if whole_key(updater):
+            sum_frames(frames, self._merge_buffer(ks, rnd)[off:off + n])
             return []
         if not rnd.started:                    # once per round: copy-on-write, count the update
             self._before_write(ks, ks.closed)
@@ -705,9 +459,9 @@ class Store:
             rnd.started = True
         dst = ks.value[off:off + n]
         if updater is None and ks.merge_dtype == ks.value.dtype:
-            total = _sum(frames, dst)
+            total = sum_frames(frames, dst)
         else:   # journaled: a buffer of its own, which the event keeps (the scratch is reused)
-            total = _sum(frames, self._scratch_for(n, ks.merge_dtype) if self.journal is None
+            total = sum_frames(frames, self._scratch_for(n, ks.merge_dtype) if self.journal is None
                          else np.empty(n, ks.merge_dtype))
             if updater is None:
                 np.copyto(dst, total, casting="unsafe")
@@ -863,57 +617,20 @@ class Store:
             return None                     # a round not begun: as anyone's pull
         self._check_replay(ks, sender, entry.seq)
         kept = ks.kept(entry.seq)
-        return self._answer(ks, waiter) if kept is None else self._answer_with(kept, waiter)
+        return self._answer(ks, waiter) if kept is None else answer(kept, waiter, self.chunk_bytes)
 
     def _answer(self, ks: KeyState, waiter: Waiter, skip: dict[int, int] | None = None) -> list[Reply]:
         """``skip``: the chunks (offset -> length) a pushpull got already (:meth:`_stream`);
-        the rest of the slice is answered."""
-        dest, req, ids = waiter
-        ts, op, key, code, row_len = req.ts, req.op, req.key, req.dtype_code, req.row_len
-        if not op & Op.PULL:
-            return [Reply(dest, Entry(ts, op, key, 0, 0, req.total, code, None, row_len), None)]
+        the rest of the slice is answered. Replies that read the value lend it."""
         ranges = None
         if skip:
-            ranges = _uncovered(skip, ks.total)
+            ranges = uncovered(skip, ks.total)
             if not ranges:
                 return []                  # the usual case: every chunk went out as it was summed
-        if op & Op.HALF_PULL:
-            if ids is None and ks.value.dtype == np.float32:   # fp16 compression both ways: copies, nothing lent
-                value = ks.value
-                return [Reply(dest, Entry(ts, op, key, off, n, value.size, code, None, row_len),
-                              value[off:off + n].astype(np.float16))
-                        for off, n in self._cuts(value.size, 2, ranges)]
-            op &= ~Op.HALF_PULL            # only whole float32 slices are halved; the reply says so
-        if ids is None:                    # the whole slice, lent (ps/bufguard.py)
-            value = ks.value
-            self.guard.lend(value)
-        else:                              # the rows asked for, copied: nothing lent
-            value = ks.value.reshape(-1, row_len)[ids].reshape(-1)
-        return [Reply(dest, Entry(ts, op, key, off, n, value.size, code, None, row_len), value[off:off + n])
-                for off, n in self._cuts(value.size, value.itemsize, ranges)]
-
-    def _answer_with(self, value: np.ndarray, waiter: Waiter) -> list[Reply]:
-        """Answer a whole-slice request (or the rows asked for) with ``value``, an array the
-        store keeps and never changes again (nothing to lend)."""
-        dest, req, ids = waiter
-        ts, op, key, code, row_len = req.ts, req.op, req.key, req.dtype_code, req.row_len
-        if not op & Op.PULL:
-            return [Reply(dest, Entry(ts, op, key, 0, 0, req.total, code, None, row_len), None)]
-        if ids is not None:
-            value = value.reshape(-1, row_len)[ids].reshape(-1)
-        if op & Op.HALF_PULL:
-            if ids is None and value.dtype == np.float32:
-                return [Reply(dest, Entry(ts, op, key, off, n, value.size, code, None, row_len),
-                              value[off:off + n].astype(np.float16)) for off, n in self._cuts(value.size, 2, None)]
-            op &= ~Op.HALF_PULL
-        return [Reply(dest, Entry(ts, op, key, off, n, value.size, code, None, row_len), value[off:off + n])
-                for off, n in self._cuts(value.size, value.itemsize, None)]
-
-    def _cuts(self, size: int, itemsize: int, ranges: list[tuple[int, int]] | None) -> list[tuple[int, int]]:
-        """Reply chunks of a whole slice, or of the ``ranges`` of it still to send."""
-        if ranges is None:
-            return chunks(size, itemsize, self.chunk_bytes)
-        return [(start + off, n) for start, length in ranges for off, n in chunks(length, itemsize, self.chunk_bytes)]
+        replies = answer(ks.value, waiter, self.chunk_bytes, ranges)
+        if replies[0].data is not None and np.may_share_memory(replies[0].data, ks.value):
+            self.guard.lend(ks.value)
+        return replies
 
     # -- stalls --------------------------------------------------------------------------
     def stalls(self, after: float, workers: list[int]) -> list[Stall]:
@@ -1129,62 +846,3 @@ class Store:
 
     def stats(self) -> dict[str, Any]:
         return {"keys": len(self.keys), "bytes": sum(ks.value.nbytes for ks in self.keys.values())}
-
-
-def _whole_key(updater: Updater | None) -> bool:
-    """The optimizer needs the whole gradient at once (LAMB's norms, MXNet's own updater)."""
-    return updater is not None and not updater.elementwise
-
-
-def apply_rows(updater: Updater | None, key: int, weight: np.ndarray, rows: np.ndarray, summed: np.ndarray) -> None:
-    """Close a row-sparse round (or replay its close on a backup, ps/replica.py): the rows'
-    sums through the optimizer, or, without one, they replace the value (MXNet assigns)."""
-    if updater is None:
-        weight[:] = 0
-        weight[rows] = summed
-    else:
-        updater.update_rows(key, rows, summed, weight)
-
-
-def _by_worker(pairs: list) -> list:
-    """[(worker, item)] -> the items in worker order."""
-    if len(pairs) == 2:                         # the common small case, without a sort
-        (a, x), (b, y) = pairs
-        return [x, y] if a < b else [y, x]
-    return [item for _, item in sorted(pairs, key=_first)]
-
-
-def _first(pair: tuple) -> Any:
-    return pair[0]
-
-
-def _uncovered(sent: dict[int, int], total: int) -> list[tuple[int, int]]:
-    """The (offset, length) ranges of [0, total) outside the chunks ``sent``."""
-    gaps, pos = [], 0
-    for start, length in sorted(sent.items()):
-        if start > pos:
-            gaps.append((pos, start - pos))
-        pos = max(pos, start + length)
-    if pos < total:
-        gaps.append((pos, total - pos))
-    return gaps
-
-
-def _sent_before(rnd: Round, sender: int, entry: Entry) -> bool:
-    """A chunk a restarted worker's dead self had sent (chunks of a push arrive in order)."""
-    skip = rnd.skip.get(sender)
-    return skip is not None and entry.length > 0 and entry.offset + entry.length <= skip
-
-
-def _sum(frames: list, dst: np.ndarray) -> np.ndarray:
-    """``dst = frames[0] + frames[1] + ...`` in arrival order, in ``dst``'s dtype (fp16
-    frames of a multi-precision or fp16-compressed push add up in fp32)."""
-    rest = frames[1:]
-    if rest and frames[0].dtype == rest[0].dtype == dst.dtype:
-        np.add(frames[0], rest[0], out=dst)
-        rest = rest[1:]
-    else:
-        np.copyto(dst, frames[0], casting="unsafe")
-    for more in rest:
-        np.add(dst, more, out=dst, casting="unsafe")
-    return dst

@@ -7,7 +7,8 @@ from ps import optim
 from ps.errors import ProtocolError
 from ps.message import Entry, Op, Rows, dtype_code
 from ps.replica import Mirror, decode_events, encode_events, restore, snapshot
-from ps.store import Event, Store
+from ps.events import Event
+from ps.store import Store
 
 W = (9, 11, 13)
 F32, F16 = dtype_code(np.float32), dtype_code(np.float16)

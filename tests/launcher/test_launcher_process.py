@@ -247,7 +247,7 @@ def test_a_node_the_scheduler_declared_dead_is_stopped_but_never_its_restart(cap
     """Restarts.stop_unreachable: a process the scheduler gave up on (no heartbeat) is killed so
     it can be restarted; a process started after the dead node registered is its restart,
     which may take seconds to register (imports, ssh), and is left alone."""
-    from ps.scheduler import Awaited
+    from ps.membership import Awaited
 
     class Sched:
         declared: float | None = None

@@ -1,6 +1,6 @@
 """Rank assignment by the scheduler: pinned ranks first, the rest as ps-lite orders them."""
 from ps.message import Role
-from ps.scheduler import Member, assign_ranks, placement_warning
+from ps.membership import Member, assign_ranks, placement_warning
 
 
 def node(host, port, hint=None):

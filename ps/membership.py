@@ -1,0 +1,147 @@
+"""What the scheduler records of a job's nodes: each one as it registered and lives
+(:class:`Member`), the ranks it gives them (:func:`assign_ranks`), and the waits it keeps
+for them: open barriers, dead nodes awaiting their restart, restarts replaying their start.
+Records and pure functions; the scheduler (ps/scheduler.py) moves them.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from .message import Node, Role
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Barrier:
+    """One open barrier: who has arrived, since when, whether its stall was reported."""
+
+    since: float
+    arrived: set[int]
+    warned: bool = False
+
+
+@dataclass
+class Recovery:
+    """A dead node whose restart the job waits for (PS_MAX_RESTARTS)."""
+
+    since: float
+    reason: str
+    replaced: bool = False            # its restart registered and is recovering its state
+    # the live nodes told of its death that have not said they acted on it: its restart gets
+    # its node table only once they have (else, with lost messages resent late, the restart's
+    # first messages could reach a node before the news of the death, which then wipes them)
+    unacked: set[int] = field(default_factory=set)
+    parked: Parked | None = None      # a restart waiting for those
+    death: int = 0      # which declared death this is: an acknowledgement names the one it acts on
+
+
+class Parked(NamedTuple):
+    """A restart that registered, waiting for the live nodes to act on its dead self's death."""
+
+    info: Member
+    route: bytes | None
+    since: float
+
+
+class Awaited(NamedTuple):
+    """A dead node whose restart has not registered yet, for the launcher: a process it still
+    sees running under that name is unreachable (its host is down), not alive."""
+
+    role: str           # "server" or "worker"
+    rank: int
+    waited: float       # seconds since the scheduler declared it dead
+    lived: float        # seconds since it registered: a process started after that is a restart
+    reason: str
+
+
+@dataclass
+class Replay:
+    """A restarted node re-running its start (and a worker its script): the barriers its dead
+    self passed are answered at once (the others passed them long ago)."""
+
+    passed: dict[str, int]
+    done: dict[str, int]
+
+
+@dataclass
+class Member:
+    """A node as the scheduler knows it: what it registered with, then its rank and liveness."""
+
+    role: Role
+    host: str
+    port: int
+    addr: str
+    route: bytes | None = None        # the ROUTER identity its messages arrive from: replies go there
+    rank_hint: int | None = None
+    sync: bool = True
+    local: list | None = None
+    pid: int | None = None
+    hostname: str = ""
+    rank: int = -1
+    last_seen: float = 0.0
+    incarnation: int = 0        # the job's restart count when it was admitted (0: formed with the job)
+    # before formation: the id its connection is watched under (0: not watched), when it
+    # registered, whether the watch ever connected, since when it is down (None: up)
+    watch_id: int = 0
+    registered_at: float = 0.0
+    reached: bool = False
+    down_since: float | None = None
+
+    @classmethod
+    def from_registration(cls, body: Any, route: bytes | None) -> "Member":
+        """Raises ValueError naming what is wrong with a registration."""
+        if not isinstance(body, dict):
+            raise ValueError(f"registration is not a map: {body!r:.100}")
+        try:
+            role = Role(body["role"])
+            member = cls(role, str(body["host"]), int(body["port"]), str(body["addr"]), route,
+                         body.get("rank_hint"), bool(body.get("sync", True)), body.get("local"),
+                         body.get("pid"), str(body.get("hostname", "")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{type(exc).__name__}: {exc}") from None
+        if role == Role.SCHEDULER:
+            raise ValueError("a second scheduler")
+        return member
+
+    def node(self, node_id: int) -> Node:
+        return Node(node_id, self.role, self.rank, self.host, self.port, self.addr, self.local)
+
+
+def placement_warning(nodes: list[Member]) -> str | None:
+    """The commonest way to make a multi-machine job slow (issue trackers: "1 server + 2
+    workers, half the performance"): fewer machines with servers than machines with workers,
+    so the servers' links carry what every worker sends and receives."""
+    worker_hosts = sorted({n.host for n in nodes if n.role == Role.WORKER})
+    server_hosts = sorted({n.host for n in nodes if n.role == Role.SERVER})
+    if len(worker_hosts) < 2 or len(server_hosts) >= len(worker_hosts):
+        return None
+    return (f"workers run on {len(worker_hosts)} hosts, servers on only {len(server_hosts)} "
+            f"({', '.join(server_hosts)}): each server host's link carries its share of every worker's "
+            f"pushes and pulls. On links of equal speed a job is fastest with servers on as many hosts as "
+            f"workers (one server on each worker host: docs/benchmarks.md, \"How many servers?\")")
+
+
+def assign_ranks(nodes: list[Member]) -> list[Member]:
+    """Order nodes of one role by rank: valid, unique ``rank_hint``s first, the rest as
+    ps-lite (host descending, then port ascending) so reruns give the same ranks."""
+    n = len(nodes)
+    hinted: dict[int, Member] = {}
+    rest = []
+    for node in nodes:
+        hint = node.rank_hint
+        if isinstance(hint, int) and 0 <= hint < n and hint not in hinted:
+            hinted[hint] = node
+        else:
+            if hint is not None:
+                logger.warning("ignoring rank hint %r of %s (out of range or taken)", hint, node.addr)
+            rest.append(node)
+    rest.sort(key=lambda d: d.port)
+    rest.sort(key=lambda d: d.host, reverse=True)
+    free = iter(r for r in range(n) if r not in hinted)
+    order = dict(hinted)
+    for node in rest:
+        order[next(free)] = node
+    return [order[r] for r in range(n)]

@@ -5,7 +5,6 @@ import atexit
 import contextlib
 import copy
 import functools
-import inspect
 import itertools
 import logging
 import numbers
@@ -37,6 +36,11 @@ _claimed: "weakref.WeakSet[PSKVStore]" = weakref.WeakSet()     # the stores that
 NS_SHIFT = 50                       # a second store's int key k travels as ns << NS_SHIFT | k
 _mx_waitall = mx.nd.waitall         # MXNet's own, before patch_waitall
 _failed_at_exit: list[str] = []     # what a store found at exit that the script never saw
+
+
+def shared_store() -> KVStore | None:
+    """This process's ps worker, if a kvstore made one and it is open."""
+    return _shared if _shared is not None and not _shared.closed else None
 
 
 def _store(kvtype: str) -> KVStore:
@@ -737,64 +741,6 @@ def exit_status() -> None:
         except (OSError, ValueError):
             pass
     os._exit(1)
-
-
-def patch_profiler() -> None:
-    """MXNet sends ``profile_process='server'`` calls through its C++ kvstore's handle, which
-    a ps store has not (MXNet would fail with "KVStoreHandle passed to profiler is null"):
-    here they go to ps's servers as a "profiler" command, from rank 0 as MXNet's kvstore
-    sends them. The servers write a Chrome trace of their own work (ps/profiler.py)."""
-    for name in ("set_config", "set_state", "dump", "pause", "resume"):
-        original = getattr(mx.profiler, name)
-        if getattr(original, "_ps_patched", False):
-            continue
-        signature = inspect.signature(original)
-
-        def routed(*args: Any, _name: str = name, _original: Any = original, _signature: Any = signature,
-                   **kwargs: Any) -> Any:
-            bound = _signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            arguments = dict(bound.arguments)
-            extra = arguments.pop("kwargs", None) or {}       # set_config(**kwargs)
-            arguments.update(extra)
-            if arguments.get("profile_process", "worker") != "server":
-                return _original(*args, **kwargs)
-            _profile_servers(_server_profiler_body(_name, arguments))
-        routed = functools.wraps(original)(routed)
-        routed._ps_patched = True
-        setattr(mx.profiler, name, routed)
-
-
-_PROFILER_CONFIG = frozenset(("profile_all", "profile_symbolic", "profile_imperative", "profile_memory", "profile_api",
-                              "filename", "continuous_dump", "dump_period", "aggregate_stats"))
-
-
-def _server_profiler_body(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """The "profiler" server command for MXNet's ``mx.profiler.<name>(...)``."""
-    if name == "set_config":
-        params = {k: v for k, v in arguments.items() if k != "profile_process"}
-        unknown = sorted(set(params) - _PROFILER_CONFIG)
-        if unknown:       # MXNet's ProfileConfigParam refuses them too
-            raise mx.base.MXNetError(f"profiler config has no parameter {unknown[0]!r}; it takes "
-                                     f"{', '.join(sorted(_PROFILER_CONFIG))} and profile_process")
-        return {"action": "config", "params": {k: v if isinstance(v, (bool, int, float, str)) else str(v)
-                                               for k, v in params.items()}}
-    if name == "set_state":
-        state = arguments.get("state")
-        if state not in ("run", "stop"):
-            raise ValueError(f"profiler state {state!r}: 'run' or 'stop'")
-        return {"action": "state", "run": state == "run"}
-    if name == "dump":
-        return {"action": "dump", "finished": bool(arguments.get("finished", True))}
-    return {"action": "pause", "paused": name == "pause"}
-
-
-def _profile_servers(body: dict[str, Any]) -> None:
-    if _shared is None or _shared.closed:
-        raise mx.base.MXNetError("server profiling needs this process's dist kvstore: create it first "
-                                 "(mx.kv.create('dist_sync'), or a Trainer's first step), as in MXNet")
-    if _shared.rank == 0:          # MXNet's kvstore sends server profiler commands from rank 0 only
-        _shared.server_command("profiler", body)
 
 
 def patch_trainer() -> None:

@@ -57,7 +57,9 @@ ALLOWED = {
                       "optim.from_mxnet", "optim.pickled"},
     "mxnet.collectives": {"collective", "errors", "objects", "process_sets"},
     "mxnet.horovod": {"collective", "mxnet.collectives", "process_sets"},
-    "mxnet": {"__main__", "collective", "config", "errors", "mxnet.collectives", "mxnet.horovod", "mxnet.kvstore"},
+    "mxnet.profiling": {"mxnet.kvstore"},
+    "mxnet": {"__main__", "collective", "config", "errors", "mxnet.collectives", "mxnet.horovod", "mxnet.kvstore",
+              "mxnet.profiling"},
     "mxnet.autoload.sitecustomize": {"config", "mxnet"},   # python startup hook: imports ps.mxnet lazily
     # the PyTorch adapter (Horovod's API): the public KVStore only
     "torch.compression": set(), "torch.runtime": {"__init__", "collective"}, "objects": {"_security"},

@@ -36,6 +36,11 @@ class Deadline:
     def expired(self) -> bool:
         return self._end is not None and self._clock() >= self._end
 
+    def postpone(self, seconds: float) -> None:
+        """Move the end ``seconds`` later (a pause of this process: :meth:`PauseWatch.hold`)."""
+        if self._end is not None and seconds > 0:
+            self._end += seconds
+
     def check(self, activity: str) -> None:
         if self.expired:
             raise PSTimeoutError(f"timed out after {self.seconds:g}s waiting for {activity}")
@@ -53,6 +58,10 @@ class PauseWatch:
     call for ``settle`` seconds after it, while the I/O thread reads what waited. Of two
     late calls in a row only the first holds, so a check that is always late still judges.
     ``name()``, if given, names the process in the warning a pause is logged with.
+
+    A deadline handed to :meth:`hold` is postponed by each pause it notices: time this
+    process did not run is nobody's delay, so a worker stopped in a debugger for longer than
+    PS_REQUEST_TIMEOUT reads the replies that came meanwhile instead of failing on them.
     """
 
     _logged_at = float("-inf")      # the process's threads notice one pause together
@@ -66,7 +75,7 @@ class PauseWatch:
         self._held_until = float("-inf")
         self._held = False
 
-    def hold(self) -> bool:
+    def hold(self, deadline: Deadline | None = None) -> bool:
         now = self._clock()
         last, self._last = self._last, now
         if now < self._held_until:
@@ -74,6 +83,8 @@ class PauseWatch:
         late = now - last - self.period
         if late > self.slack and not self._held:
             self._held, self._held_until = True, now + self.settle
+            if deadline is not None:
+                deadline.postpone(late)
             if self.name and self._first_to_tell(now):
                 logger.warning("%s: its periodic checks ran %.1fs late (this process was stopped, swapping or "
                                "starved of CPU): it reads what waited before it names anyone", self.name(), late)

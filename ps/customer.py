@@ -63,11 +63,11 @@ class Request:
         return [(entry, data) for sid, entry, data in self.sent or () if sid == server]
 
     def wait(self, deadline: Deadline, failure: Callable[[], PSError | None], watch: StallWatch = NO_WATCH) -> None:
-        # the heartbeat thread names a pause; this only holds the warning (none for a request
-        # already answered, the usual case)
+        # the heartbeat thread names a pause; this holds the warning and postpones the deadline
+        # by it (no watch for a request already answered, the usual case)
         pause = PauseWatch(0.5) if not self.event.is_set() else None
         while not self.event.wait(deadline.remaining(0.5)):
-            held = pause is not None and pause.hold()
+            held = pause is not None and pause.hold(deadline)
             exc = failure()
             if exc is not None:
                 raise exc

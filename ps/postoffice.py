@@ -397,9 +397,11 @@ class Postoffice:
         deadline = deadline or Deadline(timeout if timeout is not None else self.config.request_timeout)
         event, result = threading.Event(), []
         self._barriers[group] = (event, result)
+        pause = PauseWatch(0.5)             # this process's own pause is no one's delay
         try:
             self.send(Message(Command.BARRIER, recver=SCHEDULER, body={"group": group}))
             while not event.wait(deadline.remaining(0.5)):
+                pause.hold(deadline)
                 if self.failure is not None:
                     raise self.failure
                 deadline.check(what or f"a barrier of all {group} (group '{group}')")

@@ -1,7 +1,8 @@
-"""PauseWatch: a periodic check holds its judgement right after its own process did not run."""
+"""PauseWatch: a periodic check holds its judgement right after its own process did not run,
+and a deadline it watches is postponed by the pause."""
 import logging
 
-from ps._timing import PauseWatch
+from ps._timing import Deadline, PauseWatch
 
 
 class Clock:
@@ -58,3 +59,23 @@ def test_one_line_per_pause_per_process_whatever_the_clocks(caplog):
         clock.now += 5.0                                # a clock far behind the one that logged
         assert other.hold()
         assert caplog.text.count("periodic checks ran") == 2
+
+
+def test_a_deadline_is_postponed_by_each_pause_once_and_never_by_an_on_time_call():
+    clock = Clock()
+    deadline = Deadline(3.0, clock=clock)
+    watch = PauseWatch(0.5, clock=clock)
+    clock.now += 0.5
+    assert not watch.hold(deadline)
+    assert deadline.remaining() == 2.5      # on time: nothing postponed
+    clock.now += 6.5                        # stopped for 6 s: 6.0 s beyond the period
+    assert watch.hold(deadline)
+    assert not deadline.expired and deadline.remaining() == 2.0
+    clock.now += 0.1
+    assert watch.hold(deadline)             # settling: the same pause, not counted again
+    assert abs(deadline.remaining() - 1.9) < 1e-9
+    clock.now += 2.0
+    assert not watch.hold(deadline) and deadline.expired
+    unbounded = Deadline(None, clock=clock)
+    unbounded.postpone(5.0)
+    assert unbounded.remaining() is None

@@ -17,6 +17,10 @@ logger = logging.getLogger(__name__)
 DISCONNECT_GRACE = 2.0
 
 
+# seconds between two turns of a wait that watches its own process's pauses (Deadline.paused)
+POLL = 0.5
+
+
 class Deadline:
     """``Deadline(30)``; ``None`` or ``0`` seconds means no bound."""
 
@@ -24,6 +28,20 @@ class Deadline:
         self.seconds = seconds or None
         self._clock = clock
         self._end = None if self.seconds is None else clock() + self.seconds
+        self._pause: PauseWatch | None = None
+
+    def paused(self) -> bool:
+        """Call at the start of a wait and at every turn of it (at least every ``POLL`` s):
+        whether this process was just found paused (:class:`PauseWatch`), and if so the end
+        moves later by the pause: time the process did not run is nobody's delay, so a
+        worker stopped in a debugger for longer than PS_REQUEST_TIMEOUT reads the replies
+        that came meanwhile instead of failing on them. One watch per deadline, so that the
+        waits sharing it (a handle's requests, one after another) notice a pause whichever
+        of them was waiting; the first call only starts it."""
+        if self._pause is None:
+            self._pause = PauseWatch(POLL, clock=self._clock)
+            return False
+        return self._pause.hold(self)
 
     def remaining(self, cap: float | None = None) -> float | None:
         """Seconds left (never negative), at most ``cap``; None when unbounded and no cap."""
@@ -57,11 +75,8 @@ class PauseWatch:
     ``slack`` seconds later than ``period`` after the one before holds, and so does every
     call for ``settle`` seconds after it, while the I/O thread reads what waited. Of two
     late calls in a row only the first holds, so a check that is always late still judges.
-    ``name()``, if given, names the process in the warning a pause is logged with.
-
-    A deadline handed to :meth:`hold` is postponed by each pause it notices: time this
-    process did not run is nobody's delay, so a worker stopped in a debugger for longer than
-    PS_REQUEST_TIMEOUT reads the replies that came meanwhile instead of failing on them.
+    ``name()``, if given, names the process in the warning a pause is logged with. A
+    deadline handed to :meth:`hold` is postponed by each pause it notices (``Deadline.paused``).
     """
 
     _logged_at = float("-inf")      # the process's threads notice one pause together

@@ -13,7 +13,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from ._timing import Deadline, PauseWatch
+from ._timing import POLL, Deadline
 from .errors import CollectiveError, PeerLostError, PSError, PSTimeoutError, RemoteError
 from .message import Message, Op, node_name
 
@@ -63,11 +63,12 @@ class Request:
         return [(entry, data) for sid, entry, data in self.sent or () if sid == server]
 
     def wait(self, deadline: Deadline, failure: Callable[[], PSError | None], watch: StallWatch = NO_WATCH) -> None:
-        # the heartbeat thread names a pause; this holds the warning and postpones the deadline
-        # by it (no watch for a request already answered, the usual case)
-        pause = PauseWatch(0.5) if not self.event.is_set() else None
-        while not self.event.wait(deadline.remaining(0.5)):
-            held = pause is not None and pause.hold(deadline)
+        # the heartbeat thread names a pause; the deadline's watch holds the warning and
+        # postpones the deadline (nothing for a request already answered, the usual case)
+        if not self.event.is_set():
+            deadline.paused()
+        while not self.event.wait(deadline.remaining(POLL)):
+            held = deadline.paused()
             exc = failure()
             if exc is not None:
                 raise exc

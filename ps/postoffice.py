@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable
 
 from . import netutil, ring
-from ._timing import DISCONNECT_GRACE, Deadline, PauseWatch
+from ._timing import DISCONNECT_GRACE, POLL, Deadline, PauseWatch
 from .config import Config
 from .errors import ClosedError, PeerLostError, ProtocolError, PSError, PSTimeoutError
 from .message import Command, Flag, Message, Node, Role, id_to_rank, node_name, payload_bytes
@@ -397,11 +397,11 @@ class Postoffice:
         deadline = deadline or Deadline(timeout if timeout is not None else self.config.request_timeout)
         event, result = threading.Event(), []
         self._barriers[group] = (event, result)
-        pause = PauseWatch(0.5)             # this process's own pause is no one's delay
+        deadline.paused()                   # this process's own pause is no one's delay
         try:
             self.send(Message(Command.BARRIER, recver=SCHEDULER, body={"group": group}))
-            while not event.wait(deadline.remaining(0.5)):
-                pause.hold(deadline)
+            while not event.wait(deadline.remaining(POLL)):
+                deadline.paused()
                 if self.failure is not None:
                     raise self.failure
                 deadline.check(what or f"a barrier of all {group} (group '{group}')")

@@ -623,7 +623,7 @@ class Store:
         """``skip``: the chunks (offset -> length) a pushpull got already (:meth:`_stream`);
         the rest of the slice is answered. Replies that read the value lend it."""
         ranges = None
-        if skip:
+        if skip and waiter.entry.op & Op.PULL:
             ranges = uncovered(skip, ks.total)
             if not ranges:
                 return []                  # the usual case: every chunk went out as it was summed

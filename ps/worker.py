@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ._timing import Deadline
+from ._timing import POLL, Deadline
 from .customer import Customer, Handle, Request, StallWatch
 from .errors import PSError, RemoteError
 from .keys import CHUNK_BYTES, Slice, chunks
@@ -278,9 +278,11 @@ class KVWorker:
             for sid in servers:
                 self.po.send(Message(Command.SERVER_CMD, recver=sid, body=body))
             deadline = Deadline(timeout or self.po.config.request_timeout or None)
+            deadline.paused()
             while len(results) < len(servers):
-                event.wait(deadline.remaining(0.5))
+                event.wait(deadline.remaining(POLL))
                 event.clear()
+                deadline.paused()
                 if self.po.failure is not None:
                     raise self.po.failure
                 deadline.check(f"servers to answer {cmd!r} ({len(results)}/{len(servers)} answered)")

@@ -20,7 +20,7 @@ import msgpack
 import mxnet as mx
 import numpy as np
 
-from .._timing import Deadline
+from .._timing import POLL, Deadline
 from ..kvstore import CLOSE_WAIT, KVStore, RowSparse
 from .arrays import as_list, dense_cpu, first, flatten, is_sparse, numpy_view, single, to_numpy
 from .engine import Engine
@@ -367,9 +367,11 @@ class PSKVStore(mx.kvstore.KVStore):
         still wait for a gradient), so requests reach the servers in program order."""
         if self._in_engine:
             deadline = Deadline(timeout if timeout is not None else (self._kv.config.request_timeout or None))
+            deadline.paused()
             with self._engine_idle:
                 while self._in_engine:
-                    self._engine_idle.wait(deadline.remaining(0.5))
+                    self._engine_idle.wait(deadline.remaining(POLL))
+                    deadline.paused()
                     deadline.check(f"{self._in_engine} pushpulls queued in MXNet's engine to finish")
         if raise_errors:
             self._raise_async_error()

@@ -79,3 +79,16 @@ def test_a_deadline_is_postponed_by_each_pause_once_and_never_by_an_on_time_call
     unbounded = Deadline(None, clock=clock)
     unbounded.postpone(5.0)
     assert unbounded.remaining() is None
+
+
+def test_the_waits_sharing_a_deadline_notice_a_pause_whichever_of_them_was_waiting():
+    """A handle's requests wait one after another on one deadline: a pause during the first
+    one's wait is noticed by the second's first turn, even if the first never saw it."""
+    clock = Clock()
+    deadline = Deadline(4.0, clock=clock)
+    assert not deadline.paused()            # the first wait starts the watch
+    clock.now += 0.5
+    assert not deadline.paused()
+    clock.now += 6.5                        # stopped; the first request's reply came meanwhile
+    assert deadline.paused()                # the second request's first turn
+    assert not deadline.expired and abs(deadline.remaining() - 3.0) < 1e-9

@@ -69,6 +69,7 @@ class Flag:
     """Bits of a message's ``flags``."""
 
     CREDIT = 1      # a DATA request whose sender counts its bytes in flight: answer with Command.CREDIT
+    WINDOWED = 2    # a DATA request from a worker that windows what it sends here: window the replies too
 
 
 class Op:

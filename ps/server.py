@@ -150,7 +150,7 @@ class KVServer:
         if not msg.request or self._early_or(msg):
             return
         self.po.credit(msg)
-        if msg.flags & Flag.CREDIT and self._queue is not None:     # it is across a network: queue its replies
+        if msg.flags & Flag.WINDOWED and self._queue is not None:   # it is across a network: queue its replies
             self._windowed.add(msg.sender)
         self._routes[msg.sender] = msg.route
         store = self._store()
@@ -219,8 +219,8 @@ class KVServer:
 
     def _send_queued(self) -> None:
         """What the window has room for (the caller then hands the values over)."""
-        for dest, batch in self._queue.take(self._unsent):
-            self._emit(dest, batch, Flag.CREDIT if batch.nbytes else 0)
+        for out in self._queue.take(self._unsent):
+            self._emit(out.dest, out.batch, Flag.CREDIT if out.credit else 0)
 
     def _unsent(self, dest: int) -> int | None:
         """Replies leave on the connection the worker's requests came in on."""

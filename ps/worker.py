@@ -195,8 +195,8 @@ class KVWorker:
 
     def _send_queued(self) -> None:
         """What the send window has room for, most urgent first (under the lock)."""
-        for sid, box in self._queue.take(self.po.van.unsent):
-            self._send(sid, box, Flag.CREDIT if box.nbytes else 0)
+        for out in self._queue.take(self.po.van.unsent):
+            self._send(out.dest, out.batch, Flag.WINDOWED | (Flag.CREDIT if out.credit else 0))
 
     def _tick(self) -> bool:
         """On the I/O thread after each pass: requests held back for a full socket leave

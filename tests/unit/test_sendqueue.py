@@ -1,9 +1,10 @@
-"""SendQueue (PS_SEND_WINDOW): most urgent first, a bounded window, credits, key order."""
+"""SendQueue (PS_SEND_WINDOW): most urgent first, a bounded window, credits, key order;
+small messages uncounted."""
 import numpy as np
 
 from ps.keys import CHUNK_BYTES
 from ps.message import Entry, Op, dtype_code
-from ps.sendqueue import SendQueue
+from ps.sendqueue import CREDIT_MIN, SendQueue
 
 F32 = dtype_code(np.float32)
 S0, S1 = 8, 10
@@ -15,7 +16,7 @@ def push(key, ts=1):
 
 
 def keys_of(messages):
-    return [[e.key for e in box.entries] for _, box in messages]
+    return [[e.key for e in out.batch.entries] for out in messages]
 
 
 def test_the_window_bounds_bytes_in_flight_and_credits_reopen_it():
@@ -45,14 +46,26 @@ def test_a_later_more_urgent_request_overtakes_the_backlog():
     assert keys_of(q.take()) == [[1]]
 
 
-def test_small_entries_share_a_message_per_server():
+def test_small_entries_share_a_message_per_server_which_is_neither_counted_nor_credited():
     q = SendQueue(8 * CHUNK_BYTES)
     small = np.zeros(10, np.float32)
     for key in range(6):
         q.add(-key, S0 if key % 2 else S1, Entry(1, Op.PUSH, key, 0, 10, 10, F32), small)
-    out = dict((sid, [e.key for e in box.entries]) for sid, box in q.take())
-    assert out == {S1: [0, 2, 4], S0: [1, 3, 5]}
-    assert q.in_flight == 6 * small.nbytes
+    sent = q.take()
+    assert {out.dest: [e.key for e in out.batch.entries] for out in sent} == {S1: [0, 2, 4], S0: [1, 3, 5]}
+    assert not any(out.credit for out in sent) and q.in_flight == 0
+
+
+def test_a_message_above_credit_min_counts_and_is_credited_and_one_at_it_is_not():
+    q = SendQueue(8 * CHUNK_BYTES)
+    at = np.zeros(CREDIT_MIN // 4, np.float32)
+    above = np.zeros(CREDIT_MIN // 4 + 1, np.float32)
+    q.add(0, S0, Entry(1, Op.PUSH, 1, 0, at.size, at.size, F32), at)
+    q.add(0, S1, Entry(1, Op.PUSH, 2, 0, above.size, above.size, F32), above)
+    sent = {out.dest: out.credit for out in q.take()}
+    assert sent == {S0: False, S1: True} and q.in_flight == above.nbytes
+    q.credit(S1, above.nbytes)
+    assert q.in_flight == 0
 
 
 def test_a_request_never_overtakes_an_earlier_one_to_the_same_key():
@@ -65,8 +78,8 @@ def test_a_request_never_overtakes_an_earlier_one_to_the_same_key():
     q.credit(S0, CHUNK_BYTES)
     order = []
     while len(q):
-        for _, box in q.take():
-            order += [(e.key, e.ts) for e in box.entries]
+        for out in q.take():
+            order += [(e.key, e.ts) for e in out.batch.entries]
         q.credit(S0, CHUNK_BYTES)
     assert order.index((7, 1)) < order.index((7, 2)), order
     assert order[0] == (8, 1)                            # the others still go by priority
@@ -110,8 +123,8 @@ def test_one_requests_slices_leave_chunk_by_chunk_to_all_servers_at_once():
     q.add(0, S0, Entry(8, Op.PULL, 5, 0, 3 * n, 3 * n, F32), None, group=8)   # the next request waits
     order = []
     while len(q):
-        for sid, box in q.take():
-            order += [(sid, e.offset // n, e.ts) for e in box.entries]
+        for out in q.take():
+            order += [(out.dest, e.offset // n, e.ts) for e in out.batch.entries]
         q.credit(S0, CHUNK_BYTES)
         q.credit(S1, CHUNK_BYTES)
     assert order == [(S0, 0, 7), (S1, 0, 7), (S0, 1, 7), (S1, 1, 7), (S0, 2, 7), (S1, 2, 7), (S0, 0, 8)], order
@@ -127,7 +140,7 @@ def test_a_connection_without_room_holds_back_only_its_own_entries():
         q.add(-1, S1, push(key), MB)
     unsent = {S0: 1 << 20, S1: 0}
     sent = q.take(unsent.get)
-    assert [sid for sid, _ in sent] == [S1] and keys_of(sent) == [[10]]   # one message overshoots
+    assert [out.dest for out in sent] == [S1] and keys_of(sent) == [[10]]   # one message overshoots
     assert q.blocked and len(q) == 4
     unsent[S1] = 1 << 20                                  # now S1 is backed up and S0 drained
     unsent[S0] = 0

@@ -40,7 +40,7 @@ def alone(*args, script=SCRIPT):
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("mode,flags,tol,env", [
     ("sgd", [], 1e-5, {}), ("adam", [], 1e-5, {}), ("sgd", ["--fp16", "--predivide"], 2e-3, {}),
-    # over TCP with a send window smaller than the gradients: priority order, credits, same sums
+    # over TCP through the send window (messages this small are not credited): priority order, same sums
     ("sgd", [], 1e-5, {"PS_LOCAL_IPC": "0", "PS_SEND_WINDOW": "64K"})],
     ids=["sgd-momentum-wd", "adam", "sgd-fp16-compression-predivide", "sgd-tcp-send-window"])
 def test_two_workers_equal_one_process_on_both_batches(procs, mode, flags, tol, env):

@@ -37,6 +37,20 @@ def alone(*args, script=SCRIPT):
     return one
 
 
+def alone_beside(procs, *args, script=SCRIPT):
+    """:func:`alone`, started now so that it runs beside the job the test launches next (it
+    waits for no cluster; most of its time is importing torch); call the result for its RESULT."""
+    env = {k: v for k, v in cluster_env(0).items() if not k.startswith("DMLC_")}
+    proc = procs.start([PYTHON, script, *args, "--local"], env)
+
+    def result():
+        code, out, err = procs.finish(proc, timeout=120)
+        assert code == 0, out + err
+        (one,) = results(out)
+        return one
+    return result
+
+
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("mode,flags,tol,env", [
     ("sgd", [], 1e-5, {}), ("adam", [], 1e-5, {}), ("sgd", ["--fp16", "--predivide"], 2e-3, {}),
@@ -44,11 +58,12 @@ def alone(*args, script=SCRIPT):
     ("sgd", [], 1e-5, {"PS_LOCAL_IPC": "0", "PS_SEND_WINDOW": "64K"})],
     ids=["sgd-momentum-wd", "adam", "sgd-fp16-compression-predivide", "sgd-tcp-send-window"])
 def test_two_workers_equal_one_process_on_both_batches(procs, mode, flags, tol, env):
+    one = alone_beside(procs, mode, *flags)
     out = launch(procs, mode, *flags, **env)
     workers = results(out)
     assert sorted(r["rank"] for r in workers) == [0, 1], out
     assert workers[0]["mean_loss"] == workers[1]["mean_loss"], workers   # unnamed allreduce, 15 times
-    one = alone(mode, *flags)
+    one = one()
     for r in workers:
         assert (r["size"], r["local_size"], r["local_rank"]) == (2, 2, r["rank"]), r
         assert r["overlap"], "a gradient should leave before backward() returns"
@@ -98,16 +113,18 @@ def server_job(procs, workers, *args):
     return got
 
 
-def server_alone(*args):
-    return alone(*args, script=SERVER)
+def server_alone(procs, *args):
+    return alone_beside(procs, *args, script=SERVER)
 
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("rule", ["sgd", "adam"])
 def test_server_optimizer_sync_equals_one_process(procs, rule):
     """PyTorch's rule on the servers, gradients averaged per step: one process's numbers."""
-    one = server_alone(rule, "sync")
-    for r in server_job(procs, 2, rule, "sync"):
+    one = server_alone(procs, rule, "sync")
+    jobs = server_job(procs, 2, rule, "sync")
+    one = one()
+    for r in jobs:
         for name, values in one["weights"].items():
             np.testing.assert_allclose(r["weights"][name], values, rtol=0, atol=1e-5, err_msg=name)
 
@@ -116,8 +133,9 @@ def test_server_optimizer_sync_equals_one_process(procs, rule):
 @pytest.mark.parametrize("rule", ["adam"])      # SGD: test_server_optimizer_sync_equals_one_process[sgd]
 def test_server_optimizer_one_worker_is_torch_optim_exactly(procs, rule):
     """Through real servers (weights sharded over two), three steps: bit-identical to torch.optim."""
-    one = server_alone(rule, "async", "--one", "--steps", "3")
+    one = server_alone(procs, rule, "async", "--one", "--steps", "3")
     (r,) = server_job(procs, 1, rule, "async", "--steps", "3")
+    one = one()
     for name, values in one["weights"].items():
         np.testing.assert_array_equal(r["weights"][name], values, err_msg=name)
 

@@ -400,13 +400,16 @@ class Restarts:
         self.relocate = relocate
         self.unreachable: set[int] = set()   # id() of processes stopped as unreachable (stop_unreachable)
 
-    def stop_unreachable(self, job: Job, sched: object | None, grace: float = 3.0) -> None:
+    def stop_unreachable(self, job: Job, sched: object | None, grace: float = 1.0) -> None:
         """A node the scheduler declared dead (no heartbeat: its host lost power or its network)
         whose process still runs here is an ssh client waiting on a silent host, or a hung
         process: neither can come back into the job (the scheduler has given its place to a
         restart), so stop it now and let take() start it again, instead of waiting for the
         restart that never comes until PS_CONNECT_TIMEOUT. ``grace``: a node that died
-        normally exits here within moments of the scheduler noticing."""
+        normally exits here within moments of the scheduler noticing (its ssh client too: the
+        remote sshd closes the session as the scheduler sees the connection close, and the
+        scheduler declares a closed connection dead only 2 s later). Every second of it is a
+        second longer that the job waits for a machine that is gone (was 3 s)."""
         if not self.limit or sched is None:
             return
         for dead in getattr(sched, "awaiting_restart", lambda: [])():

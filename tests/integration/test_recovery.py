@@ -98,7 +98,7 @@ def test_both_servers_killed_one_after_the_other(procs, tmp_path, unfaulted):
 @pytest.mark.timeout(200)
 def test_lost_messages_and_a_killed_server_still_exact(procs, tmp_path, unfaulted):
     kill = (random.randrange(2), random.randrange(5, 25), random.choice(["push", "pull"]))
-    code, text = launch(procs, tmp_path, "sgd", kill, PS_RESEND="1", PS_DROP_MSG="10", PS_RESEND_TIMEOUT="100")
+    code, text = launch(procs, tmp_path, "sgd", kill, PS_RESEND="1", PS_DROP_MSG="10", PS_RESEND_TIMEOUT="40")
     assert code == 0, f"kill {kill}\n{text}"
     got = weights(tmp_path)
     for key, ref in unfaulted["sgd"].items():

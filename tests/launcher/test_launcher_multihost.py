@@ -126,12 +126,12 @@ def test_a_node_killed_on_a_shaped_namespace_host_comes_back_over_ssh(launch, ss
     shaped to 100 Mbit/s) is started again there over ssh, and the job ends with the weights
     of an unfaulted run on loopback (same deterministic gradients)."""
     script = os.path.join(ROOT, "tests", "integration", "recovery_worker.py")
-    rounds, bound = "40", "MXNET_KVSTORE_BIGARRAY_BOUND:100000"     # key 5 cut across both servers
+    rounds, bound = "30", "MXNET_KVSTORE_BIGARRAY_BOUND:100000"     # key 5 cut across both servers
     (tmp_path / "hurt").mkdir()
     with shaped_links(ns_hosts, "100mbit"):
         job = launch(["-n", "2", "-s", "2", "-H", ns_hosts["hostfile"], "--max-restarts", "2", "--env", bound,
                       "--env", "PS_HEARTBEAT_INTERVAL:0.5", "--env", "PS_HEARTBEAT_TIMEOUT:10",
-                      PY, script, str(tmp_path / "hurt"), rounds, "sgd", "--kill", role, "1", "15", "push"],
+                      PY, script, str(tmp_path / "hurt"), rounds, "sgd", "--kill", role, "1", "12", "push"],
                      env={"PATH": sshd["PATH"], "PYTHONPATH": ROOT}, prefix=["ip", "netns", "exec", ns_hosts["launcher_ns"]])
         assert job.wait(200) == 0, job.output
     assert f"{role} 1 was killed by SIGKILL: starting it again (restart 1 of 2)" in job.output, job.output
@@ -152,7 +152,7 @@ def test_a_dead_host_its_servers_and_worker_start_again_on_the_live_hosts(launch
     at a time"); and servers 3 and 0, neighbours in a ring in rank order, would have lost
     server 3's only replica: the ring now interleaves hosts."""
     script = os.path.join(ROOT, "tests", "integration", "recovery_worker.py")
-    rounds, bound = "60", "MXNET_KVSTORE_BIGARRAY_BOUND:100000"
+    rounds, bound = "40", "MXNET_KVSTORE_BIGARRAY_BOUND:100000"
     (tmp_path / "hurt").mkdir()
     dead = f'{ns_hosts["prefix"]}1'                   # 10.77.0.2: servers 0 and 3, worker 2
     job = launch(["-n", "3", "-s", "4", "-H", ns_hosts["hostfile"], "--max-restarts", "3", "--env", bound,

@@ -264,7 +264,7 @@ def test_a_node_the_scheduler_declared_dead_is_stopped_but_never_its_restart(cap
     try:
         time.sleep(0.2)
         registered = time.monotonic()                  # worker 1 registers, later falls silent
-        sched.declared = time.monotonic() - 1.0        # declared dead 1 s ago
+        sched.declared = time.monotonic() - 0.5        # declared dead 0.5 s ago
         restarts.stop_unreachable(job, sched)
         assert old.poll() is None                      # within the grace: it may still exit by itself
         sched.declared = time.monotonic() - 5.0

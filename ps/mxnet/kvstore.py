@@ -11,7 +11,6 @@ import numbers
 import os
 import pickle
 import sys
-import threading
 import types
 import weakref
 from typing import Any, Callable, Iterator
@@ -20,21 +19,18 @@ import msgpack
 import mxnet as mx
 import numpy as np
 
-from .._timing import POLL, Deadline
 from ..kvstore import CLOSE_WAIT, KVStore, RowSparse
-from .arrays import as_list, dense_cpu, first, flatten, is_sparse, numpy_view, single, to_numpy
-from .engine import Engine
+from .arrays import as_list, first, flatten, is_sparse, to_numpy
+from .engine_ops import EnginePushpulls, engine_for, mx_waitall
 
 logger = logging.getLogger(__name__)
 
 STATES_FORMAT = "ps-optimizer-states"
-_MKLDNN_BUILD = mx.runtime.Features().is_enabled("MKLDNN")
 _shared: KVStore | None = None
 _live_stores: "weakref.WeakSet[PSKVStore]" = weakref.WeakSet()
 _namespaces = itertools.count()     # handed out in the order stores first init or set an optimizer
 _claimed: "weakref.WeakSet[PSKVStore]" = weakref.WeakSet()     # the stores that took one
 NS_SHIFT = 50                       # a second store's int key k travels as ns << NS_SHIFT | k
-_mx_waitall = mx.nd.waitall         # MXNet's own, before patch_waitall
 _failed_at_exit: list[str] = []     # what a store found at exit that the script never saw
 
 
@@ -76,14 +72,7 @@ class PSKVStore(mx.kvstore.KVStore):
         self._defer = 0
         self._pending: list[tuple[Any, Any]] = []   # (handle, the arrays it reads/writes: kept alive)
         self._queued: list[tuple[Any, Any, Any, int]] = []
-        self._engine = _engine(self._kv)
-        self._in_engine = 0                  # pushpulls handed to MXNet's engine, not finished
-        self._engine_ops = 0                 # how many were (tests, stats)
-        self._engine_idle = threading.Condition()
-        self._async_errors: list[BaseException] = []
-        self._staging: dict[Any, Any] = {}
-        # MKL-DNN may change a weight's memory layout inside MXNet's engine (_engine_pushpull)
-        self._relayout = _MKLDNN_BUILD and self._kv.config.mxnet_mkldnn
+        self._engine = EnginePushpulls(self._kv, engine_for(self._kv))
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref()._at_exit())
         _live_stores.add(self)
@@ -236,9 +225,9 @@ class PSKVStore(mx.kvstore.KVStore):
         (in sync mode a chunk's reply comes only after the server has every worker's push of
         that chunk, so the chunk has left this array by then); for one
         dense CPU array it runs as an operation of MXNet's engine, which may stage the
-        values of convolution weights first (see ``_engine_pushpull``).
+        values of convolution weights first (see ``EnginePushpulls.start``).
         """
-        self._raise_async_error()
+        self._engine.raise_error()
         self._sync_optimizer_params()
         targets = value if out is None else out
         if is_sparse(value):                 # rows go up; the pull fills the dense outputs
@@ -246,7 +235,7 @@ class PSKVStore(mx.kvstore.KVStore):
             self.pull(key, out=targets, priority=priority)
             return
         moved = self._keyed(key)
-        if self._engine is not None and self._engine_pushpull(moved, value, targets, priority):
+        if self._engine.start(moved, value, targets, priority):
             return
         self._settle()
         if self._defer:        # started when the step's loop ends, last parameter first
@@ -280,126 +269,21 @@ class PSKVStore(mx.kvstore.KVStore):
                     mx.nd.sparse.row_sparse_array((got.values, got.rows), shape=o.shape, ctx=o.context,
                                                   dtype=o.dtype).copyto(o)
 
-    def _engine_pushpull(self, key: Any, value: Any, targets: Any, priority: int) -> bool:
-        """Hand the pushpull to MXNet's engine, as MXNet's own dist kvstore does: it starts
-        when backward has written the gradient, and the next forward waits only for the
-        weights it reads, so traffic overlaps computation on both sides of a step.
-        False (nothing done) where this does not apply: the caller takes the plain path.
-
-        Where MKL-DNN may change an array's memory layout inside the engine (an inference
-        pass reorders (de)convolution weights, 3-D and up, asynchronously; among fp32 ops
-        only those), replies go into a staging array ps owns and an engine copy (which knows
-        layouts) moves them into the weight, as MXNet's own kvstore copies from its receive
-        buffer. Elsewhere they go straight in."""
-        src, dst = single(value), single(targets)
-        if isinstance(key, (list, tuple)) or src is None or dst is None:
-            return False
-        info = self._kv.key_info(key)
-        if info is None or not (dense_cpu(src) and dense_cpu(dst)):
-            return False
-        if any(tuple(a.shape) != info.shape or np.dtype(a.dtype) != info.dtype for a in (src, dst)):
-            return False                     # the plain path raises the error naming them
-        recv = self._staging_for(key, dst) if self._relayout and len(info.shape) >= 3 else dst
-        grad, weight = numpy_view(src, write=False, wait=False), numpy_view(recv, write=True, wait=False)
-        if grad is None or weight is None:
-            return False
-        kv = self._kv
-
-        def start(done: Any) -> None:        # on MXNet's CPU worker thread, gradient written:
-            def issue() -> None:             # only hand over; the I/O thread builds and sends,
-                try:                         # so MXNet's compute waits no longer than that
-                    kv.pushpull(key, grad, out=weight, priority=priority, block=False).add_done_callback(finished)
-                except BaseException as exc:
-                    fail(exc)
-
-            def finished(handle: Any) -> None:
-                try:
-                    handle.wait()
-                except BaseException as exc:
-                    self._record_async_error(key, exc)
-                finally:                     # MXNet's operation first: whoever _settle
-                    done()                   # releases (e.g. a fork) finds it complete
-                    self._engine_done()
-
-            def fail(exc: BaseException) -> None:
-                self._record_async_error(key, exc)
-                done()
-                self._engine_done()
-            try:
-                kv.call_soon(issue)
-            except BaseException as exc:     # the van has stopped
-                fail(exc)
-
-        with self._engine_idle:
-            self._in_engine += 1
-            self._engine_ops += 1
-        try:
-            self._engine.push(start, [] if src is recv else [src], [recv], priority, skipped=self._engine_done)
-        except BaseException:
-            self._engine_done()
-            raise
-        if recv is not dst:
-            recv.copyto(dst)                 # an engine operation too: after the replies
-        return True
-
-    def _staging_for(self, key: Any, like: Any) -> Any:
-        staging = self._staging.get(key)
-        if staging is None:
-            staging = self._staging[key] = mx.nd.empty(like.shape, ctx=mx.cpu(), dtype=like.dtype)
-        return staging
-
-    def _record_async_error(self, key: Any, exc: BaseException) -> None:
-        """On the I/O thread: keep it for this store's next call, and say so now (the caller
-        may not call again, e.g. after its last step)."""
-        logger.error("pushpull of key %r in MXNet's engine failed: %s", key, exc)
-        if hasattr(exc, "add_note"):
-            exc.add_note(f"(raised by an earlier pushpull of key {key!r} that ran in MXNet's engine)")
-        self._async_errors.append(exc)
-
-    def _engine_done(self) -> None:
-        with self._engine_idle:
-            self._in_engine -= 1
-            if not self._in_engine:
-                self._engine_idle.notify_all()
-
     def _settle(self, timeout: float | None = None, raise_errors: bool = True) -> None:
-        """Before any call outside the engine: let the engine's pushpulls finish (they may
-        still wait for a gradient), so requests reach the servers in program order."""
-        if self._in_engine:
-            deadline = Deadline(timeout if timeout is not None else (self._kv.config.request_timeout or None))
-            deadline.paused()
-            with self._engine_idle:
-                while self._in_engine:
-                    self._engine_idle.wait(deadline.remaining(POLL))
-                    deadline.paused()
-                    deadline.check(f"{self._in_engine} pushpulls queued in MXNet's engine to finish")
-        if raise_errors:
-            self._raise_async_error()
-
-    def _raise_async_error(self) -> None:
-        if self._async_errors:
-            errors, self._async_errors = self._async_errors, []
-            raise errors[0]
+        self._engine.settle(timeout, raise_errors)
 
     def _at_exit(self) -> None:
-        """Before the shared KVStore closes (atexit runs this first): the last steps' pushpulls
-        may still sit in MXNet's engine; send them, or MXNet's shutdown would drop them.
-        Those whose gradient an operation that failed never wrote (the script is exiting on
-        that error) the engine skips: they are not sent, and nothing waits for them."""
-        bound = self._kv.config.request_timeout or CLOSE_WAIT
+        """Before the shared KVStore closes (atexit runs this first): see EnginePushpulls.at_exit."""
         try:
-            if self._in_engine:
-                if not _engine_drained(bound):
-                    raise TimeoutError(f"timed out after {bound:g}s waiting for {self._in_engine} pushpulls "
-                                       "queued in MXNet's engine to finish")
-                skipped = self._engine.drop_skipped()
-                if skipped:
-                    logger.warning("at exit: %d pushpulls were not sent: MXNet's engine skipped them because an "
-                                   "operation they depend on failed (its error is the script's)", skipped)
-            self._settle(timeout=bound)
+            self._engine.at_exit(self._kv.config.request_timeout or CLOSE_WAIT)
         except Exception as exc:  # noqa: BLE001 - at exit: report, do not raise
             logger.error("at exit: %s", exc)
             _failed_at_exit.append(str(exc))
+
+    @property
+    def engine_ops(self) -> int:
+        """How many pushpulls ran as operations of MXNet's engine (tests, stats)."""
+        return self._engine.ops
 
     @contextlib.contextmanager
     def _deferred(self) -> Iterator[None]:
@@ -609,31 +493,6 @@ def push_values(value: Any) -> Any:
     return to_numpy(value)
 
 
-def _engine_drained(timeout: float) -> bool:
-    """``mx.nd.waitall()`` within ``timeout``: whether every operation queued in MXNet's
-    engine has run or been skipped. It waits on a thread of its own: MXNet's wait has no bound."""
-    drained = threading.Event()
-
-    def wait() -> None:
-        try:
-            _mx_waitall()
-        except mx.base.MXNetError:
-            pass                         # an operation's error: the script has raised it already
-        finally:
-            drained.set()
-    threading.Thread(target=wait, name="ps-exit-waitall", daemon=True).start()
-    return drained.wait(timeout)
-
-
-def _engine(kv: KVStore) -> Engine | None:
-    """PS_MXNET_ENGINE=0 keeps every call outside MXNet's engine (the step then waits for
-    its last reply); so does MXNet's naive engine."""
-    cfg = kv.config
-    if not cfg.mxnet_engine or not Engine.available(cfg.mxnet_engine_type):
-        return None
-    return Engine()
-
-
 def settle_before_fork() -> None:
     """MXNet's own fork handler waits for every engine operation to finish, and it runs while
     the forking thread holds the GIL, which ps's I/O thread needs to finish ours: a fork with
@@ -716,14 +575,14 @@ def patch_waitall() -> None:
     if getattr(mx.nd.waitall, "_ps_patched", False):
         return
 
-    @functools.wraps(_mx_waitall)
+    @functools.wraps(mx_waitall)
     def waitall() -> None:
-        _mx_waitall()
+        mx_waitall()
         for store in list(_live_stores):
-            store._raise_async_error()
+            store._engine.raise_error()
     waitall._ps_patched = True  # type: ignore[attr-defined]
     for name, module in list(sys.modules.items()):      # mx.nd, mx.npx and the modules that import it
-        if (name == "mxnet" or name.startswith("mxnet.")) and getattr(module, "waitall", None) is _mx_waitall:
+        if (name == "mxnet" or name.startswith("mxnet.")) and getattr(module, "waitall", None) is mx_waitall:
             module.waitall = waitall
 
 

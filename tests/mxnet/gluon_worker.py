@@ -147,7 +147,7 @@ def engine_error():
             print(f"{wait} raised {type(exc).__name__}: {exc}", flush=True)
         else:
             print(f"{wait}: no error", flush=True)
-    return kv, {"engine_ops": np.array(kv._engine_ops)}
+    return kv, {"engine_ops": np.array(kv.engine_ops)}
 
 
 if __name__ == "__main__":
@@ -162,5 +162,5 @@ if __name__ == "__main__":
         fn = module_fit if scenario == "module" else train
         result = fn(kv, kv.rank, kv.num_workers, **kw)
     result["__rank"] = np.array(kv.rank)
-    result["__engine_ops"] = np.array(getattr(kv, "_engine_ops", -1))
+    result["__engine_ops"] = np.array(getattr(kv, "engine_ops", -1))
     np.savez(out, **result)

@@ -54,10 +54,10 @@ def test_the_exit_drain_gives_up_at_its_bound_while_an_operation_stays_open():
     """At exit ps waits for MXNet's engine (mx.nd.waitall, which has no timeout) on a thread
     of its own: an operation that never completes costs the bound, not the process."""
     from ps.mxnet.engine import Engine
-    from ps.mxnet.kvstore import _engine_drained
+    from ps.mxnet.engine_ops import engine_drained
     opened = []
     Engine().push(opened.append, [], [mx.nd.zeros((4,))])
-    assert not _engine_drained(0.5)
+    assert not engine_drained(0.5)
     assert opened, "the engine never started the operation"
     opened[0]()                      # complete it: the engine drains
-    assert _engine_drained(30)
+    assert engine_drained(30)

@@ -53,7 +53,8 @@ ALLOWED = {
     "optim": {"optim.base", "optim.lr_scheduler", "optim.rules", "optim.torch_rules", "optim.updater"},
     # the MXNet adapter: the public KVStore, never the roles
     "mxnet.arrays": set(), "mxnet.engine": set(),
-    "mxnet.kvstore": {"_security", "_timing", "errors", "kvstore", "mxnet.arrays", "mxnet.engine",
+    "mxnet.engine_ops": {"_timing", "kvstore", "mxnet.arrays", "mxnet.engine"},
+    "mxnet.kvstore": {"_security", "errors", "kvstore", "mxnet.arrays", "mxnet.engine_ops",
                       "optim.from_mxnet", "optim.pickled"},
     "mxnet.collectives": {"collective", "errors", "objects", "process_sets"},
     "mxnet.horovod": {"collective", "mxnet.collectives", "process_sets"},

@@ -167,13 +167,14 @@ def test_a_killed_server_is_recovered_and_a_killed_worker_ends_the_job_with_the_
     env = cluster_env(0, PS_MXNET_AUTOLOAD="0", PS_STALL_WARNING="30")
     hurt = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--max-restarts", "2", "--launcher", "local",
                         PYTHON, script, str(tmp_path / "killed"), who, *mode], env)
+    # the unfaulted run beside it (its own scheduler port: the kill finds its victim by that)
+    ref = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local", PYTHON, script,
+                       str(tmp_path / "unused"), "none", *mode], env) if who == "server" else None
     code, out, err = procs.finish(hurt, timeout=150)
     assert (tmp_path / "killed").exists(), out + err
     assert f"{who} 1 was killed by SIGKILL: starting it again (restart 1 of 2)" in out + err, out + err
     if who == "server":
         assert code == 0, out + err
-        ref = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local", PYTHON, script,
-                           str(tmp_path / "unused"), "none", *mode], env)
         code, ref_out, err = procs.finish(ref, timeout=150)
         assert code == 0, ref_out + err
         assert done(out) == done(ref_out) and len(done(out)) == 2, out + ref_out

@@ -142,6 +142,8 @@ class SendQueue:
             else:
                 heapq.heapreplace(heads, heap[0])
         out.extend(boxes.items())
+        # every box was counted while it filled (the window bounds this loop, and a box's size is
+        # known only once it is closed); the ones that stayed small leave uncounted after all
         sent = []
         for server, box in out:
             credit = box.nbytes > self.credit_min

@@ -409,7 +409,7 @@ class Restarts:
         normally exits here within moments of the scheduler noticing (its ssh client too: the
         remote sshd closes the session as the scheduler sees the connection close, and the
         scheduler declares a closed connection dead only 2 s later). Every second of it is a
-        second longer that the job waits for a machine that is gone (was 3 s)."""
+        second longer that the job waits for a machine that is gone."""
         if not self.limit or sched is None:
             return
         for dead in getattr(sched, "awaiting_restart", lambda: [])():

@@ -55,10 +55,10 @@ def engine_drained(timeout: float) -> bool:
 
 
 class EnginePushpulls:
-    """One store's pushpulls in MXNet's engine (none at all where ``engine`` is None)."""
+    """One store's pushpulls in MXNet's engine (none at all where :func:`engine_for` says no)."""
 
-    def __init__(self, kv: KVStore, engine: Engine | None) -> None:
-        self._kv, self._engine = kv, engine
+    def __init__(self, kv: KVStore) -> None:
+        self._kv, self._engine = kv, engine_for(kv)
         self._open = 0                       # handed to the engine, not finished
         self.ops = 0                         # how many were (tests, stats)
         self._idle = threading.Condition()

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..kvstore import CLOSE_WAIT, KVStore, RowSparse
 from .arrays import as_list, first, flatten, is_sparse, to_numpy
-from .engine_ops import EnginePushpulls, engine_for, mx_waitall
+from .engine_ops import EnginePushpulls, mx_waitall
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class PSKVStore(mx.kvstore.KVStore):
         self._defer = 0
         self._pending: list[tuple[Any, Any]] = []   # (handle, the arrays it reads/writes: kept alive)
         self._queued: list[tuple[Any, Any, Any, int]] = []
-        self._engine = EnginePushpulls(self._kv, engine_for(self._kv))
+        self._engine = EnginePushpulls(self._kv)
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref()._at_exit())
         _live_stores.add(self)
@@ -127,7 +127,7 @@ class PSKVStore(mx.kvstore.KVStore):
 
     # -- data ------------------------------------------------------------------------------
     def init(self, key: Any, value: Any) -> None:
-        self._settle()
+        self._engine.settle()
         ns = self._claim()
         keys = self._keyed(key)
         taken = [k for k, moved in zip(as_list(key), as_list(keys))
@@ -194,7 +194,7 @@ class PSKVStore(mx.kvstore.KVStore):
         self.pull(key, out=out, priority=priority)
 
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
-        self._settle()
+        self._engine.settle()
         self._sync_optimizer_params()
         self._reap()
         with self._errors(key):
@@ -211,7 +211,7 @@ class PSKVStore(mx.kvstore.KVStore):
     def pull(self, key: Any, out: Any = None, priority: int = 0, ignore_sparse: bool = True) -> None:
         if out is None:
             raise ValueError(f"pull of key {key!r} needs out=")
-        self._settle()
+        self._engine.settle()
         if not ignore_sparse and any(getattr(o, "stype", "default") != "default" for o in flatten(out)):
             raise mx.base.MXNetError(f"pull of key {key!r} into a row_sparse array with ignore_sparse=False: "
                                      "use row_sparse_pull(key, out, row_ids)")
@@ -237,7 +237,7 @@ class PSKVStore(mx.kvstore.KVStore):
         moved = self._keyed(key)
         if self._engine.start(moved, value, targets, priority):
             return
-        self._settle()
+        self._engine.settle()
         if self._defer:        # started when the step's loop ends, last parameter first
             self._queued.append((moved, value, targets, priority))
             return
@@ -251,7 +251,7 @@ class PSKVStore(mx.kvstore.KVStore):
         output, or one for all; a list of keys takes a list of each."""
         if out is None or row_ids is None:
             raise ValueError("row_sparse_pull needs out and row_ids")
-        self._settle()
+        self._engine.settle()
         many = isinstance(key, (list, tuple))
         for k, outs, ids in zip(key if many else [key], out if many else [out], row_ids if many else [row_ids]):
             outs, ids = as_list(outs), as_list(ids)
@@ -268,9 +268,6 @@ class PSKVStore(mx.kvstore.KVStore):
                 with mx.autograd.pause():    # Gluon pulls inside record(); MXNet's C++ pull is not an op
                     mx.nd.sparse.row_sparse_array((got.values, got.rows), shape=o.shape, ctx=o.context,
                                                   dtype=o.dtype).copyto(o)
-
-    def _settle(self, timeout: float | None = None, raise_errors: bool = True) -> None:
-        self._engine.settle(timeout, raise_errors)
 
     def _at_exit(self) -> None:
         """Before the shared KVStore closes (atexit runs this first): see EnginePushpulls.at_exit."""
@@ -406,7 +403,7 @@ class PSKVStore(mx.kvstore.KVStore):
         if opt.rescale_grad != self._sent.get("rescale_grad"):
             changed["rescale_grad"] = self._sent["rescale_grad"] = opt.rescale_grad
         if changed:
-            self._settle()        # earlier steps' pushes still use the old values
+            self._engine.settle()        # earlier steps' pushes still use the old values
             self._kv.server_command("set_params", changed, namespace=self._namespace)
 
     def _set_updater(self, updater: Any) -> None:
@@ -440,7 +437,7 @@ class PSKVStore(mx.kvstore.KVStore):
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Save the servers' optimizer states (MXNet 1.9 raises here for dist stores)."""
-        self._settle()
+        self._engine.settle()
         self._wait_pending()
         states = self._kv.server_command("get_states", namespace=self._namespace)
         blob = {"format": STATES_FORMAT, "version": 1, "num_servers": self._kv.num_servers,
@@ -449,7 +446,7 @@ class PSKVStore(mx.kvstore.KVStore):
             f.write(msgpack.packb(blob, use_bin_type=True))
 
     def load_optimizer_states(self, fname: str) -> None:
-        self._settle()
+        self._engine.settle()
         with open(fname, "rb") as f:
             blob = msgpack.unpackb(f.read(), raw=False)
         if not isinstance(blob, dict) or blob.get("format") != STATES_FORMAT:
@@ -472,13 +469,13 @@ class PSKVStore(mx.kvstore.KVStore):
         return self._ns or 0
 
     def _barrier(self) -> None:
-        self._settle()
+        self._engine.settle()
         self._wait_pending()
         self._kv.barrier()
 
     def close(self) -> None:
         try:
-            self._settle(timeout=self._kv.config.request_timeout or CLOSE_WAIT)
+            self._engine.settle(timeout=self._kv.config.request_timeout or CLOSE_WAIT)
         finally:
             self._kv.close()
 
@@ -500,7 +497,7 @@ def settle_before_fork() -> None:
     let them finish first; waiting here releases the GIL."""
     for store in list(_live_stores):
         try:
-            store._settle(timeout=store._kv.config.request_timeout or CLOSE_WAIT, raise_errors=False)
+            store._engine.settle(timeout=store._kv.config.request_timeout or CLOSE_WAIT, raise_errors=False)
         except Exception as exc:  # noqa: BLE001 - a fork must go on; say why it may stall
             logger.error("before fork: %s", exc)
 

@@ -15,7 +15,7 @@ import functools
 import logging
 import weakref
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -28,7 +28,6 @@ from .errors import ClosedError, ConfigError, PSError, PSTimeoutError
 from .keys import Slice
 from .message import Op, Role, dtype_code, namespace_field
 from .postoffice import Postoffice
-from .timeline import Timeline
 from .van import Van
 from .worker import KVWorker
 
@@ -36,6 +35,17 @@ logger = logging.getLogger(__name__)
 
 TYPES = ("dist_sync", "dist_async", "dist_sync_device", "dist_device_sync", "dist_async_device", "dist")
 CLOSE_WAIT = 60.0   # seconds close() waits for outstanding requests when PS_REQUEST_TIMEOUT is 0
+
+
+class Recorder(Protocol):
+    """What :meth:`KVStore.record` shows requests on (Horovod's timeline, ``Timeline``): a
+    Protocol, so that the core need not import the Horovod layer for a type."""
+
+    def started(self, key: Any) -> Callable[[], None] | None:
+        """A request on ``key`` left; what to call when its result is in (None: not shown)."""
+
+    def cycle(self) -> None:
+        """Queued requests left together."""
 
 
 class Joined(NamedTuple):
@@ -101,7 +111,7 @@ class KVStore:
         self._residuals: dict[int, np.ndarray] = {}
         self._closed = False
         self._round = 0
-        self._timeline: Timeline | None = None
+        self._timeline: Recorder | None = None
         try:
             self._po.start({"sync": self._sync})
             if self._po.restarted:
@@ -527,9 +537,9 @@ class KVStore:
         self._worker.flush()
         return handle.wait()
 
-    def record(self, timeline: Timeline | None) -> None:
-        """Show this worker's requests on ``timeline`` (``ps.timeline``: Horovod's timeline);
-        None stops. The caller closes the timeline."""
+    def record(self, timeline: Recorder | None) -> None:
+        """Show this worker's requests on ``timeline`` (a :class:`Recorder`: Horovod's
+        timeline); None stops. The caller closes the timeline."""
         self._timeline = timeline
         self._worker.on_flush = None if timeline is None else timeline.cycle
 

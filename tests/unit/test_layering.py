@@ -34,7 +34,7 @@ ALLOWED = {
     "server": {"_security", "_timing", "bufguard", "compression", "config", "errors", "events", "keys", "message", "optim",
                "optim.pickled", "postoffice", "profiler", "replication", "rounds", "sendqueue", "store", "updaters", "van"},
     "kvstore": {"_logging", "_timing", "compression", "config", "customer", "errors", "keys", "message",
-                "postoffice", "timeline", "van", "worker"},
+                "postoffice", "van", "worker"},
     "timeline": set(),
     "testing": {"config", "errors", "kvstore", "scheduler", "server", "van"},
     "selfstart": {"_timing", "childproc", "config", "errors", "netutil"},

@@ -77,8 +77,7 @@ class KVStore:
         self._po = Postoffice(cfg, van)
         self._worker = KVWorker(self._po)
         self._keys = KeyTable(cfg.num_servers, cfg.bigarray_bound)
-        self._compression: dict[str, Any] | None = None
-        self._residuals: dict[int, np.ndarray] = {}
+        self._compressor: comp.Compressor | None = None     # set_gradient_compression
         self._closed = False
         self._round = 0
         self._timeline: Recorder | None = None
@@ -357,17 +356,9 @@ class KVStore:
     def _request(self, op: int, info: KeyInfo, value: np.ndarray | None, out: np.ndarray | None,
                  what: str, priority: int = 0) -> Request:
         encode = None
-        if value is not None and op & Op.PUSH and self._compression and info.dtype == np.float32:
-            if self._compression["type"] == "2bit":
-                residual = self._residuals.get(info.key)
-                if residual is None:
-                    residual = self._residuals[info.key] = np.zeros(info.size, np.float32)
-                value = comp.quantize_2bit(value, residual, self._compression["threshold"])
-                op, encode = op | Op.TWO_BIT, comp.pack_2bit
-            else:
-                op, value = op | Op.FP16, value.astype(np.float16)
-        if op & Op.PULL and self._compression and self._compression.get("pull") and info.dtype == np.float32:
-            op |= Op.HALF_PULL
+        if self._compressor is not None and info.dtype == np.float32:
+            bits, value, encode = self._compressor.wire(info.key, value, bool(op & Op.PUSH), bool(op & Op.PULL))
+            op |= bits
         if info.declared and op & Op.PUSH:
             op |= Op.CREATE | (Op.JOINABLE if info.joinable else 0)
         return self._worker.request(op, info.key, info.slices, info.dtype_code, value, out, what, encode, priority)
@@ -433,8 +424,7 @@ class KVStore:
         if self.rank == 0:
             self._worker.command("set_compression", {"params": parsed})
         self._po.barrier("workers", what="every worker to set gradient compression")
-        self._compression = parsed
-        self._residuals = {}
+        self._compressor = comp.Compressor(parsed)
 
     def server_command(self, cmd: str, payload: dict[str, Any] | None = None,
                        servers: list[int] | None = None, namespace: int = 0) -> dict[int, Any]:

@@ -12,7 +12,7 @@ PS = ROOT / "ps"
 ALLOWED = {
     # the core, bottom up
     "errors": set(), "_logging": set(), "keys": set(), "compression": set(), "bufguard": set(), "childproc": set(),
-    "_timing": {"errors"}, "config": {"errors"}, "pslite": {"errors"}, "message": {"errors", "pslite"},
+    "_timing": {"errors"}, "config": {"errors"}, "pslite": {"errors"}, "message": {"compression", "errors", "pslite"},
     "_security": {"errors"},
     "netutil": {"config", "errors"},
     "van.base": {"errors", "message"},

@@ -1,18 +1,35 @@
-"""Gradient compression (pure numpy).
+"""Gradient compression (pure numpy): everything about it, on both sides of the wire.
 
 ``2bit`` is MXNet's scheme, for pushes: the worker keeps a residual per key, sends +t, -t
 or 0 per element as 2 bits (element i in byte i//4 at shift 6 - 2*(i%4): 11 = +t, 10 = -t),
 and carries the rest to the next push. ``fp16`` (ours) sends float32 gradients as float16
-and, unless ``'pull': False``, the pulled values too (``Op.HALF_PULL``): half the bytes both
+and, unless ``'pull': False``, the pulled values too (``HALF_PULL``): half the bytes both
 ways, while the servers sum and update in float32, so rounding does not accumulate there.
+
+One module owns it so the two sides cannot drift: the worker's :class:`Compressor` makes
+a request's wire form, :func:`frame_layout` is what the decoder expects of it, and
+:func:`decode_push` is what the server merges. It imports nothing of ps, so that
+``ps/message.py`` can take its op bits and frame sizes from here.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 TYPES = ("2bit", "fp16")
+
+# the bits of a DATA entry's op that say how its values travel (message.Op names them)
+TWO_BIT = 8      # push values travel 2-bit packed
+FP16 = 16        # push values travel as float16, the key keeps its dtype
+HALF_PULL = 64   # the pulled values travel as float16, the key keeps its dtype
+WIRE_BITS = TWO_BIT | FP16 | HALF_PULL
+
+Encode = Callable[[np.ndarray], np.ndarray]
+
+
+class UnsetError(RuntimeError):
+    """A push compressed in a way the servers were not told of."""
 
 
 def parse(params: dict[str, Any]) -> dict[str, Any]:
@@ -73,3 +90,51 @@ def unpack_2bit(packed: np.ndarray, n: int, threshold: float, dtype: Any = np.fl
     out[bits == 3] = threshold
     out[bits == 2] = -threshold
     return out
+
+
+class Compressor:
+    """A worker's compression, from ``set_gradient_compression`` on: the parsed params, and
+    the residual 2bit carries over per key (new params start with none)."""
+
+    def __init__(self, params: dict[str, Any]):
+        self.params = params                    # as parse() returns them
+        self._residuals: dict[int, np.ndarray] = {}
+        self._two_bit = params["type"] == "2bit"
+        self._pull_bits = HALF_PULL if params["pull"] else 0
+
+    def wire(self, key: int, value: np.ndarray | None, pushes: bool,
+             pulls: bool) -> tuple[int, np.ndarray | None, Encode | None]:
+        """A float32 key's request as it travels: the op bits to add, the pushed value (if
+        ``pushes``: quantized, or halved) and what packs each chunk of it (2bit), else None."""
+        bits = self._pull_bits if pulls else 0
+        if value is None or not pushes:
+            return bits, value, None
+        if not self._two_bit:
+            return bits | FP16, value.astype(np.float16), None
+        residual = self._residuals.get(key)
+        if residual is None:
+            residual = self._residuals[key] = np.zeros(value.size, np.float32)
+        return bits | TWO_BIT, quantize_2bit(value, residual, self.params["threshold"]), pack_2bit
+
+
+def frame_layout(request: bool, op: int, n: int) -> tuple[np.dtype, int] | None:
+    """dtype and byte size of the frame of ``n`` elements an entry with ``op`` carries
+    (a request, or a reply); None if they travel in the key's own dtype."""
+    if request and op & TWO_BIT:
+        return np.dtype(np.uint8), packed_nbytes(n)
+    if request and op & FP16:
+        return np.dtype(np.float16), 2 * n
+    if not request and op & HALF_PULL:
+        return np.dtype(np.float16), 2 * n
+    return None
+
+
+def decode_push(op: int, data: np.ndarray, n: int, dtype: Any, params: dict[str, Any] | None) -> np.ndarray:
+    """A compressed push's ``n`` values as a server merges them (``dtype``: the key's merge
+    dtype); ``params``: the servers' compression. A float16 push is merged as it is, after
+    a cast. Raises UnsetError for a 2bit push to servers with no 2bit threshold."""
+    if op & FP16:
+        return data
+    if not params or params["type"] != "2bit":
+        raise UnsetError("a 2bit-compressed push arrived but the servers have no 2bit compression set")
+    return unpack_2bit(data, n, params["threshold"], dtype)

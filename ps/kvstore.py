@@ -11,11 +11,10 @@
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
 import weakref
-from dataclasses import dataclass, replace
-from typing import Any, NamedTuple, Sequence
+from dataclasses import replace
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -25,10 +24,10 @@ from ._timing import Deadline
 from .config import Config
 from .customer import Handle, Request
 from .errors import ClosedError, ConfigError, PSError, PSTimeoutError
-from .keys import Slice
 from .message import Op, Role, dtype_code, namespace_field
 from .postoffice import Postoffice
-from .timeline import Timeline
+from .values import (KeyInfo, KeyTable, RowSparse, dense, int_keyed, is_rows, key_labels, member_ranks, pairs,
+                     receiver, row_sparse, unique_rows)
 from .van import Van
 from .worker import KVWorker
 
@@ -38,40 +37,22 @@ TYPES = ("dist_sync", "dist_async", "dist_sync_device", "dist_device_sync", "dis
 CLOSE_WAIT = 60.0   # seconds close() waits for outstanding requests when PS_REQUEST_TIMEOUT is 0
 
 
+class Recorder(Protocol):
+    """What :meth:`KVStore.record` shows requests on (Horovod's timeline, ``Timeline``): a
+    Protocol, so that the core need not import the Horovod layer for a type."""
+
+    def started(self, key: Any) -> Callable[[], None] | None:
+        """A request on ``key`` left; what to call when its result is in (None: not shown)."""
+
+    def cycle(self) -> None:
+        """Queued requests left together."""
+
+
 class Joined(NamedTuple):
     """What :meth:`KVStore.join` returns."""
 
     last: int                   # the rank of the last worker to join
     skipped: dict[int, int]     # server key -> rounds that closed without this worker
-
-
-@dataclass(frozen=True)
-class KeyInfo:
-    """What every worker records at init: enough to check and route later calls."""
-
-    name: Any
-    key: int
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    dtype_code: int
-    slices: tuple[Slice, ...]
-    row_len: int = 1          # elements per row (slices hold whole rows)
-    label: str = ""           # how messages name it: the caller's key (see init's labels)
-    declared: bool = False    # made by its first push (declare), not by init
-    joinable: bool = False    # its rounds may close without workers that joined (declare, join)
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
-
-
-class RowSparse(NamedTuple):
-    """Some rows of a key's value (MXNet's row_sparse): ``values[i]`` is row ``rows[i]``,
-    ``values.shape == (len(rows),) + shape[1:]``. A push of one sends only these rows; the
-    servers update only them where the optimizer is lazy (MXNet's ``lazy_update``)."""
-
-    rows: np.ndarray
-    values: np.ndarray
 
 
 class KVStore:
@@ -95,13 +76,11 @@ class KVStore:
         self._sync = "async" not in type
         self._po = Postoffice(cfg, van)
         self._worker = KVWorker(self._po)
-        self._keys: dict[Any, KeyInfo] = {}
-        self._key_kind: type | None = None
-        self._compression: dict[str, Any] | None = None
-        self._residuals: dict[int, np.ndarray] = {}
+        self._keys = KeyTable(cfg.num_servers, cfg.bigarray_bound)
+        self._compressor: comp.Compressor | None = None     # set_gradient_compression
         self._closed = False
         self._round = 0
-        self._timeline: Timeline | None = None
+        self._timeline: Recorder | None = None
         try:
             self._po.start({"sync": self._sync})
             if self._po.restarted:
@@ -179,7 +158,7 @@ class KVStore:
     @property
     def key_kind(self) -> type | None:
         """``int`` or ``str`` once a key is initialized (a store never mixes them)."""
-        return self._key_kind
+        return self._keys.kind
 
     def key_info(self, key: Any) -> KeyInfo | None:
         """What init recorded for ``key`` (shape, dtype, placement); None if not initialized."""
@@ -219,51 +198,13 @@ class KVStore:
     def __repr__(self) -> str:
         return f"<ps.KVStore {self._type} rank {self.rank}/{self.num_workers}, {self.num_servers} servers>"
 
-    # -- keys ----------------------------------------------------------------------------
+    # -- operations ----------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("this KVStore is closed")
         if self._po.failure is not None:
             raise self._po.failure
 
-    def _info(self, key: Any) -> KeyInfo:
-        info = self._keys.get(key)
-        if info is None:
-            keys_mod.to_int_key(key)    # a key of a wrong type is named as that, not as missing
-            raise KeyError(f"key {key!r} is not initialized; call kv.init({key!r}, value) first")
-        return info
-
-    def _new_info(self, key: Any, value: np.ndarray, label: str | None = None) -> KeyInfo:
-        label = label or repr(key)
-        kind = str if isinstance(key, str) else int
-        if self._key_kind is not None and kind is not self._key_kind:
-            raise TypeError(f"key {label}: one store cannot mix int and str keys")
-        if key in self._keys:
-            raise ValueError(f"key {label} is already initialized; a key can be initialized only once")
-        int_key = keys_mod.to_int_key(key)
-        self._key_kind = kind
-        row_len = max(1, int(np.prod(value.shape[1:], dtype=np.int64))) if value.ndim >= 2 else 1
-        return KeyInfo(key, int_key, tuple(value.shape), value.dtype, dtype_code(value.dtype),
-                       keys_mod.plan(int_key, value.size, self.num_servers, self._po.config.bigarray_bound, row_len),
-                       row_len, label)
-
-    def _value(self, info: KeyInfo, value: Any, what: str) -> np.ndarray:
-        """One contiguous array for ``info``; a list (one per device) is summed first."""
-        if isinstance(value, (list, tuple)):
-            if not value:
-                raise ValueError(f"{what} key {info.label}: empty list of values")
-            arrays = [self._value(info, v, what) for v in value]
-            return arrays[0] if len(arrays) == 1 else functools.reduce(np.add, arrays)
-        arr = np.asarray(value)
-        if arr.shape != info.shape:
-            raise ValueError(f"{what} key {info.label}: shape {arr.shape} does not match the "
-                             f"initialized shape {info.shape}")
-        if arr.dtype != info.dtype:
-            raise TypeError(f"{what} key {info.label}: dtype {arr.dtype} does not match the "
-                            f"initialized dtype {info.dtype}")
-        return np.ascontiguousarray(arr)
-
-    # -- operations ----------------------------------------------------------------------
     def init(self, key: Any, value: Any, labels: Any = None, members: Sequence[int] | None = None) -> None:
         """Collective: every worker calls it with the same keys; rank 0's value is stored.
 
@@ -277,19 +218,16 @@ class KVStore:
         Raises ValueError for a key initialized twice, RemoteError if a server refuses.
         """
         self._check_open()
-        group = None if members is None else self._members(members)
-        pairs = self._pairs(key, value)
-        labels = [None] * len(pairs) if labels is None else [labels] if isinstance(labels, str) else list(labels)
-        if len(labels) != len(pairs):
-            raise ValueError(f"{len(pairs)} keys but {len(labels)} labels")
+        group = None if members is None else member_ranks(members, self.rank, self.num_workers)
+        named = pairs(key, value)
         infos = []
-        for (k, v), label in zip(pairs, labels):
+        for (k, v), label in zip(named, key_labels(labels, len(named))):
             arr = np.asarray(v[0] if isinstance(v, (list, tuple)) else v)
-            infos.append((self._new_info(k, arr, label), arr))
+            infos.append((self._keys.new(k, arr, label), arr))
         requests = []
         sender = 0 if group is None else group[0]
         for info, arr in infos:
-            self._keys[info.name] = info
+            self._keys.add(info)
         if group is not None and self.rank == sender:
             self._worker.command("set_members", {"keys": [info.key for info, _ in infos], "ranks": group})
         for info, arr in infos:
@@ -320,8 +258,7 @@ class KVStore:
         self._check_open()
         value = np.broadcast_to(np.zeros((), np.dtype(dtype)), tuple(int(d) for d in shape))    # no memory
         dtype_code(value.dtype)                 # an unsupported dtype is named now
-        info = self._new_info(key, value)
-        self._keys[info.name] = replace(info, declared=True, joinable=bool(joinable))
+        self._keys.add(replace(self._keys.new(key, value), declared=True, joinable=bool(joinable)))
 
     def join(self, timeout: float | None = None) -> Joined:
         """Horovod's ``join``, for uneven data: this worker has no more pushes until every
@@ -347,17 +284,6 @@ class KVStore:
         self._po.barrier("workers", what="every worker to leave the join (kv.join)")
         return Joined(int(answers[min(answers)]["last"]), skipped)
 
-    def _members(self, members: Sequence[int]) -> list[int]:
-        """``members`` checked: ranks of this job, this one among them; sorted, once each."""
-        ranks = sorted({int(r) for r in members})
-        bad = [r for r in ranks if not 0 <= r < self.num_workers]
-        if not ranks or bad:
-            raise ValueError(f"members {list(members)!r}: not a non-empty list of ranks of this job's "
-                             f"{self.num_workers} workers")
-        if self.rank not in ranks:
-            raise ValueError(f"rank {self.rank} is not one of the members {ranks} it initializes keys for")
-        return ranks
-
     def push(self, key: Any, value: Any, priority: int = 0, block: bool = False) -> Handle | None:
         """Send a gradient (summed over a list); returns a Handle (``block=True`` waits).
 
@@ -365,15 +291,15 @@ class KVStore:
         """
         self._check_open()
         handles = []
-        for k, v in self._pairs(key, value):
-            info = self._info(k)
+        for k, v in pairs(key, value):
+            info = self._keys.info(k)
             what = f"push to key {info.label}"
-            if _is_rows(v):
-                rows, values = self._rows_value(info, v)
+            if is_rows(v):
+                rows, values = row_sparse(info, v)
                 handles.append(self._worker.request_rows(Op.PUSH, info.key, info.slices, info.dtype_code,
                                                          info.row_len, rows, values, None, what, priority))
                 continue
-            flat = self._value(info, v, "push to").reshape(-1)
+            flat = dense(info, v, "push to").reshape(-1)
             handles.append(self._request(Op.PUSH, info, flat, None, what, priority))
         return self._finish(handles, lambda: None, block, key)
 
@@ -382,8 +308,8 @@ class KVStore:
         those rows, each once and in increasing order, as MXNet's ``row_sparse_pull``
         (after this worker's earlier pushes to the key). Only those rows travel."""
         self._check_open()
-        info = self._info(key)
-        rows = self._row_ids(info, row_ids)
+        info = self._keys.info(key)
+        rows = unique_rows(info, row_ids)
         values = np.empty((rows.size,) + info.shape[1:], info.dtype)
         requests = []
         if rows.size:
@@ -391,51 +317,6 @@ class KVStore:
                                                       rows, None, values.reshape(-1), f"row_sparse_pull of key {info.label}",
                                                       priority))
         return self._finish(requests, lambda: RowSparse(rows, values), block)
-
-    def _row_ids(self, info: KeyInfo, row_ids: Any) -> np.ndarray:
-        """Sorted distinct int64 row ids, checked against the key's rows."""
-        return np.unique(self._check_rows(info, np.asarray(row_ids).reshape(-1)))
-
-    def _rows_value(self, info: KeyInfo, value: Any) -> tuple[np.ndarray, np.ndarray]:
-        """The rows of a RowSparse push (a list is summed), sorted, each once, values 2-D."""
-        parts = list(value) if isinstance(value, (list, tuple)) and not isinstance(value, RowSparse) else [value]
-        all_rows, all_values = [], []
-        for part in parts:
-            rows = np.asarray(part.rows).reshape(-1)
-            values = np.asarray(part.values)
-            if values.shape != (rows.size,) + info.shape[1:]:
-                raise ValueError(f"push to key {info.label}: {rows.size} rows need values of shape "
-                                 f"{(rows.size,) + info.shape[1:]}, got {values.shape}")
-            if values.dtype != info.dtype:
-                raise TypeError(f"push to key {info.label}: dtype {values.dtype} does not match the "
-                                f"initialized dtype {info.dtype}")
-            all_rows.append(self._check_rows(info, rows))
-            all_values.append(values.reshape(rows.size, info.row_len))
-        rows, values = np.concatenate(all_rows), np.concatenate(all_values)
-        unique, inverse = np.unique(rows, return_inverse=True)
-        if unique.size == rows.size:
-            order = np.argsort(rows, kind="stable")
-            return rows[order], np.ascontiguousarray(values[order])
-        summed = np.zeros((unique.size, info.row_len), info.dtype)
-        np.add.at(summed, inverse.reshape(-1), values)
-        return unique, summed
-
-    @staticmethod
-    def _check_rows(info: KeyInfo, rows: np.ndarray) -> np.ndarray:
-        """int64 row ids (MXNet passes them as floats), each a row of the key."""
-        if not info.shape:
-            raise ValueError(f"key {info.label} is a scalar: it has no rows")
-        if rows.size and not np.issubdtype(rows.dtype, np.integer):
-            as_int = rows.astype(np.int64)
-            if not np.array_equal(as_int, rows):
-                raise ValueError(f"row ids of key {info.label} must be whole numbers, got {rows[as_int != rows][:3]}")
-            rows = as_int
-        rows = rows.astype(np.int64, copy=False)
-        if rows.size and (rows.min() < 0 or rows.max() >= info.shape[0]):
-            bad = rows.min() if rows.min() < 0 else rows.max()
-            raise ValueError(f"row id {bad} is out of range for key {info.label} of shape {info.shape}")
-        return rows
-
 
     def pull(self, key: Any, out: Any = None, priority: int = 0, block: bool = True,
              ignore_sparse: bool = True) -> Any:
@@ -462,9 +343,9 @@ class KVStore:
             raise ValueError(f"{len(names)} keys but {len(values)} values / {len(outs)} outputs")
         handles, finals = [], []
         for k, v, o in zip(names, values, outs):
-            info = self._info(k)
-            flat = None if v is None else self._value(info, v, "pushpull to").reshape(-1)
-            recv, final = self._receiver(info, o)
+            info = self._keys.info(k)
+            flat = None if v is None else dense(info, v, "pushpull to").reshape(-1)
+            recv, final = receiver(info, o)
             what = f"{'pushpull' if op & Op.PUSH else 'pull'} of key {info.label}"
             handles.append(self._request(op, info, flat, recv.reshape(-1), what, priority))
             finals.append(final)
@@ -472,41 +353,12 @@ class KVStore:
             return self._finish(handles, lambda: [f() for f in finals], block, key)
         return self._finish(handles, finals[0], block, key)
 
-    def _receiver(self, info: KeyInfo, out: Any) -> tuple[np.ndarray, Any]:
-        """An array replies can be written into, and what to return once they are."""
-        if out is None:
-            arr = np.empty(info.shape, info.dtype)
-            return arr, lambda: arr
-        targets = list(out) if isinstance(out, (list, tuple)) else [out]
-        for t in targets:
-            if not isinstance(t, np.ndarray) or t.shape != info.shape:
-                raise ValueError(f"out for key {info.label} must be a numpy array of shape {info.shape}, "
-                                 f"got {getattr(t, 'shape', type(t).__name__)}")
-        first = targets[0]
-        direct = first.dtype == info.dtype and first.flags.c_contiguous and first.flags.writeable
-        recv = first if direct else np.empty(info.shape, info.dtype)
-
-        def final() -> Any:
-            for t in targets:
-                if t is not recv:
-                    np.copyto(t, recv, casting="unsafe")
-            return out
-        return recv, final
-
     def _request(self, op: int, info: KeyInfo, value: np.ndarray | None, out: np.ndarray | None,
                  what: str, priority: int = 0) -> Request:
         encode = None
-        if value is not None and op & Op.PUSH and self._compression and info.dtype == np.float32:
-            if self._compression["type"] == "2bit":
-                residual = self._residuals.get(info.key)
-                if residual is None:
-                    residual = self._residuals[info.key] = np.zeros(info.size, np.float32)
-                value = comp.quantize_2bit(value, residual, self._compression["threshold"])
-                op, encode = op | Op.TWO_BIT, comp.pack_2bit
-            else:
-                op, value = op | Op.FP16, value.astype(np.float16)
-        if op & Op.PULL and self._compression and self._compression.get("pull") and info.dtype == np.float32:
-            op |= Op.HALF_PULL
+        if self._compressor is not None and info.dtype == np.float32:
+            bits, value, encode = self._compressor.wire(info.key, value, bool(op & Op.PUSH), bool(op & Op.PULL))
+            op |= bits
         if info.declared and op & Op.PUSH:
             op |= Op.CREATE | (Op.JOINABLE if info.joinable else 0)
         return self._worker.request(op, info.key, info.slices, info.dtype_code, value, out, what, encode, priority)
@@ -527,19 +379,11 @@ class KVStore:
         self._worker.flush()
         return handle.wait()
 
-    def record(self, timeline: Timeline | None) -> None:
-        """Show this worker's requests on ``timeline`` (``ps.timeline``: Horovod's timeline);
-        None stops. The caller closes the timeline."""
+    def record(self, timeline: Recorder | None) -> None:
+        """Show this worker's requests on ``timeline`` (a :class:`Recorder`: Horovod's
+        timeline); None stops. The caller closes the timeline."""
         self._timeline = timeline
         self._worker.on_flush = None if timeline is None else timeline.cycle
-
-    @staticmethod
-    def _pairs(key: Any, value: Any) -> list[tuple[Any, Any]]:
-        if isinstance(key, (list, tuple)):
-            if not isinstance(value, (list, tuple)) or len(value) != len(key):
-                raise ValueError(f"{len(key)} keys need a list of {len(key)} values")
-            return list(zip(key, value))
-        return [(key, value)]
 
     # -- cluster-wide --------------------------------------------------------------------
     def set_optimizer(self, optimizer: Any, namespace: int = 0) -> None:
@@ -550,7 +394,7 @@ class KVStore:
         """
         self._check_open()
         spec = optimizer.to_spec() if hasattr(optimizer, "to_spec") else dict(optimizer)
-        spec = _int_keyed(spec)
+        spec = int_keyed(spec)
         if self.rank == 0:
             self._worker.command("set_optimizer", {"spec": spec, **namespace_field(namespace)})
         self._po.barrier("workers", what="every worker to set the optimizer")
@@ -568,7 +412,7 @@ class KVStore:
         the store's own: two MXNet Trainers in one process (a GAN) each have theirs. Every
         worker may call it (it is idempotent); it returns when every server knows."""
         self._check_open()
-        ints = [self._info(k).key for k in (keys if isinstance(keys, (list, tuple)) else [keys])]
+        ints = [self._keys.info(k).key for k in (keys if isinstance(keys, (list, tuple)) else [keys])]
         self._worker.command("set_namespace", {"keys": ints, **namespace_field(namespace)})
 
     def set_gradient_compression(self, params: dict[str, Any]) -> None:
@@ -580,8 +424,7 @@ class KVStore:
         if self.rank == 0:
             self._worker.command("set_compression", {"params": parsed})
         self._po.barrier("workers", what="every worker to set gradient compression")
-        self._compression = parsed
-        self._residuals = {}
+        self._compressor = comp.Compressor(parsed)
 
     def server_command(self, cmd: str, payload: dict[str, Any] | None = None,
                        servers: list[int] | None = None, namespace: int = 0) -> dict[int, Any]:
@@ -624,17 +467,3 @@ class KVStore:
             self._po.announce_close()
             self._po.close(linger=1.0)
 
-
-def _int_keyed(spec: dict[str, Any]) -> dict[str, Any]:
-    """Per-key multipliers travel under the servers' int keys (str keys are hashed)."""
-    params = dict(spec.get("params", {}))
-    for name in ("lr_mult", "wd_mult"):
-        if params.get(name):
-            params[name] = {keys_mod.to_int_key(k): v for k, v in params[name].items()}
-    return {**spec, "params": params}
-
-
-def _is_rows(value: Any) -> bool:
-    if isinstance(value, RowSparse):
-        return True
-    return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(v, RowSparse) for v in value)

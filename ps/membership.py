@@ -9,7 +9,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .message import Node, Role
+from . import ring
+from .message import Node, Role, node_name
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,52 @@ class Member:
 
     def node(self, node_id: int) -> Node:
         return Node(node_id, self.role, self.rank, self.host, self.port, self.addr, self.local)
+
+    def describe(self, node_id: int) -> str:
+        """How messages name it: ``worker 1 (W[11] at 10.0.0.2:9001)``."""
+        return f"{self.role.name.lower()} {self.rank} ({node_name(node_id)} at {self.host}:{self.port})"
+
+
+def unrecoverable(node_id: int, nodes: dict[int, Member], recovering: dict[int, Recovery], restarts: int,
+                  limit: int, num_servers: int, order: list[int]) -> str | None:
+    """Why the death of ``node_id`` cannot be recovered from (PS_MAX_RESTARTS ``limit``,
+    ``restarts`` used, ``recovering`` awaited, the replica ring's ``order``); None if it can."""
+    node = nodes[node_id]
+    awaited = sum(1 for rec in recovering.values() if not rec.replaced)
+    if restarts + awaited >= limit:
+        return f"the job has used all of its {limit} restart(s) (PS_MAX_RESTARTS / --max-restarts)"
+    if node.role == Role.SERVER and num_servers < 2:
+        return ("with one server there is no replica of its state to recover from "
+                "(server recovery needs DMLC_NUM_SERVER >= 2)")
+    if node.role != Role.SERVER:
+        return None     # workers hold no state: any number may be down, with servers too
+    # Each server keeps the only copy of the one before it in the ring (ps/ring.py): two
+    # neighbours down at once leave one of them without a copy. Servers further apart
+    # recover together, so a machine can die with all of its servers (the ring puts
+    # neighbours on different hosts wherever it can).
+    near = ring.neighbours(order, node.rank)
+    lost = [i for i in recovering if nodes[i].role == Role.SERVER and nodes[i].rank in near]
+    if lost:
+        others = ", ".join(nodes[i].describe(i) for i in lost)
+        return (f"it failed while {others}, its neighbour in the replica ring, was still recovering: "
+                f"each server keeps the only copy of the one before it, so one of the two has no copy left")
+    return None
+
+
+def head_count(nodes: list[Member], num_workers: int, num_servers: int) -> str:
+    """How far a job is from complete, as its messages say it."""
+    w = sum(1 for n in nodes if n.role == Role.WORKER)
+    s = sum(1 for n in nodes if n.role == Role.SERVER)
+    return f"have {w}/{num_workers} workers, {s}/{num_servers} servers"
+
+
+def restart_place(info: Member, free: list[int], nodes: dict[int, Member]) -> int:
+    """Which of the ``free`` places (dead nodes of its role) a registering restart takes: the
+    rank it asks for (DMLC_RANK: the launcher's restart of that rank, wherever it now runs),
+    else one that died on its host, else any."""
+    hinted = [i for i in free if info.rank_hint is not None and nodes[i].rank == info.rank_hint]
+    same_host = [i for i in free if nodes[i].hostname == info.hostname]
+    return (hinted or same_host or free)[0]
 
 
 def placement_warning(nodes: list[Member]) -> str | None:

@@ -28,6 +28,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import msgpack
 import numpy as np
 
+from . import compression
 from .errors import ProtocolError
 from .pslite import native_node
 
@@ -78,10 +79,10 @@ class Op:
     PUSH = 1
     PULL = 2
     INIT = 4
-    TWO_BIT = 8     # push values travel 2-bit packed (ps/compression.py)
-    FP16 = 16       # push values travel as float16, the key keeps its dtype
+    TWO_BIT = compression.TWO_BIT       # 8: push values travel 2-bit packed (ps/compression.py)
+    FP16 = compression.FP16             # 16: push values travel as float16, the key keeps its dtype
     ROWS = 32       # whole rows: row ids travel with the values (row_sparse push / pull)
-    HALF_PULL = 64  # the pulled values travel as float16 (fp16 compression), the key keeps its dtype
+    HALF_PULL = compression.HALF_PULL   # 64: the pulled values travel as float16 (fp16 compression)
     STREAM = 128    # a pushpull across a network: answer each chunk as soon as it is summed (Store._stream)
     CREATE = 256    # a push that makes its key, zeros, if the server has none (KVStore.declare)
     JOINABLE = 512  # a push whose round may close without joined workers, their share zero (KVStore.join)
@@ -90,6 +91,7 @@ class Op:
 DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (
     "<f4", "<f8", "<f2", "<i4", "<i8", "|u1", "|i1", "<i2"))
 DTYPE_CODE = {dt: i for i, dt in enumerate(DTYPES)}
+_WIRE_BITS = compression.WIRE_BITS
 
 
 class Entry(NamedTuple):
@@ -321,13 +323,11 @@ def decode(frames: Sequence[Any], route: bytes | None = None) -> Message:
 
 
 def _frame_layout(request: bool, op: int, code: int, n: int) -> tuple[np.dtype, int]:
-    """dtype and byte size of an entry's frame (compressed pushes differ from the key's)."""
-    if request and op & Op.TWO_BIT:
-        return np.dtype(np.uint8), 4 * ((n + 15) // 16)
-    if request and op & Op.FP16:
-        return np.dtype(np.float16), 2 * n
-    if not request and op & Op.HALF_PULL:
-        return np.dtype(np.float16), 2 * n
+    """dtype and byte size of an entry's frame (compressed values differ from the key's)."""
+    if op & _WIRE_BITS:
+        layout = compression.frame_layout(request, op, n)
+        if layout is not None:
+            return layout
     dtype = DTYPES[code]
     return dtype, n * dtype.itemsize
 

@@ -11,11 +11,14 @@ import threading
 import time
 from typing import Any, Callable
 
-from . import netutil, ring
+from . import netutil
 from ._timing import DISCONNECT_GRACE, PauseWatch
 from .config import Config
-from .membership import Awaited, Barrier, Member, Parked, Recovery, Replay, assign_ranks, placement_warning
-from .message import Command, Message, Role, node_name, server_id, worker_id
+from .barriers import GROUPS, Barriers
+from .formation import Formation
+from .membership import (Awaited, Member, Parked, Recovery, head_count, placement_warning, restart_place,
+                         unrecoverable)
+from .message import Command, Message, Role, node_name
 from .van import Van, for_config, with_resend
 
 logger = logging.getLogger(__name__)
@@ -26,8 +29,6 @@ TICK = 0.2      # s between two checks of silences, barriers and recoveries
 ACK_WAIT = 5.0
 
 SCHEDULER = 1
-GROUPS = {"all": (Role.SERVER, Role.WORKER), "workers": (Role.WORKER,), "servers": (Role.SERVER,)}
-PENDING_WATCH_IDS = 1 << 24   # watch ids of registered nodes before formation (node ids are small)
 TERMINATE_GRACE = 10.0   # seconds servers get to acknowledge the end of the job
 
 
@@ -45,26 +46,21 @@ class Scheduler:
         self.port = 0
         self._lock = threading.RLock()
         self._done = threading.Event()
-        self._pending: list[Member] = []         # registrations before formation
-        self._pending_watches = itertools.count(PENDING_WATCH_IDS)
-        self._dropped: list[str] = []            # registered, then dropped before formation: for the timeout error
-        self._carried: dict[int, int] = {}       # watch id before formation -> node id, until its own watch connects
+        self._formation = Formation(config, self.van, clock, self._reply, self._on_pending_connection)
         self._nodes: dict[int, Member] = {}      # id -> node after formation
-        self._barriers: dict[str, Barrier] = {}
         self._closed_workers: set[int] = set()
+        self._barriers = Barriers(clock, config.stall_warning, self._members, self._closed_workers, self._describe,
+                                  self._send_to)
         self._terminated: set[int] = set()
         self._terminate_sent_at: float | None = None
         self._sync: bool | None = None
         self._ring: list[int] = []                  # server ranks, each keeping the replica of the one before
-        self._started_at = clock()
         self._formed_at: float | None = None
         self._down_since: dict[int, float] = {}    # node id -> when its connection dropped
         self._recovering: dict[int, Recovery] = {}  # node id -> its awaited restart
         self.restarts = 0                           # restarted nodes that registered
         self._deaths = itertools.count(1)           # numbers each declared death (Recovery.death)
         self._fenced_routes: set[bytes | None] = set()  # processes told they no longer belong to the job
-        self._passed: dict[int, dict[str, int]] = {}  # node id -> group -> barriers it passed
-        self._replays: dict[int, Replay] = {}       # restarted nodes still replaying barriers
 
     def __enter__(self) -> "Scheduler":
         return self
@@ -78,7 +74,7 @@ class Scheduler:
         host = netutil.resolve(cfg.root_uri)
         address = self.van.start(self._on_message, host, cfg.root_port or 0, name="scheduler")
         self.port = int(address.rsplit(":", 1)[1])
-        self._started_at = self.clock()
+        self._formation.begin()
         logger.info("scheduler listening on %s, expecting %d servers and %d workers",
                     address, cfg.num_servers, cfg.num_workers)
         return self.port
@@ -118,24 +114,17 @@ class Scheduler:
         cfg, now = self.config, self.clock()
         with self._lock:
             if self._formed_at is None:
-                dead = [n for n in self._pending if self._pending_dead(n, DISCONNECT_GRACE)]
-                for n in dead:
-                    how = "closed its connection" if n.reached else "refused connections"
-                    logger.warning("scheduler: the %s that registered from %s %s and did not come back within "
-                                   "%gs; the cluster waits for another", n.role.name.lower(), n.addr, how,
-                                   DISCONNECT_GRACE)
-                    self._dropped.append(f"the {n.role.name.lower()} from {n.addr} ({how})")
-                self._drop_pending(dead)
-                if now - self._started_at > cfg.connect_timeout:
-                    self._abort(f"the cluster did not form within {cfg.connect_timeout:g}s "
-                                f"(PS_CONNECT_TIMEOUT): {self._have()}{self._pending_trouble()}")
+                self._formation.drop_dead()
+                late = self._formation.late(now)
+                if late is not None:
+                    self._abort(late)
                 return
             if self._terminate_sent_at is not None and now - self._terminate_sent_at > TERMINATE_GRACE:
                 missing = [node_name(i) for i in self._server_ids() if i not in self._terminated]
                 logger.warning("servers %s did not acknowledge the end of the job", ", ".join(missing))
                 self._finish(0)
                 return
-            self._warn_stalled_barriers(now)
+            self._barriers.warn_stalled(now)
             for node_id, rec in list(self._recovering.items()):
                 if rec.parked is not None and now - rec.parked.since > ACK_WAIT:
                     self._admit_if_acked(node_id, force=True)
@@ -164,73 +153,16 @@ class Scheduler:
                     return
 
     # -- registered nodes before formation -------------------------------------------------
-    def _watch_pending(self, info: Member) -> None:
-        """A node that registers and dies before the cluster forms must not be formed into it:
-        its restart would be refused as one node too many, and the job would start with a corpse."""
-        info.registered_at = self.clock()
-        if info.addr.startswith(("tcp://", "ipc://")):
-            info.watch_id = next(self._pending_watches)
-            self.van.watch(info.watch_id, info.addr, self._on_pending_connection)
-
     def _on_pending_connection(self, watch_id: int, connected: bool) -> None:
         with self._lock:
-            if self._formed_at is not None:
-                # kept past formation until the node's own watch connects: a node that dies
-                # at formation never lets that one connect, so only this one can tell
-                node_id = None if connected else self._carried.pop(watch_id, None)
-                if node_id is not None:
-                    self.van.unwatch(watch_id)      # done: a later owner of the port is not this node
-                    self._on_connection(node_id, False)
+            if self._formed_at is None:
+                self._formation.connection(watch_id, connected)
+                if connected:
+                    self._maybe_form()      # it was the one formation waited for
                 return
-            for n in self._pending:
-                if n.watch_id == watch_id:
-                    n.reached = n.reached or connected
-                    n.down_since = None if connected else (n.down_since or self.clock())
-            if connected:
-                self._maybe_form()      # it was the one formation waited for
-
-    def _pending_dead(self, n: Member, grace: float, unreached: float | None = None) -> bool:
-        """Its connection down (closed, or refused: its port is closed) for ``grace`` s; or,
-        given ``unreached``, no answer to the watch that long after it registered."""
-        now = self.clock()
-        if n.down_since is not None:
-            return now - n.down_since >= grace
-        return unreached is not None and n.watch_id > 0 and not n.reached and now - n.registered_at >= unreached
-
-    def _replace_pending(self, info: Member, places: int) -> None:
-        """Give up to ``places`` places of ``info``'s role to it: first those of nodes whose
-        connection closed, then of nodes the scheduler never reached 1 s after they
-        registered (oldest first). Only as many as it needs: one never reached may be alive
-        behind a firewall, so it is told (ABORT) rather than left to wait for a table."""
-        role = info.role.name.lower()
-        dead = sorted((n for n in self._pending if n.role == info.role
-                       and self._pending_dead(n, 0.0, unreached=1.0)),
-                      key=lambda n: (n.down_since is None, n.registered_at))[:places]
-        for n in dead:
-            how = ("closed its connection" if n.reached else "refused connections (its port is closed)") \
-                if n.down_since is not None else "could not be reached (its connection never opened)"
-            logger.warning("scheduler: the %s that registered from %s %s before the cluster formed; the %s "
-                           "registering from %s takes its place", role, n.addr, how, role, info.addr)
-            self._dropped.append(f"the {role} from {n.addr} ({how})")
-            self._reply(n.route, Command.ABORT, {
-                "reason": f"this {role} ({n.addr}) {how} as seen from the scheduler, and the {role} "
-                          f"registering from {info.addr} took its place"})
-        self._drop_pending(dead)
-
-    def _pending_trouble(self) -> str:
-        """For the formation timeout: who is down, and who was dropped, not only the counts."""
-        now = self.clock()
-        down = [f"the {n.role.name.lower()} from {n.addr} for {now - n.down_since:.0f}s"
-                for n in self._pending if n.down_since is not None]
-        return "".join([f"; connection down: {', '.join(down)}" if down else "",
-                        f"; dropped before formation: {', '.join(self._dropped)}" if self._dropped else ""])
-
-    def _drop_pending(self, members: list[Member]) -> None:
-        gone = {id(n) for n in members}
-        self._pending = [n for n in self._pending if id(n) not in gone]
-        for n in members:
-            if n.watch_id:
-                self.van.unwatch(n.watch_id)
+            node_id = self._formation.watch_after(watch_id, connected)
+            if node_id is not None:
+                self._on_connection(node_id, False)
 
     def _gone(self, node_id: int) -> bool:
         """Left on purpose: a closed worker or a server that acknowledged TERMINATE."""
@@ -240,9 +172,7 @@ class Scheduler:
         with self._lock:
             if connected:
                 self._down_since.pop(node_id, None)
-                for watch_id in [w for w, n in self._carried.items() if n == node_id]:
-                    del self._carried[watch_id]
-                    self.van.unwatch(watch_id)
+                self._formation.handed_over(node_id)
             elif not self._gone(node_id) and self._reachable(node_id):
                 self._down_since.setdefault(node_id, self.clock())
 
@@ -257,14 +187,11 @@ class Scheduler:
                                            f"for {waited:.1f}s (PS_RESEND); presumed dead")
 
     def _have(self) -> str:
-        nodes = self._pending if self._formed_at is None else list(self._nodes.values())
-        w = sum(1 for n in nodes if n.role == Role.WORKER)
-        s = sum(1 for n in nodes if n.role == Role.SERVER)
-        return f"have {w}/{self.config.num_workers} workers, {s}/{self.config.num_servers} servers"
+        """Who the formed cluster has, for messages (before, the Formation says it)."""
+        return head_count(list(self._nodes.values()), self.config.num_workers, self.config.num_servers)
 
     def _describe(self, node_id: int) -> str:
-        node = self._nodes[node_id]
-        return f"{node.role.name.lower()} {node.rank} ({node_name(node_id)} at {node.host}:{node.port})"
+        return self._nodes[node_id].describe(node_id)
 
     # -- messages ------------------------------------------------------------------------
     def _on_message(self, msg: Message) -> None:
@@ -323,45 +250,20 @@ class Scheduler:
                 "reason": f"the cluster is already complete ({self._have()}); a {role} "
                           f"at {info.host}:{info.port} tried to join late"})
             return
-        self._drop_pending([n for n in self._pending if n.addr == info.addr])   # re-registration
-        expected = self.config.num_servers if info.role == Role.SERVER else self.config.num_workers
-        have = sum(1 for n in self._pending if n.role == info.role)
-        if have >= expected:
-            # one that registered earlier and died: this is its restart (or its replacement)
-            self._replace_pending(info, have - expected + 1)
-        if sum(1 for n in self._pending if n.role == info.role) >= expected:
-            self._reply(msg.route, Command.ABORT, {
-                "reason": f"too many {role}s: the job expects {expected} "
-                          f"(DMLC_NUM_{'SERVER' if info.role == Role.SERVER else 'WORKER'})"})
-            return
-        self._pending.append(info)
-        self._watch_pending(info)
-        self._reply(msg.route, Command.ADD_NODE, {"have": self._have()})
-        if self.config.verbose:
-            logger.info("scheduler: %s registered from %s (%s)", role, info.addr, self._have())
-        self._maybe_form()
+        if self._formation.register(info):
+            self._maybe_form()
 
     def _maybe_form(self) -> None:
-        """Form once every node registered and none of them has its connection down (a node
-        that died after registering is dropped by _tick, or replaced by its restart)."""
-        if self._formed_at is None and not self._done.is_set() and len(self._pending) == self.config.num_servers + self.config.num_workers \
-                and all(n.down_since is None for n in self._pending):
+        if self._formed_at is None and not self._done.is_set() and self._formation.complete():
             self._form()
 
     def _form(self) -> None:
-        syncs = {n.sync for n in self._pending if n.role == Role.WORKER}
-        if len(syncs) > 1:
-            self._abort("workers disagree on the kvstore type: some asked for dist_sync, others for "
-                        "dist_async; every worker must create the same type")
-            return
-        self._sync = syncs.pop() if syncs else True
         now = self.clock()
-        for role, to_id in ((Role.SERVER, server_id), (Role.WORKER, worker_id)):
-            members = [n for n in self._pending if n.role == role]
-            for rank, info in enumerate(assign_ranks(members)):
-                info.rank, info.last_seen = rank, now
-                self._nodes[to_id(rank)] = info
-        self._ring = ring.order([self._nodes[server_id(r)].host for r in range(self.config.num_servers)])
+        formed = self._formation.form(now)
+        if isinstance(formed, str):
+            self._abort(formed)
+            return
+        self._nodes, self._sync, self._ring = formed.nodes, formed.sync, formed.ring
         warning = placement_warning(list(self._nodes.values()))
         if warning:
             logger.warning("scheduler: %s", warning)
@@ -370,11 +272,9 @@ class Scheduler:
             self._send_to(node_id, Command.NODE_TABLE, {**table, "you": node_id})
             if info.addr.startswith(("tcp://", "ipc://")):
                 self.van.watch(node_id, info.addr, self._on_connection)
-        self._carried = {n.watch_id: i for i, n in self._nodes.items() if n.watch_id}
-        self._pending = []
         self._formed_at = now
         logger.info("scheduler: cluster formed in %.2fs: %d servers, %d workers (%s)",
-                    now - self._started_at, self.config.num_servers, self.config.num_workers,
+                    now - self._formation.started_at, self.config.num_servers, self.config.num_workers,
                     "dist_sync" if self._sync else "dist_async")
 
     def _table(self) -> dict[str, Any]:
@@ -387,59 +287,7 @@ class Scheduler:
         if group not in GROUPS or msg.sender not in self._nodes:
             self._reply(msg.route, Command.BARRIER, {"group": group, "error": f"bad barrier request {msg.body!r}"})
             return
-        replay = self._replays.get(msg.sender)
-        if replay is not None and replay.done.get(group, 0) < replay.passed.get(group, 0):
-            replay.done[group] = replay.done.get(group, 0) + 1
-            self._send_to(msg.sender, Command.BARRIER, {"group": group, "error": None})
-            return
-        barrier = self._barriers.get(group)
-        if barrier is None:
-            barrier = self._barriers[group] = Barrier(self.clock(), set())
-        barrier.arrived.add(msg.sender)
-        self._check_barrier(group)
-
-    def _check_barrier(self, group: str) -> None:
-        barrier = self._barriers.get(group)
-        if barrier is None:
-            return
-        arrived = barrier.arrived
-        members = self._members(group)
-        gone = [i for i in members if i in self._closed_workers and i not in arrived]
-        if gone:
-            error = (f"barrier '{group}' can never complete: "
-                     f"{', '.join(self._describe(i) for i in gone)} already closed its store")
-        elif arrived >= set(members):
-            error = None
-        else:
-            return
-        for node_id in arrived:
-            if barrier.warned and error is None:      # it named this barrier to them: no longer
-                self._send_to(node_id, Command.STALL, {"text": f"scheduler: barrier '{group}' went on", "over": True})
-            self._send_to(node_id, Command.BARRIER, {"group": group, "error": error})
-            if error is None:
-                passed = self._passed.setdefault(node_id, {})
-                passed[group] = passed.get(group, 0) + 1
-        del self._barriers[group]
-        if barrier.warned and error is None:
-            logger.warning("scheduler: the stalled barrier '%s' went on after %.0fs", group,
-                           self.clock() - barrier.since)
-
-    def _warn_stalled_barriers(self, now: float) -> None:
-        """PS_STALL_WARNING: name, once, whom a barrier has waited for too long, here and to
-        the nodes that wait in it."""
-        after = self.config.stall_warning
-        for group, barrier in self._barriers.items():
-            if barrier.warned or not after or now - barrier.since < after:
-                continue
-            barrier.warned = True
-            missing = [i for i in self._members(group) if i not in barrier.arrived]
-            text = (f"barrier '{group}' has waited {now - barrier.since:.0f}s for "
-                    f"{', '.join(self._describe(i) for i in missing)}; "
-                    f"{len(barrier.arrived)} of {len(missing) + len(barrier.arrived)} arrived "
-                    f"(PS_STALL_WARNING={after:g}s)")
-            logger.warning("scheduler: %s", text)
-            for node_id in barrier.arrived:
-                self._send_to(node_id, Command.STALL, {"text": f"scheduler: {text}"})
+        self._barriers.arrive(msg.sender, group)
 
     def _members(self, group: str) -> list[int]:
         return [i for i, n in self._nodes.items() if n.role in GROUPS[group]]
@@ -459,8 +307,7 @@ class Scheduler:
         rank = self._nodes[msg.sender].rank
         for sid in self._server_ids():
             self._send_to(sid, Command.WORKER_CLOSED, {"rank": rank, "id": msg.sender})
-        for group in list(self._barriers):
-            self._check_barrier(group)
+        self._barriers.check_all()
         if len(self._closed_workers) == self.config.num_workers:
             logger.info("scheduler: every worker closed; stopping the servers")
             self._terminate_sent_at = self.clock()
@@ -489,7 +336,8 @@ class Scheduler:
             self._server_ended(node_id)
             return
         if not final and self.config.max_restarts:
-            why_not = self._why_not_recoverable(node_id)
+            why_not = unrecoverable(node_id, self._nodes, self._recovering, self.restarts, self.config.max_restarts,
+                                    self.config.num_servers, self._ring)
             if why_not is None:
                 self._node_down(node_id, reason)
                 return
@@ -502,37 +350,11 @@ class Scheduler:
         self._finish(1, reason)
 
     # -- restarts (PS_MAX_RESTARTS) ---------------------------------------------------------
-    def _why_not_recoverable(self, node_id: int) -> str | None:
-        limit = self.config.max_restarts
-        node = self._nodes[node_id]
-        awaited = sum(1 for rec in self._recovering.values() if not rec.replaced)
-        if self.restarts + awaited >= limit:
-            return f"the job has used all of its {limit} restart(s) (PS_MAX_RESTARTS / --max-restarts)"
-        if node.role == Role.SERVER and self.config.num_servers < 2:
-            return ("with one server there is no replica of its state to recover from "
-                    "(server recovery needs DMLC_NUM_SERVER >= 2)")
-        if node.role != Role.SERVER:
-            return None     # workers hold no state: any number may be down, with servers too
-        # Each server keeps the only copy of the one before it in the ring (ps/ring.py): two
-        # neighbours down at once leave one of them without a copy. Servers further apart
-        # recover together, so a machine can die with all of its servers (the ring puts
-        # neighbours on different hosts wherever it can).
-        near = ring.neighbours(self._ring, node.rank)
-        lost = [i for i in self._recovering if self._nodes[i].role == Role.SERVER and self._nodes[i].rank in near]
-        if lost:
-            others = ", ".join(self._describe(i) for i in lost)
-            return (f"it failed while {others}, its neighbour in the replica ring, was still recovering: "
-                    f"each server keeps the only copy of the one before it, so one of the two has no copy left")
-        return None
-
     def _node_down(self, node_id: int, reason: str) -> None:
         """A node died and may come back: everyone else waits for it instead of failing."""
         node = self._nodes[node_id]
         self._recovering[node_id] = Recovery(self.clock(), reason, death=next(self._deaths))
-        for barrier in self._barriers.values():
-            # its restart asks again (answered at once if its dead self passed the barrier):
-            # completed on the dead arrival, the answer would reach a restart not yet waiting
-            barrier.arrived.discard(node_id)
+        self._barriers.died(node_id)
         self._down_since.pop(node_id, None)
         if node.route is not None:
             self.van.forget(node.route)
@@ -610,11 +432,7 @@ class Scheduler:
                 "reason": f"the cluster is already complete ({self._have()}) and no {role} is awaiting "
                           f"its restart; a {role} at {info.host}:{info.port} tried to join late"})
             return
-        # the rank it asks for (DMLC_RANK: the launcher's restart of that rank, wherever it now
-        # runs), else one that died on its host, else any
-        hinted = [i for i in free if info.rank_hint is not None and self._nodes[i].rank == info.rank_hint]
-        same_host = [i for i in free if self._nodes[i].hostname == info.hostname]
-        node_id = (hinted or same_host or free)[0]
+        node_id = restart_place(info, free, self._nodes)
         self._recovering[node_id].parked = Parked(info, route, self.clock())
         self._admit_if_acked(node_id)
 
@@ -627,7 +445,7 @@ class Scheduler:
         self._recovering[node_id].replaced = True
         self.restarts += 1
         info.incarnation = self.restarts            # its NODE_TABLE's "restart", which it says it is
-        self._replays[node_id] = Replay(dict(self._passed.get(node_id, {})), {})
+        self._barriers.replay(node_id)
         down = {str(i): r.reason for i, r in self._recovering.items() if i != node_id}
         self._reply(route, Command.ADD_NODE, {"have": self._have()})
         self._send_to(node_id, Command.NODE_TABLE, {**self._table(), "you": node_id, "restart": self.restarts,
@@ -665,7 +483,7 @@ class Scheduler:
                 self._abort(str(exc))
 
     def _abort(self, reason: str) -> None:
-        for info in [*self._pending, *self._nodes.values()]:
+        for info in [*self._formation.pending, *self._nodes.values()]:
             self._reply(info.route, Command.ABORT, {"reason": reason})
         self._finish(1, reason)
 

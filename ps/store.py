@@ -398,12 +398,10 @@ class Store:
             self.journal.append(Event("rows", ks.key, 0, row_len, (rows, summed.reshape(-1))))
 
     def _decompress(self, entry: Entry, data: np.ndarray, ks: KeyState) -> np.ndarray:
-        if entry.op & Op.FP16:
-            return data                      # merged (or applied) after a cast to the key's dtype
-        if not self.compression or self.compression["type"] != "2bit":
-            raise StoreError("RuntimeError", f"key {ks.key}: a 2bit-compressed push arrived but the "
-                                             "servers have no 2bit compression set")
-        return comp.unpack_2bit(data, entry.length, self.compression["threshold"], ks.merge_dtype)
+        try:
+            return comp.decode_push(entry.op, data, entry.length, ks.merge_dtype, self.compression)
+        except comp.UnsetError as exc:
+            raise StoreError("RuntimeError", f"key {ks.key}: {exc}") from None
 
     def _round_for(self, ks: KeyState, sender: int, ts: int) -> Round:
         for rnd in ks.rounds:

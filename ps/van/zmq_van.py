@@ -13,9 +13,7 @@ import os
 import struct
 import tempfile
 import threading
-import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import zmq
@@ -23,6 +21,7 @@ import zmq
 from ..errors import NativeNodeError, ProtocolError, TransportError
 from ..message import Command, Message, decode, encode, node_name
 from .base import OnMessage, Van
+from .zmq_watch import OnEvent, Watches
 
 logger = logging.getLogger(__name__)
 
@@ -36,18 +35,6 @@ try:
 except ImportError:        # pragma: no cover - not on Windows: unsent() cannot tell
     fcntl = None
 
-
-
-REFUSED_WITHIN = 5.0    # s: a watch's connect failing this soon was refused (port closed), not timed out
-
-@dataclass
-class _Watch:
-    """A watched node's probe; ``up`` is the state last reported (None: nothing yet)."""
-    node_id: int
-    probe: zmq.Socket
-    on_event: Callable[[int, bool], None]
-    up: bool | None = None
-    started: float = field(default_factory=time.monotonic)
 
 class ZmqVan(Van):
     def __init__(self, ipc: bool = False, verbose: int = 0,
@@ -69,7 +56,6 @@ class ZmqVan(Van):
         # before its peer died is not sent to the peer's restart (forget, _send_now)
         self._gens: dict[Any, int] = {}
         self._stale = 0
-        self._monitors: dict[zmq.Socket, _Watch] = {}
         self._identity = b"ps-" + uuid.uuid4().hex[:16].encode()
         self._queue: collections.deque = collections.deque()
         self._queue_lock = threading.Lock()    # enqueue vs the last look at the queue on stop
@@ -81,6 +67,7 @@ class ZmqVan(Van):
         self._linger = 0.0
         self._on_message: OnMessage | None = None
         self._poller = zmq.Poller()
+        self._watches = Watches(self._poller, lambda: self._socket(zmq.DEALER))
         self._ipc_path: str | None = None
         # peer (node id, or ROUTER identity) -> the file descriptor of the TCP connection its
         # last message came on (ZMQ_SRCFD): where unsent() looks
@@ -93,8 +80,7 @@ class ZmqVan(Van):
               port_range: tuple[int, int] | None = None, name: str = "") -> str:
         self._on_message = on_message
         self._ctx = zmq.Context(io_threads=1)
-        router = self._ctx.socket(zmq.ROUTER)
-        self._tune(router)
+        router = self._socket(zmq.ROUTER)
         if self._curve:
             router.curve_server = True
             router.curve_publickey, router.curve_secretkey = self._curve
@@ -123,6 +109,11 @@ class ZmqVan(Van):
                                         daemon=True)
         self._thread.start()
         return self.address
+
+    def _socket(self, kind: int) -> zmq.Socket:
+        sock = self._ctx.socket(kind)
+        self._tune(sock)
+        return sock
 
     def _tune(self, sock: zmq.Socket) -> None:
         sock.setsockopt(zmq.SNDHWM, 0)   # never drop or block: flow control is the protocol's job
@@ -161,8 +152,7 @@ class ZmqVan(Van):
 
     def _connect_now(self, node_id: int, address: str) -> None:
         self._disconnect_now(node_id)           # the credit connection too: Postoffice reopens it
-        dealer = self._ctx.socket(zmq.DEALER)
-        self._tune(dealer)
+        dealer = self._socket(zmq.DEALER)
         dealer.setsockopt(zmq.IDENTITY, self._identity)
         dealer.setsockopt(zmq.MAXMSGSIZE, MAX_MSG_SIZE)
         dealer.connect(address)
@@ -172,54 +162,12 @@ class ZmqVan(Van):
         if self._verbose:
             logger.info("%s: connecting to %s at %s", self.address, node_name(node_id), address)
 
-    def watch(self, node_id: int, address: str, on_event: Callable[[int, bool], None]) -> None:
-        self.call_soon(lambda: self._watch_now(node_id, address, on_event))
+    def watch(self, node_id: int, address: str, on_event: OnEvent) -> None:
+        """Report whether the process at ``address`` is there (ps/van/zmq_watch.py)."""
+        self.call_soon(lambda: self._watches.watch(node_id, address, on_event))
 
     def unwatch(self, node_id: int) -> None:
-        self.call_soon(lambda: self._unwatch_node(node_id))
-
-    def _unwatch_node(self, node_id: int) -> None:
-        for monitor, watch in list(self._monitors.items()):
-            if watch.node_id == node_id:
-                self._unwatch(monitor)
-
-    def _watch_now(self, node_id: int, address: str, on_event: Callable[[int, bool], None]) -> None:
-        """A silent DEALER whose connection state we monitor: TCP notices a dead process
-        in milliseconds, long before a heartbeat timeout would. One per node: a restart's
-        watch ends the watch of the dead address, which would otherwise keep reconnecting and
-        report whatever process takes that port next as this node coming and going."""
-        self._unwatch_node(node_id)
-        probe = self._ctx.socket(zmq.DEALER)
-        self._tune(probe)
-        probe.setsockopt(zmq.RECONNECT_IVL, 200)
-        monitor = probe.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
-        probe.connect(address)
-        self._monitors[monitor] = _Watch(node_id, probe, on_event)
-        self._poller.register(monitor, zmq.POLLIN)
-
-    def _unwatch(self, monitor: zmq.Socket) -> None:
-        probe = self._monitors.pop(monitor).probe
-        self._poller.unregister(monitor)
-        probe.disable_monitor()
-        monitor.close(linger=0)
-        probe.close(linger=0)
-
-    def _on_monitor(self, monitor: zmq.Socket) -> None:
-        from zmq.utils.monitor import recv_monitor_message
-        watch = self._monitors[monitor]
-        while not monitor.closed and monitor.poll(0):      # on_event may have unwatched it
-            event = recv_monitor_message(monitor)["event"]
-            # a connection refused at once (a node that died before the probe ever connected:
-            # its port is closed) is as down as a closed one; reported once, not every retry.
-            # Not a retry after a long silence: a connect that timed out (a firewall dropping
-            # the scheduler's packets) says nothing of the node, which heartbeats cover
-            if event == zmq.EVENT_CONNECT_RETRIED and (watch.up is not None or
-                                                       time.monotonic() - watch.started > REFUSED_WITHIN):
-                continue
-            up = event == zmq.EVENT_CONNECTED
-            if up != watch.up:
-                watch.up = up
-                watch.on_event(watch.node_id, up)
+        self.call_soon(lambda: self._watches.unwatch(node_id))
 
     @property
     def identity(self) -> bytes:
@@ -272,8 +220,7 @@ class ZmqVan(Van):
         old = self._control.pop(node_id, None)
         if old is not None:
             old.close(linger=0)
-        dealer = self._ctx.socket(zmq.DEALER)
-        self._tune(dealer)
+        dealer = self._socket(zmq.DEALER)
         dealer.setsockopt(zmq.IDENTITY, self._identity + b"-credit")
         dealer.connect(address)
         self._control[node_id] = dealer
@@ -378,6 +325,8 @@ class ZmqVan(Van):
 
     # -- the I/O loop --------------------------------------------------------------------
     def _loop(self) -> None:
+        watches = self._watches
+        monitors = watches.monitors
         try:
             waiting = False
             while not self._stopping:
@@ -386,8 +335,8 @@ class ZmqVan(Van):
                         continue                    # an earlier handler of this pass closed it (_unwatch)
                     if sock == self._wake_r:
                         self._drain_wake()
-                    elif sock in self._monitors:
-                        self._on_monitor(sock)
+                    elif sock in monitors:
+                        watches.on_monitor(sock)
                     else:
                         self._receive(sock)
                 self._drain_queue()
@@ -493,8 +442,7 @@ class ZmqVan(Van):
 
     def _close_sockets(self) -> None:
         linger_ms = int(self._linger * 1000)
-        for monitor in list(self._monitors):
-            self._unwatch(monitor)
+        self._watches.close()
         for sock in [self._router, *self._dealers.values()]:
             if sock is not None:
                 sock.close(linger=linger_ms)

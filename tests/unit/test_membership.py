@@ -1,0 +1,53 @@
+"""The scheduler's pure rules in ps/membership.py: how a job counts its nodes, which dead
+node a restart replaces, and whether a death can be recovered from."""
+from ps.membership import Member, Recovery, head_count, restart_place, unrecoverable
+from ps.message import Role, server_id, worker_id
+
+
+def member(role, rank, host="h1", hint=None):
+    m = Member(role, host, 9000 + rank, f"tcp://{host}:{9000 + rank}", rank_hint=hint, hostname=host)
+    m.rank = rank
+    return m
+
+
+def test_head_count_counts_each_role_against_what_the_job_expects():
+    nodes = [member(Role.WORKER, 0), member(Role.SERVER, 0), member(Role.WORKER, 1)]
+    assert head_count(nodes, 3, 2) == "have 2/3 workers, 1/2 servers"
+
+
+def test_a_member_is_described_by_role_rank_id_and_address():
+    assert member(Role.WORKER, 1, "10.0.0.2").describe(worker_id(1)) == "worker 1 (W[11] at 10.0.0.2:9001)"
+
+
+def test_a_restart_takes_the_rank_it_asks_for_else_its_hosts_else_the_first():
+    nodes = {worker_id(0): member(Role.WORKER, 0, "a"), worker_id(1): member(Role.WORKER, 1, "b")}
+    free = [worker_id(0), worker_id(1)]
+    assert restart_place(member(Role.WORKER, -1, "a", hint=1), free, nodes) == worker_id(1)
+    assert restart_place(member(Role.WORKER, -1, "b"), free, nodes) == worker_id(1)
+    assert restart_place(member(Role.WORKER, -1, "c"), free, nodes) == worker_id(0)
+
+
+def servers(n):
+    return {server_id(r): member(Role.SERVER, r, f"h{r}") for r in range(n)}
+
+
+def test_a_death_is_recoverable_within_the_restart_limit():
+    nodes = {**servers(3), worker_id(0): member(Role.WORKER, 0)}
+    assert unrecoverable(worker_id(0), nodes, {}, 0, 1, 3, [0, 1, 2]) is None
+    assert unrecoverable(server_id(0), nodes, {}, 0, 1, 3, [0, 1, 2]) is None
+    assert unrecoverable(worker_id(0), nodes, {}, 1, 1, 3, [0, 1, 2]) == \
+        "the job has used all of its 1 restart(s) (PS_MAX_RESTARTS / --max-restarts)"
+    awaited = {server_id(1): Recovery(0.0, "died")}
+    assert "used all of its 1 restart(s)" in unrecoverable(worker_id(0), nodes, awaited, 0, 1, 3, [0, 1, 2])
+
+
+def test_one_server_has_no_replica_to_recover_from():
+    assert "with one server there is no replica" in unrecoverable(server_id(0), servers(1), {}, 0, 3, 1, [0])
+
+
+def test_a_server_next_to_one_still_recovering_cannot_be_recovered():
+    nodes = servers(4)
+    recovering = {server_id(1): Recovery(0.0, "died", replaced=True)}
+    reason = unrecoverable(server_id(2), nodes, recovering, 1, 5, 4, [0, 1, 2, 3])
+    assert reason.startswith("it failed while server 1 (S[10] at h1:9001), its neighbour in the replica ring")
+    assert unrecoverable(server_id(3), nodes, recovering, 1, 5, 4, [0, 1, 2, 3]) is None

@@ -11,8 +11,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from . import local, mpi, sge, slurm, ssh, yarn
-from .process import Command, Job, Relocate
+from .process import Command, Job
 from .spec import LaunchSpec
+from .supervise import Relocate
 
 Commands = Callable[[LaunchSpec, Mapping[str, str], Mapping[str, str], bool], "list[Command]"]
 

@@ -22,7 +22,7 @@ from typing import Any
 from .backend import BACKENDS, Backend
 from .hosts import HostfileError, read_hostfile
 from .output import Output, OutputHandler
-from .process import Command, Job, Restarts, StopSignal, become_subreaper, supervise
+from .process import Command, Job, StopSignal, become_subreaper
 from .spec import (
     LAUNCHERS,
     LaunchSpec,
@@ -31,6 +31,7 @@ from .spec import (
     parse_env_pair,
 )
 from .secret import job_secret
+from .supervise import Restarts, supervise
 from .tracker import SchedulerRunner, job_env, scheduler_env, scheduler_ip
 
 logger = logging.getLogger("launcher")

@@ -139,7 +139,8 @@ def default_scheduler_factory(env: Mapping[str, str]) -> Any:
 
 
 class SchedulerRunner:
-    """Runs ``Scheduler.run`` in a thread; ``code`` is None while it runs."""
+    """Runs ``Scheduler.run`` in a thread; ``code`` is None while it runs. It is the
+    ``launcher.supervise.SchedulerView`` that supervision reads."""
 
     def __init__(self, sched: Any, port: int):
         self.sched, self.port = sched, port

@@ -12,11 +12,14 @@ Compute is ``time.sleep``: the CPUs stay free for the communication, as with a G
 the median step time, the scaling efficiency (compute / step), bytes per host per step and
 the bound max(compute, 2(K-1)/K x model / link); the CPU load of each run, to flag one that
 was CPU-bound. Root only (namespaces, tc).
+
+This module describes each job and runs and measures it; each host's worker is
+ps/bench/kvstore_step.py (ps/bench/torch_step.py for the PyTorch jobs), and the tables, CSV
+and chart are ps/bench/multihost_report.py.
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib.util
 import json
 import os
@@ -27,7 +30,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -36,14 +38,12 @@ import psutil
 from launcher.process import start_group, stop_group
 
 from . import linkload
+from .multihost_report import Run, read_csv, report_runs, write_csv
 from .netns import Hosts, NamespaceError
 
 MODELS = Path(__file__).with_name("models")
 WIRE_PAYLOAD = 1448 / 1514      # TCP payload (MSS with timestamps) per Ethernet frame tbf counts
 PORT = "9391"
-# A wait for weights longer than this held the forward pass up; a shorter one found them there, and the
-# layer starts when the one before it ended, so that sleeps waking late do not add up to compute.
-BLOCKED_S = 0.0005
 
 
 def load_model(name: str) -> list[list[int]]:
@@ -135,109 +135,13 @@ def link_bytes_per_s(rate: str) -> float:
     return value / 8 if m.group(3) == "bit" else value
 
 
-# -- the worker ----------------------------------------------------------------------------------
-def worker(spec: dict) -> None:
+def _worker(spec: dict) -> None:
+    """A host's worker process (``--worker-mode``): one of PyTorch's jobs, or a kvstore's."""
     if spec["impl"] in TORCH:
         from .torch_step import run
-        run(spec)
-        return
-    import numpy as np
-    shapes = [tuple(s) for s in spec["shapes"]]
-    sizes = [int(np.prod(s)) for s in shapes]
-    total = sum(sizes)
-    compute = spec["compute"]
-    fwd = [compute / 3 * n / total for n in sizes]
-    bwd = [compute * 2 / 3 * n / total for n in sizes]
-    native = spec["impl"] == "native"
-    if native:
-        import mxnet as mx
-        kv = mx.kv.create("dist_sync")
-        grads = [mx.nd.full(s, 0.001 * (kv.rank + 1)) for s in shapes]
-        outs = [mx.nd.zeros(s) for s in shapes]
-        for i, s in enumerate(shapes):
-            kv.init(i, mx.nd.zeros(s))
-        kv.barrier() if hasattr(kv, "barrier") else None
     else:
-        import ps
-        kv = ps.KVStore("dist_sync")
-        if spec.get("compression"):
-            kv.set_gradient_compression({"type": spec["compression"]})
-        grads = [np.full(s, 0.001 * (kv.rank + 1), np.float32) for s in shapes]
-        outs = [np.zeros(s, np.float32) for s in shapes]
-        kv.init(list(range(len(shapes))), [np.zeros(s, np.float32) for s in shapes])
-    handles: list = [None] * len(shapes)
-
-    def wait(i: int) -> None:
-        if native:
-            outs[i].wait_to_read()
-        elif handles[i] is not None:
-            handles[i].wait()
-
-    steps, stalls, first_stalls = [], [], []
-    clock = time.monotonic          # the driver's clock too: it reads the links' load over the timed steps
-    start = window_start = clock()
-    for step in range(spec["warmup"] + spec["steps"]):
-        if step == spec["warmup"]:
-            print(f"TIMED {kv.rank}", flush=True)
-            window_start = start
-        target = clock()
-        stalled = []
-        for i in range(len(shapes)):                       # forward: each key's weights, in order
-            before = clock()
-            wait(i)
-            after = clock()
-            stalled.append(after - before)
-            if after - before > BLOCKED_S:       # the weights came late: the layer starts now
-                target = max(target, after)
-            target += fwd[i]                     # else it starts when the layer before it ended
-            _sleep_until(target, clock)
-        stalls.append(sum(stalled))
-        first_stalls.append(stalled[0])
-        for i in reversed(range(len(shapes))):             # backward: last layer's gradient first
-            target += bwd[i]
-            _sleep_until(target, clock)
-            if native:
-                kv.pushpull(i, grads[i], out=outs[i], priority=-i)
-            else:
-                handles[i] = kv.pushpull(i, grads[i], out=outs[i], priority=-i, block=False)
-        now = clock()
-        steps.append(now - start)
-        start = now
-    for i in range(len(shapes)):
-        wait(i)
-    timed, w = steps[spec["warmup"]:], spec["warmup"] + 1     # a step's forward waits for the step before
-    print("RESULT " + json.dumps({"rank": kv.rank, "window": [window_start, start],
-                                  "median": statistics.median(timed), "steps": timed,
-                                  "stall": statistics.median(stalls[w:] or stalls),
-                                  "first_stall": statistics.median(first_stalls[w:] or first_stalls)}), flush=True)
-    if not native:
-        kv.close()
-
-
-def _sleep_until(target: float, clock) -> None:
-    left = target - clock()
-    if left > 0:
-        time.sleep(left)
-
-
-# -- the driver ----------------------------------------------------------------------------------
-@dataclass
-class Run:
-    impl: str
-    rep: int
-    hosts: int
-    step_s: float
-    compute_s: float
-    bound_s: float
-    efficiency: float
-    mb_per_host_step: float
-    cpu_load: float
-    tight_s: float = 0.0        # tight_bound(); 0 in a CSV written before it existed
-    servers: int = 0            # servers in the job (0 in an older CSV: one per host)
-    stall_s: float = 0.0        # a worker's forward pass, waiting for weights (median step, median worker)
-    key0_stall_s: float = 0.0   # of which waiting for the first key's (the last gradient backward made)
-    busy_util: float = 0.0      # hosts' outgoing links, mean use while any carried traffic (linkload.py)
-    idle_s: float = 0.0         # per step, seconds in which no host's link carried anything
+        from .kvstore_step import run
+    run(spec)
 
 
 def _env(hosts: Hosts, host: int, role: str, args: argparse.Namespace, rank: int | None = None,
@@ -390,17 +294,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker-mode", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker_mode:
-        worker(json.loads(args.worker_mode))
+        _worker(json.loads(args.worker_mode))
         return 0
     if args.link == "none":
         args.link = None
     shapes = load_model(args.model)
     if args.from_csv:
-        with open(args.from_csv, newline="") as fh:
-            runs = [Run(r["impl"], int(r["rep"]), int(r["hosts"]), *(float(r.get(f) or 0) for f in FLOATS[:7]),
-                        servers=int(r.get("servers") or r["hosts"]), **{f: float(r.get(f) or 0) for f in FLOATS[7:]})
-                    for r in csv.DictReader(fh)]
-        return _finish(runs, args, shapes)
+        report_runs(read_csv(args.from_csv), args, shapes)
+        return 0
     try:
         counts = [int(k) for k in str(args.hosts).split(",") if k]
     except ValueError:
@@ -446,89 +347,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ps.bench: {exc}", file=sys.stderr)
         return 2
     if args.csv:
-        with open(args.csv, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(asdict(runs[0])))
-            w.writeheader()
-            for run in runs:
-                w.writerow(asdict(run))
-    return _finish(runs, args, shapes)
-
-
-FLOATS = ("step_s", "compute_s", "bound_s", "efficiency", "mb_per_host_step", "cpu_load", "tight_s", "stall_s",
-          "key0_stall_s", "busy_util", "idle_s")
-
-
-def _finish(runs: list[Run], args: argparse.Namespace, shapes: list) -> int:
-    for k, n in sorted({(r.hosts, r.servers) for r in runs}):
-        args.hosts = k
-        report([r for r in runs if r.hosts == k and r.servers == n], args, shapes)
-    if args.plot:
-        plot(runs, args, args.plot)
+        write_csv(args.csv, runs)
+    report_runs(runs, args, shapes)
     return 0
-
-
-def plot(runs: list[Run], args: argparse.Namespace, path: str) -> None:
-    """Scaling efficiency (compute / step) against K: ps, native and the bound."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.8))
-    counts = sorted({r.hosts for r in runs})
-    styles = {"ps": ("tab:blue", "o-"), "native": ("tab:orange", "s-"), "ps-restarts": ("tab:gray", "^--")}
-    for impl in dict.fromkeys(r.impl for r in runs):
-        color, style = styles.get(impl, ("tab:green", "x-"))
-        pts = [(k, statistics.median(r.efficiency for r in runs if r.impl == impl and r.hosts == k))
-               for k in counts if any(r.impl == impl and r.hosts == k for r in runs)]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, label=impl)
-    bound = [(k, min(r.compute_s / r.bound_s for r in runs if r.hosts == k)) for k in counts]
-    ax.plot([p[0] for p in bound], [p[1] for p in bound], "k:", label="bound: compute / max(compute, comm)")
-    tight = [(k, min(r.compute_s / r.tight_s for r in runs if r.hosts == k)) for k in counts
-             if all(r.tight_s for r in runs if r.hosts == k)]
-    if tight:                   # a CSV written before the tight bound existed has none
-        ax.plot([p[0] for p in tight], [p[1] for p in tight], "k--",
-                label="tight bound: gradients ready layer by layer, needed in order")
-    ax.set_xticks(counts)
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel("hosts (one worker and one server each)")
-    ax.set_ylabel("scaling efficiency (compute / step)")
-    ax.set_title(f"{args.model}, {args.link or 'unshaped'} links both ways, {runs[0].compute_s:g} s compute per step")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"# chart: {path}")
-
-
-def report(runs: list[Run], args: argparse.Namespace, shapes: list) -> None:
-    model_mb = sum(_size(s) for s in shapes) * 4 / 1e6
-    reps = len({r.rep for r in runs})
-    print(f"\n# {args.hosts} hosts, {runs[0].servers} servers, link {args.link or 'unshaped'} both ways, {args.model} "
-          f"({len(shapes)} keys, {model_mb:.1f} MB), compute {runs[0].compute_s:g}s, median of {reps} reps")
-    width = max(11, *(len(r.impl) for r in runs))
-    print(f"{'impl':{width}} {'step s':>8} {'bound s':>8} {'step/bound':>10} {'tight s':>8} {'step/tight':>10} "
-          f"{'efficiency':>10} {'MB/host/step':>12} {'fwd wait s':>10} {'key 0 s':>8} {'links busy':>10} "
-          f"{'idle s':>6} {'CPU load':>8}  per-rep step s")
-    for impl in dict.fromkeys(r.impl for r in runs):
-        mine = [r for r in runs if r.impl == impl]
-        step = statistics.median(r.step_s for r in mine)
-        bound, tight = mine[0].bound_s, mine[0].tight_s
-        print(f"{impl:{width}} {step:8.3f} {bound:8.3f} {step / bound:10.2f} {tight:8.3f} "
-              f"{step / tight if tight else float('nan'):10.2f} {mine[0].compute_s / step:10.2f} "
-              f"{statistics.median(r.mb_per_host_step for r in mine):12.1f} "
-              f"{statistics.median(r.stall_s for r in mine):10.3f} {statistics.median(r.key0_stall_s for r in mine):8.3f} "
-              f"{statistics.median(r.busy_util for r in mine):10.0%} {statistics.median(r.idle_s for r in mine):6.3f} "
-              f"{max(r.cpu_load for r in mine):8.0%}  {' '.join(f'{r.step_s:.3f}' for r in mine)}")
-    by_rep: dict[int, dict[str, float]] = {}
-    for r in runs:
-        by_rep.setdefault(r.rep, {})[r.impl] = r.step_s
-    names = list(dict.fromkeys(r.impl for r in runs))
-    for num, den in [(n, d) for d in ("native", "ps", "ps-fifo", "ddp") for n in names if n != d]:
-        ratios = [v[num] / v[den] for v in by_rep.values() if num in v and den in v]
-        if ratios:
-            print(f"{num} / {den} step time: {statistics.median(ratios):.2f} "
-                  f"(per rep: {' '.join(f'{x:.2f}' for x in ratios)})")
-    if any(r.cpu_load > 0.85 for r in runs):
-        print("# WARNING: a run used more than 85% of the machine's CPUs: it measured the CPU, not the links")
 
 
 if __name__ == "__main__":

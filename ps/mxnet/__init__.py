@@ -36,8 +36,8 @@ from .horovod import (Compression, DistributedOptimizer, DistributedTrainer, add
                       global_process_set, gloo_built, gloo_enabled, init, is_initialized, local_rank, local_size,
                       mpi_built, mpi_enabled, mpi_threads_supported, process_set_by_id, rank, remove_process_set,
                       rocm_built, shutdown, size, start_timeline, stop_timeline)
-from .kvstore import (PSKVStore, exit_status, patch_create, patch_trainer, patch_waitall, register,  # noqa: E402
-                      settle_before_fork)
+from .hooks import exit_status, patch_create, patch_trainer, patch_waitall, register, settle_before_fork  # noqa: E402
+from .kvstore import PSKVStore  # noqa: E402
 from .profiling import patch_profiler  # noqa: E402
 
 globals().update(register())          # ps.mxnet.Dist_Sync, ... (MXNet names them by class)

@@ -3,6 +3,7 @@ writes weights into, the NDArrays themselves (no ``asnumpy`` copies)."""
 from __future__ import annotations
 
 import ctypes
+import numbers
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,11 @@ def single(value: Any) -> Any:
 
 def as_list(value: Any) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def is_int_key(key: Any) -> bool:
+    """An int key as MXNet takes them (numpy's ints too); a bool is no key."""
+    return isinstance(key, numbers.Integral) and not isinstance(key, bool)
 
 
 def first(value: Any, key: Any) -> Any:

@@ -25,7 +25,7 @@ from .engine import Engine
 
 logger = logging.getLogger(__name__)
 
-mx_waitall = mx.nd.waitall          # MXNet's own, before ps.mxnet.kvstore.patch_waitall
+mx_waitall = mx.nd.waitall          # MXNet's own, before ps.mxnet.hooks.patch_waitall
 _MKLDNN_BUILD = mx.runtime.Features().is_enabled("MKLDNN")
 
 

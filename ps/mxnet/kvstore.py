@@ -1,31 +1,30 @@
-"""``PSKVStore``: a ps worker behind MXNet's kvstore interface, and its registration."""
+"""``PSKVStore``: a ps worker behind MXNet's kvstore interface, and the key namespaces that
+keep a process's several stores apart on the one ps worker they share.
+
+What the servers optimize with is ps/mxnet/optimizer.py; how MXNet finds these stores
+(registration, patched ``create``/``waitall``/Trainer, the fork and exit hooks) is
+ps/mxnet/hooks.py.
+"""
 from __future__ import annotations
 
 import atexit
 import contextlib
-import copy
-import functools
 import itertools
 import logging
-import numbers
-import os
-import pickle
-import sys
 import types
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
-import msgpack
 import mxnet as mx
 import numpy as np
 
 from ..kvstore import CLOSE_WAIT, KVStore, RowSparse
-from .arrays import as_list, first, flatten, is_sparse, to_numpy
-from .engine_ops import EnginePushpulls, mx_waitall
+from .arrays import as_list, first, flatten, is_int_key, is_sparse, to_numpy
+from .engine_ops import EnginePushpulls
+from .optimizer import ServerOptimizer, load_states, optimizer_in_command, save_states
 
 logger = logging.getLogger(__name__)
 
-STATES_FORMAT = "ps-optimizer-states"
 _shared: KVStore | None = None
 _live_stores: "weakref.WeakSet[PSKVStore]" = weakref.WeakSet()
 _namespaces = itertools.count()     # handed out in the order stores first init or set an optimizer
@@ -67,12 +66,11 @@ class PSKVStore(mx.kvstore.KVStore):
         self._ns: int | None = None         # its namespace on the servers: see _claim
         self._compression: dict[str, Any] | None = None    # what this store asked for
         self._updater: Any = None           # Trainer.load_states reads ._updater.optimizer
-        self._optimizer: Any = None
-        self._sent: dict[str, float] = {}
         self._defer = 0
         self._pending: list[tuple[Any, Any]] = []   # (handle, the arrays it reads/writes: kept alive)
         self._queued: list[tuple[Any, Any, Any, int]] = []
         self._engine = EnginePushpulls(self._kv)
+        self._opt = ServerOptimizer(self._kv, self._engine)
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref()._at_exit())
         _live_stores.add(self)
@@ -131,7 +129,7 @@ class PSKVStore(mx.kvstore.KVStore):
         ns = self._claim()
         keys = self._keyed(key)
         taken = [k for k, moved in zip(as_list(key), as_list(keys))
-                 if _is_int(k) and self._kv.key_info(moved) is not None]
+                 if is_int_key(k) and self._kv.key_info(moved) is not None]
         if taken:
             raise ValueError(
                 f"key {taken[0]} is already initialized in this kvstore: a gluon.Trainer numbers its "
@@ -183,7 +181,7 @@ class PSKVStore(mx.kvstore.KVStore):
             return key
         if isinstance(key, str):
             return f"{key}#kvstore{ns}"
-        if _is_int(key):                    # numpy's too, as MXNet takes them
+        if is_int_key(key):                 # numpy's too, as MXNet takes them
             if not 0 <= key < 1 << NS_SHIFT:
                 raise ValueError(f"key {key}: a second kvstore of a process takes int keys in [0, 2**{NS_SHIFT})")
             return ns << NS_SHIFT | int(key)
@@ -195,7 +193,7 @@ class PSKVStore(mx.kvstore.KVStore):
 
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
         self._engine.settle()
-        self._sync_optimizer_params()
+        self._opt.forward_changes()
         self._reap()
         with self._errors(key):
             self._pending.append((self._kv.push(self._keyed(key), push_values(value), priority), value))
@@ -228,7 +226,7 @@ class PSKVStore(mx.kvstore.KVStore):
         values of convolution weights first (see ``EnginePushpulls.start``).
         """
         self._engine.raise_error()
-        self._sync_optimizer_params()
+        self._opt.forward_changes()
         targets = value if out is None else out
         if is_sparse(value):                 # rows go up; the pull fills the dense outputs
             self.push(key, value, priority)
@@ -277,14 +275,24 @@ class PSKVStore(mx.kvstore.KVStore):
             logger.error("at exit: %s", exc)
             _failed_at_exit.append(str(exc))
 
+    def settle_engine(self, raise_errors: bool = True) -> None:
+        """Wait for this store's pushpulls in MXNet's engine, at most PS_REQUEST_TIMEOUT (a
+        fork must not start with one in flight: hooks.settle_before_fork)."""
+        self._engine.settle(timeout=self._kv.config.request_timeout or CLOSE_WAIT, raise_errors=raise_errors)
+
+    def raise_engine_error(self) -> None:
+        """Raise the error a pushpull met in MXNet's engine, if one did (``mx.nd.waitall``)."""
+        self._engine.raise_error()
+
     @property
     def engine_ops(self) -> int:
         """How many pushpulls ran as operations of MXNet's engine (tests, stats)."""
         return self._engine.ops
 
     @contextlib.contextmanager
-    def _deferred(self) -> Iterator[None]:
-        """Inside a Trainer step: send every parameter's pushpull, then wait once."""
+    def defer_pushpulls(self) -> Iterator[None]:
+        """Inside a Trainer step (hooks.patch_trainer): send every parameter's pushpull, then
+        wait once."""
         self._defer += 1
         try:
             yield
@@ -308,126 +316,18 @@ class PSKVStore(mx.kvstore.KVStore):
 
     # -- optimizer, compression, states ----------------------------------------------------
     def set_optimizer(self, optimizer: Any) -> None:
-        """Translate an ``mx.optimizer.Optimizer`` into ps's numpy optimizer on the servers."""
-        from ..optim.from_mxnet import spec_from_mxnet
-        try:
-            spec = spec_from_mxnet(optimizer)
-        except ValueError as unknown:
-            self._set_pickled(optimizer, unknown)
-            return
-        ns = self._claim()
-        key_of = self._index_keys(optimizer)
-        for name in ("lr_mult", "wd_mult"):
-            if spec["params"].get(name):       # resolved per parameter index
-                spec["params"][name] = {key_of(k): v for k, v in spec["params"][name].items()}
-        self._kv.set_optimizer(spec, namespace=ns)
-        self._optimizer = optimizer
+        """Translate an ``mx.optimizer.Optimizer`` into ps's numpy optimizer on the servers
+        (:meth:`ServerOptimizer.set`)."""
+        self._opt.set(optimizer, self._claim, self._keyed)
         self._updater = types.SimpleNamespace(optimizer=optimizer)
-        self._sent = {"lr": optimizer.lr, "rescale_grad": optimizer.rescale_grad}
-
-    def _set_pickled(self, optimizer: Any, unknown: ValueError) -> None:
-        """No numpy version: run MXNet's own optimizer on the servers, pickled by value
-        (cloudpickle: a class defined in the script itself travels too) and HMAC-signed with
-        the job's key (PS_SECRET_FILE, else PS_JOB_KEY_FILE, which the launcher writes per job
-        on one machine); servers check the signature before unpickling."""
-        try:
-            import cloudpickle
-        except ImportError:
-            raise ValueError(f"{unknown}. Running MXNet's own optimizer on the servers needs cloudpickle "
-                             "(pip install 'ps[mxnet]' or pip install cloudpickle)") from None
-
-        from .. import _security
-        from ..errors import RemoteError
-        from ..optim import pickled
-        cfg = self._kv.config
-        key = _security.signing_key(cfg.secret_file, cfg.job_key_file)
-        if key is None:
-            raise ValueError(f"{unknown}. MXNet's own optimizer runs on the servers only signed with the "
-                             f"job's key: {_security.NO_KEY}") from None
-        ns = self._claim()                          # before the keys are mapped: they move with it
-        payload = cloudpickle.dumps(self._as_servers_call_it(optimizer))
-        signature = pickled.sign(payload, key)
-        try:
-            self._kv.set_pickled_optimizer(payload, signature, namespace=ns)
-        except RemoteError as refused:
-            raise ValueError(f"{unknown}; the servers refused the pickled optimizer: {refused}") from None
-        self._optimizer = optimizer
-        self._updater = types.SimpleNamespace(optimizer=optimizer)
-        self._sent = {"lr": optimizer.lr, "rescale_grad": optimizer.rescale_grad}
-
-    def _index_keys(self, optimizer: Any) -> Callable[[Any], Any]:
-        """How this store keys the parameter an optimizer knows by ``index``: Module's keys
-        are the names its ``idx2name`` gives (str keys), a Trainer's the indices; a second
-        store's keys are moved (``_keyed``). A name is left as it is."""
-        idx2name = getattr(optimizer, "idx2name", None) or {}
-        by_name = bool(idx2name) and self._kv.key_kind is not int      # Module: str keys are names
-
-        def key_of(index: Any) -> Any:
-            if not _is_int(index):
-                return index
-            return self._keyed(idx2name.get(index, index) if by_name else index)
-        return key_of
-
-    def _as_servers_call_it(self, optimizer: Any) -> Any:
-        """A copy of ``optimizer`` whose per-index tables use the keys the servers will call
-        it with. MXNet's optimizer finds a parameter's lr/wd multipliers by index: through
-        ``param_dict`` (Gluon), its own ``lr_mult``/``wd_mult``, then ``idx2name`` (Module,
-        where names not ending in ``_weight``/``_gamma`` get no weight decay). On ps a str key
-        reaches the servers hashed and a second store's keys moved, so each index is mapped to
-        that key; ``param_dict``, which pickling drops, is folded into the dicts first."""
-        key_of = self._index_keys(optimizer)
-
-        def server(index: Any) -> Any:          # a name stays a name: it resolves through idx2name
-            return self._kv.server_key(key_of(index)) if _is_int(index) else index
-
-        idx2name = getattr(optimizer, "idx2name", None) or {}
-        lr_mult = {server(k): v for k, v in optimizer.lr_mult.items()}
-        wd_mult = {server(k): v for k, v in optimizer.wd_mult.items()}
-        for index, param in getattr(optimizer, "param_dict", {}).items():
-            lr_mult[server(index)] = param.lr_mult
-            wd_mult[server(index)] = param.wd_mult
-        sent = copy.copy(optimizer)                 # MXNet's own state rules: param_dict left out
-        sent.idx2name = {server(i): name for i, name in idx2name.items()}
-        sent.lr_mult, sent.wd_mult = lr_mult, wd_mult
-        return sent
-
-    def _sync_optimizer_params(self) -> None:
-        """Trainer.set_learning_rate / a new batch size change the local optimizer only;
-        rank 0 forwards the change to the servers before its next push."""
-        opt = self._optimizer
-        if opt is None or self.rank != 0:
-            return
-        changed = {}
-        if opt.lr != self._sent.get("lr") and getattr(opt, "lr_scheduler", None) is None:
-            changed["learning_rate"] = self._sent["lr"] = opt.lr
-        if opt.rescale_grad != self._sent.get("rescale_grad"):
-            changed["rescale_grad"] = self._sent["rescale_grad"] = opt.rescale_grad
-        if changed:
-            self._engine.settle()        # earlier steps' pushes still use the old values
-            self._kv.server_command("set_params", changed, namespace=self._namespace)
 
     def _set_updater(self, updater: Any) -> None:
         raise mx.base.MXNetError(f"{self._TYPE} on ps updates on the servers: use set_optimizer "
                                  "(a worker-side updater would see only this worker's gradients)")
 
     def _send_command_to_servers(self, head: int, body: str) -> None:
-        """Head 0 is how MXNet's own ``set_optimizer`` reaches its servers (a pickled optimizer);
-        the script's own bytes are unpickled here, in its own process, never on a server."""
-        if head == 0:
-            try:
-                optimizer = pickle.loads(body.encode("latin-1") if isinstance(body, str) else body)
-            except Exception as exc:  # noqa: BLE001 - any unpickling failure: name the command
-                raise mx.base.MXNetError(f"server command 0 (set the optimizer) needs a pickled "
-                                         f"mx.optimizer.Optimizer as its body; unpickling {body[:40]!r} "
-                                         f"failed: {type(exc).__name__}: {exc}") from None
-            if not isinstance(optimizer, mx.optimizer.Optimizer):
-                raise mx.base.MXNetError(f"server command 0 (set the optimizer) needs a pickled "
-                                         f"mx.optimizer.Optimizer, got {type(optimizer).__name__}")
-            self.set_optimizer(optimizer)
-            return
-        raise mx.base.MXNetError(f"ps servers take no MXNet server command {head!r} but 0 (set the "
-                                 "optimizer; use kv.set_optimizer); server profiling goes through "
-                                 "mx.profiler.set_config/set_state(profile_process='server')")
+        """How MXNet's own ``set_optimizer`` reaches its servers: see optimizer_in_command."""
+        self.set_optimizer(optimizer_in_command(head, body))
 
     def set_gradient_compression(self, compression_params: dict[str, Any]) -> None:
         params = dict(compression_params)
@@ -439,29 +339,11 @@ class PSKVStore(mx.kvstore.KVStore):
         """Save the servers' optimizer states (MXNet 1.9 raises here for dist stores)."""
         self._engine.settle()
         self._wait_pending()
-        states = self._kv.server_command("get_states", namespace=self._namespace)
-        blob = {"format": STATES_FORMAT, "version": 1, "num_servers": self._kv.num_servers,
-                "namespace": self._namespace, "servers": {str(sid): data for sid, data in states.items()}}
-        with open(fname, "wb") as f:
-            f.write(msgpack.packb(blob, use_bin_type=True))
+        save_states(self._kv, fname, self._namespace)
 
     def load_optimizer_states(self, fname: str) -> None:
         self._engine.settle()
-        with open(fname, "rb") as f:
-            blob = msgpack.unpackb(f.read(), raw=False)
-        if not isinstance(blob, dict) or blob.get("format") != STATES_FORMAT:
-            raise ValueError(f"{fname} is not a ps optimizer-states file (saved by save_optimizer_states)")
-        if blob["num_servers"] != self._kv.num_servers:
-            raise ValueError(f"{fname} holds states of {blob['num_servers']} servers; this job has "
-                             f"{self._kv.num_servers}")
-        saved = blob.get("namespace", 0)
-        if saved != self._namespace:
-            raise ValueError(f"{fname} holds the states of this process's kvstore number {saved + 1} (in the "
-                             "order the stores first initialized keys or set an optimizer), and this is number "
-                             f"{self._namespace + 1}: load each Trainer's states after the Trainers' first "
-                             "steps, or create and first use the stores in the order of the run that saved them")
-        for sid, data in blob["servers"].items():
-            self._kv.server_command("set_states", {"states": data}, servers=[int(sid)], namespace=self._namespace)
+        load_states(self._kv, fname, self._namespace)
 
     @property
     def _namespace(self) -> int:
@@ -475,7 +357,7 @@ class PSKVStore(mx.kvstore.KVStore):
 
     def close(self) -> None:
         try:
-            self._engine.settle(timeout=self._kv.config.request_timeout or CLOSE_WAIT)
+            self.settle_engine()
         finally:
             self._kv.close()
 
@@ -490,18 +372,6 @@ def push_values(value: Any) -> Any:
     return to_numpy(value)
 
 
-def settle_before_fork() -> None:
-    """MXNet's own fork handler waits for every engine operation to finish, and it runs while
-    the forking thread holds the GIL, which ps's I/O thread needs to finish ours: a fork with
-    a pushpull in the engine (a DataLoader starting its worker processes) would hang. So
-    let them finish first; waiting here releases the GIL."""
-    for store in list(_live_stores):
-        try:
-            store._engine.settle(timeout=store._kv.config.request_timeout or CLOSE_WAIT, raise_errors=False)
-        except Exception as exc:  # noqa: BLE001 - a fork must go on; say why it may stall
-            logger.error("before fork: %s", exc)
-
-
 def _same_compression(store: PSKVStore, params: dict[str, Any] | None) -> None:
     """Gradient compression is one per process (the ps worker's and the servers'): refuse a
     store whose compression differs from another live store's, which would otherwise have
@@ -513,10 +383,6 @@ def _same_compression(store: PSKVStore, params: dict[str, Any] | None) -> None:
                              "alike; give every Trainer the same compression_params (or none)")
 
 
-def _is_int(key: Any) -> bool:
-    return isinstance(key, numbers.Integral) and not isinstance(key, bool)
-
-
 def ps_type(name: str) -> str:
     """The ps store for an MXNet kvstore name. MXNet's C++ ``KVStore::Create`` makes a
     distributed store of any name containing "dist", asynchronous if it also contains
@@ -524,99 +390,18 @@ def ps_type(name: str) -> str:
     return ("dist_async" if "_async" in name else "dist_sync") + ("_device" if "device" in name else "")
 
 
-def _kvstore_class(name: str) -> type:
-    cls = type(name.title(), (PSKVStore,), {"_TYPE": name, "__module__": "ps.mxnet",
-                                            "__doc__": f"ps-backed MXNet kvstore {name!r}."})
-    mx.kvstore.KVStoreBase.register(cls)
-    return cls
+def store_class(name: str) -> type:
+    """The class MXNet's registry keeps for kvstore ``name``: a :class:`PSKVStore` whose
+    ``type`` is that name (MXNet instantiates it with no arguments)."""
+    return type(name.title(), (PSKVStore,), {"_TYPE": name, "__module__": "ps.mxnet",
+                                             "__doc__": f"ps-backed MXNet kvstore {name!r}."})
 
 
-def register() -> dict[str, type]:
-    """Register ps's kvstores with MXNet (``mx.kv.create`` and Trainer look there first)."""
-    classes = {}
-    for name in ("dist_sync", "dist_async", "dist_sync_device", "dist_device_sync",
-                 "dist_async_device", "dist"):
-        cls = _kvstore_class(name)
-        classes[cls.__name__] = cls
-    return classes
+def live_stores() -> list[PSKVStore]:
+    """This process's stores that are still referenced."""
+    return list(_live_stores)
 
 
-def patch_create() -> None:
-    """MXNet's ``create`` looks its registry up by exact name and passes any other name to its
-    C++ ``KVStore::Create``, which makes a ps-lite store of every name containing "dist":
-    without this, ``kvstore='dist_device_async'`` would start MXNet's own ps-lite worker
-    against ps's scheduler. Such a name gets a ps store of its own (registered on first use)."""
-    original = mx.kvstore.base.create
-    if getattr(original, "_ps_patched", False):
-        return
-
-    @functools.wraps(original)
-    def create(name: Any = "local") -> Any:
-        if isinstance(name, str):
-            lower = name.lower()
-            if "dist" in lower and lower not in mx.kvstore.KVStoreBase.kv_registry:
-                _kvstore_class(lower)
-        return original(name)
-
-    create._ps_patched = True  # type: ignore[attr-defined]
-    mx.kvstore.base.create = create
-    mx.kvstore.create = create
-
-
-def patch_waitall() -> None:
-    """Native MXNet raises a failed engine operation's error at ``mx.nd.waitall()``. A
-    pushpull ps ran in the engine does not hand MXNet its error (the completion callback takes
-    a C++ ``dmlc::Error``; docs/mxnet.md says why not), so after MXNet's wait the error is
-    raised here, as MXNet would, besides at the store's next call: a script that queues its
-    steps and then waits would otherwise finish on weights its failed pushpulls never updated."""
-    if getattr(mx.nd.waitall, "_ps_patched", False):
-        return
-
-    @functools.wraps(mx_waitall)
-    def waitall() -> None:
-        mx_waitall()
-        for store in list(_live_stores):
-            store._engine.raise_error()
-    waitall._ps_patched = True  # type: ignore[attr-defined]
-    for name, module in list(sys.modules.items()):      # mx.nd, mx.npx and the modules that import it
-        if (name == "mxnet" or name.startswith("mxnet.")) and getattr(module, "waitall", None) is mx_waitall:
-            module.waitall = waitall
-
-
-def exit_status() -> None:
-    """At exit, after the stores closed (registered before any, and by the autoload hook at
-    start-up: after every exit handler): a pushpull that failed where the script never saw it
-    (its last steps, queued in MXNet's engine) makes the process exit 1, not 0, so the
-    launcher and the job report it. A script that died of an uncaught exception exits 1
-    already (``sys.last_value``): nothing to change."""
-    if not _failed_at_exit or getattr(sys, "last_value", None) is not None:
-        return
-    logger.error("exiting with status 1: %d pushpull error(s) the script never saw (above)", len(_failed_at_exit))
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(1)
-
-
-def patch_trainer() -> None:
-    """A Trainer step sends every parameter's pushpull first and waits once at the end,
-    instead of one blocking round trip per parameter."""
-    trainer_cls = mx.gluon.Trainer
-    original = trainer_cls._allreduce_grads
-    if getattr(original, "_ps_patched", False):
-        return
-
-    def _allreduce_grads(self: Any) -> None:
-        kv = self._kvstore
-        if isinstance(kv, PSKVStore):
-            with kv._deferred():
-                original(self)
-        else:
-            original(self)
-    _allreduce_grads._ps_patched = True
-    trainer_cls._allreduce_grads = _allreduce_grads
-
-
+def failed_at_exit() -> list[str]:
+    """The errors stores found at exit that the script never saw (see PSKVStore._at_exit)."""
+    return _failed_at_exit

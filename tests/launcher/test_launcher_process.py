@@ -13,7 +13,9 @@ import pytest
 
 from launcher.launch import parse_args, run
 from launcher.output import EXIT_MARKER, Output
-from launcher.process import Command, Job, Restarts, StopSignal, group_members, supervise
+from launcher.process import Command, Job, StopSignal, group_members
+from launcher.supervise import Restarts, SchedulerView, supervise
+from launcher.tracker import SchedulerRunner
 
 from tests.helpers import alive, poll_for
 
@@ -249,13 +251,21 @@ def test_a_node_the_scheduler_declared_dead_is_stopped_but_never_its_restart(cap
     which may take seconds to register (imports, ssh), and is left alone."""
     from ps.membership import Awaited
 
-    class Sched:
+    class Sched:            # a SchedulerView: stop_unreachable reads only awaiting_restart
         declared: float | None = None
+        done = ending = ended_well = False
+        code = error = None
 
         def awaiting_restart(self):
             now = time.monotonic()
             return [] if self.declared is None else \
                 [Awaited("worker", 1, now - self.declared, now - registered, "sent no heartbeat")]
+
+        def closed_worker_ranks(self):
+            return set()
+
+        def close(self):
+            pass
 
     job, out, err = make_job()
     old = job.spawn(Command("worker 1", py("import time; time.sleep(60)")))
@@ -282,3 +292,20 @@ def test_a_node_the_scheduler_declared_dead_is_stopped_but_never_its_restart(cap
     finally:
         job.stop()
         job.close()
+
+
+def test_the_scheduler_runner_gives_what_supervision_reads():
+    """supervise() reads the scheduler only through SchedulerView; the runner the launcher
+    hands it (launch.run) has every member of it, and reports a finished run through them."""
+    class Finished:
+        def run(self, timeout=None):
+            return 0
+
+        def close(self):
+            pass
+    runner = SchedulerRunner(Finished(), 0)
+    runner.close()
+    assert isinstance(runner, SchedulerView)
+    assert runner.done and runner.ending and runner.ended_well and runner.code == 0
+    assert runner.closed_worker_ranks() == set() and runner.awaiting_restart() == []
+    assert not isinstance(object(), SchedulerView)

@@ -58,13 +58,15 @@ ALLOWED = {
     # the MXNet adapter: the public KVStore, never the roles
     "mxnet.arrays": set(), "mxnet.engine": set(),
     "mxnet.engine_ops": {"_timing", "kvstore", "mxnet.arrays", "mxnet.engine"},
-    "mxnet.kvstore": {"_security", "errors", "kvstore", "mxnet.arrays", "mxnet.engine_ops",
-                      "optim.from_mxnet", "optim.pickled"},
+    "mxnet.optimizer": {"_security", "errors", "kvstore", "mxnet.arrays", "mxnet.engine_ops",
+                        "optim.from_mxnet", "optim.pickled"},
+    "mxnet.kvstore": {"kvstore", "mxnet.arrays", "mxnet.engine_ops", "mxnet.optimizer"},
+    "mxnet.hooks": {"mxnet.engine_ops", "mxnet.kvstore"},
     "mxnet.collectives": {"collective", "errors", "objects", "process_sets"},
     "mxnet.horovod": {"collective", "mxnet.collectives", "process_sets"},
     "mxnet.profiling": {"mxnet.kvstore"},
-    "mxnet": {"__main__", "collective", "config", "errors", "mxnet.collectives", "mxnet.horovod", "mxnet.kvstore",
-              "mxnet.profiling"},
+    "mxnet": {"__main__", "collective", "config", "errors", "mxnet.collectives", "mxnet.horovod", "mxnet.hooks",
+              "mxnet.kvstore", "mxnet.profiling"},
     "mxnet.autoload.sitecustomize": {"config", "mxnet"},   # python startup hook: imports ps.mxnet lazily
     # the PyTorch adapter (Horovod's API): the public KVStore only
     "torch.compression": set(), "torch.runtime": {"__init__", "collective"}, "objects": {"_security"},
@@ -94,7 +96,9 @@ ALLOWED = {
     "bench.cli": {"bench.cluster", "bench.gluon", "bench.measure", "bench.report", "netutil"},
     "bench.__main__": {"bench.cli", "bench.multihost"},
     "bench.netns": set(),
-    "bench.multihost": {"__init__", "bench.linkload", "bench.netns", "bench.torch_step", "keys", "launcher.process"},
+    "bench.multihost": {"bench.kvstore_step", "bench.linkload", "bench.multihost_report", "bench.netns",
+                        "bench.torch_step", "keys", "launcher.process"},
+    "bench.kvstore_step": {"__init__"}, "bench.multihost_report": set(),
     "bench.torch_step": {"torch"},
     "bench.linkload": {"bench.netns"},
 }

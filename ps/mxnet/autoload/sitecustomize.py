@@ -72,9 +72,9 @@ def _final_exit_status():
     """Registered at start-up, so it runs after every other exit handler (a DataLoader's
     pool, MXNet's shutdown, the script's own): ps.mxnet's check, which may end the process
     with status 1, skips none of them."""
-    kvstore = sys.modules.get("ps.mxnet.kvstore")
-    if kvstore is not None:
-        kvstore.exit_status()
+    hooks = sys.modules.get("ps.mxnet.hooks")
+    if hooks is not None:
+        hooks.exit_status()
 
 
 def _run_shadowed_sitecustomize():

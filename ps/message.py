@@ -237,7 +237,7 @@ class Message:
 
 
 def namespace_field(namespace: int) -> dict[str, int]:
-    """A server command's namespace field (ps/updaters.py's per-store optimizers): none for
+    """A server command's namespace field (ps/server/updaters.py's per-store optimizers): none for
     namespace 0, which is what a command without one means."""
     if not isinstance(namespace, int) or isinstance(namespace, bool) or namespace < 0:
         raise ValueError(f"namespace must be an int >= 0, got {namespace!r}")
@@ -313,7 +313,7 @@ def decode(frames: Sequence[Any], route: bytes | None = None) -> Message:
         msg.flags = extra[0]
     if cmd == Command.DATA:
         msg.frames = _data_arrays(body, frames[1:], bool(request))
-    elif cmd in (Command.REPLICA, Command.FETCH):     # checked against their events by ps/replica.py
+    elif cmd in (Command.REPLICA, Command.FETCH):     # checked against their events by ps/server/replica.py
         msg.frames = [_buffer(f) for f in frames[1:]]
     elif len(frames) > 1:
         raise ProtocolError(f"{cmd.name} carries {len(frames) - 1} unexpected data frames")

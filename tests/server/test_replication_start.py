@@ -1,4 +1,4 @@
-"""Replication at the job's start (ps/replication.py): a primary answers no worker before its
+"""Replication at the job's start (ps/server/replication.py): a primary answers no worker before its
 backup holds a first snapshot, so a primary that dies before that loses nothing, and its
 backup lets the restart start empty instead of ending the job. The protocol object with a
 recording stand-in for the postoffice (the messages are the real ones)."""
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from ps.message import Command, Entry, Message, Op, dtype_code, server_id
-from ps.replica import decode_events
-from ps.replication import Replication
-from ps.store import Store
+from ps.server.replica import decode_events
+from ps.server.replication import Replication
+from ps.server.store import Store
 
 S0, S1 = server_id(0), server_id(1)
 

@@ -6,7 +6,7 @@ import pytest
 from ps.keys import chunks
 from ps.message import Entry, Op, dtype_code
 from ps.optim import REGISTRY, Updater, from_spec
-from ps.store import Store
+from ps.server.store import Store
 
 W0, W1 = 9, 11
 KEYS = (3, 4)

@@ -1,6 +1,6 @@
 """A key's state on a server (:class:`KeyState`), its open sync rounds (:class:`Round`) and
 the requests they hold, and the replies a store makes of a value (:func:`answer`). Records
-and arithmetic only: the rules that move them are the Store's (ps/store.py).
+and arithmetic only: the rules that move them are the Store's (ps/server/store.py).
 """
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .keys import chunks
-from .message import DTYPES, Entry, Op, Rows
+from ..keys import chunks
+from ..message import DTYPES, Entry, Op, Rows
 
 
 class Reply(NamedTuple):
@@ -104,7 +104,7 @@ def answer(value: np.ndarray, waiter: Waiter, chunk_bytes: int,
     row-sparse pull asked for, in chunks of ``chunk_bytes``. A whole float32 slice asked for
     in half precision (fp16 compression both ways) goes as float16 copies; only those are
     halved, and the reply says so. Whole slices are views of ``value``: whoever owns it must
-    lend it while the replies are in flight (ps/bufguard.py)."""
+    lend it while the replies are in flight (ps/server/bufguard.py)."""
     dest, req, ids = waiter
     ts, op, key, code, row_len = req.ts, req.op, req.key, req.dtype_code, req.row_len
     if not op & Op.PULL:

@@ -26,7 +26,7 @@ server only has to send what the store returns. Rules (design §5, MXNet's where
   answered, not applied twice; a pull carries the pushes so far, the round whose value a
   restarted worker asks for (:meth:`Store._replayed_pull`). With ``journal`` set, every
   change to a value is recorded as an :class:`Event` (the sums, not the pushes) for a backup
-  server to replay (ps/replica.py).
+  server to replay (ps/server/replica.py).
 """
 from __future__ import annotations
 
@@ -36,11 +36,11 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from . import compression as comp
+from .. import compression as comp
+from ..keys import CHUNK_BYTES
+from ..message import DTYPES, Entry, Op, Rows, id_to_rank, node_name, worker_id
 from .bufguard import BufferGuard
 from .events import Event, Joins, Replays
-from .keys import CHUNK_BYTES
-from .message import DTYPES, Entry, Op, Rows, id_to_rank, node_name, worker_id
 from .rounds import DEAD, KeyState, Reply, Round, Stall, Waiter, answer, by_worker, sum_frames, uncovered
 from .updaters import Optimizers, Updater, apply_rows, whole_key
 
@@ -77,7 +77,7 @@ class Store:
         self.joins = Joins()
         self.compression: dict[str, Any] | None = None
         self.closed_workers: set[int] = set()
-        self.journal: list[Event] | None = None  # recorded changes, for a backup (ps/replica.py)
+        self.journal: list[Event] | None = None  # recorded changes, for a backup (ps/server/replica.py)
         # restarted workers re-running steps their dead self did, and their settings counted;
         # in the replica with the rest, so a server restart judges them as its dead self would
         self.replays = Replays()
@@ -90,7 +90,7 @@ class Store:
     # -- entry point ---------------------------------------------------------------------
     def handle(self, sender: int, entry: Entry, data: np.ndarray | None) -> list[Reply]:
         """Apply one request entry; the replies it makes due (pull data are views of
-        values, lent to the replies through the guard: see ps/bufguard.py)."""
+        values, lent to the replies through the guard: see ps/server/bufguard.py)."""
         op = entry.op
         try:
             if op & Op.ROWS:
@@ -564,7 +564,7 @@ class Store:
             self._writable(ks)
 
     def _writable(self, ks: KeyState) -> None:
-        """Copy-on-write (ps/bufguard.py): never change a value a reply may still read."""
+        """Copy-on-write (ps/server/bufguard.py): never change a value a reply may still read."""
         ks.value = self.guard.writable(ks.value)
 
     def _push_async(self, sender: int, entry: Entry, data: np.ndarray, ks: KeyState) -> list[Reply]:

@@ -1,5 +1,5 @@
 """Server replication (PS_MAX_RESTARTS > 0, two servers or more): the protocol around
-ps/replica.py's copy.
+ps/server/replica.py's copy.
 
 Servers form a ring (ps/ring.py: rank order, or hosts interleaved): each keeps the copy of
 the server before it (its *primary*), and the one after it keeps its own (its *backup*). A
@@ -18,12 +18,13 @@ import logging
 import threading
 from typing import Callable, NamedTuple
 
-from . import replica, ring
-from ._timing import Deadline
-from .errors import ProtocolError, PSError
+from .. import ring
+from .._timing import Deadline
+from ..errors import ProtocolError, PSError
+from ..message import Command, Message, node_name, server_id
+from ..postoffice import Postoffice
+from . import replica
 from .events import Event
-from .message import Command, Message, node_name, server_id
-from .postoffice import Postoffice
 from .store import Store
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The server role: decode requests, let the Store decide, send what it returns.
 
 Handlers run on the van's I/O thread, so replies leave without a thread hop. Values
-go out zero-copy under the copy-on-write rule of ps/bufguard.py.
+go out zero-copy under the copy-on-write rule of ps/server/bufguard.py.
 """
 from __future__ import annotations
 
@@ -10,23 +10,23 @@ import threading
 import time
 from typing import Any, Callable
 
-from . import compression, optim
-from ._timing import PauseWatch
+from .. import compression, optim
+from .._timing import PauseWatch
+from ..config import Config
+from ..errors import PSError
+from ..keys import CHUNK_BYTES
+from ..message import (Batch, Command, Flag, Message, Op, entry_has_data, id_to_rank, namespace_of,
+                       node_name, worker_id)
+from ..postoffice import SCHEDULER, Postoffice
+from ..sendqueue import SendQueue
+from ..van import Van
 from .bufguard import BufferGuard
-from .config import Config
-from .errors import PSError
 from .events import Event
-from .keys import CHUNK_BYTES
-from .message import (Batch, Command, Flag, Message, Op, entry_has_data, id_to_rank, namespace_of,
-                      node_name, worker_id)
-from .postoffice import SCHEDULER, Postoffice
 from .profiler import ServerProfiler
 from .replication import Replication
 from .rounds import Reply, Stall
-from .sendqueue import SendQueue
 from .store import Store
 from .updaters import Updater
-from .van import Van
 
 logger = logging.getLogger(__name__)
 STALL_CHECK = 0.5       # s between two stall checks (PS_STALL_WARNING)
@@ -331,8 +331,8 @@ class KVServer:
         store.record(Event("opt", ns, 0, [opt.to_spec(), opt.multi_precision]))
 
     def _set_optimizer_pickle(self, store: Store, body: dict[str, Any]) -> None:
-        from . import _security
-        from .optim import pickled
+        from .. import _security
+        from ..optim import pickled
         cfg = self.po.config
         if not cfg.allow_pickle:
             raise PermissionError("this server refuses pickled optimizers (PS_ALLOW_PICKLE=0)")

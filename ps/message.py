@@ -163,7 +163,7 @@ def dtype_code(dtype: np.dtype) -> int:
 
 def node_name(node_id: int) -> str:
     """ps-lite's short form: H for the scheduler, S[8] for servers, W[9] for workers."""
-    if node_id == 1:
+    if node_id == SCHEDULER:
         return "H"
     if node_id >= 8:
         return f"{'W' if node_id % 2 else 'S'}[{node_id}]"
@@ -189,6 +189,9 @@ class Node:
     def from_row(cls, row: Sequence[Any]) -> "Node":
         node_id, role, rank, host, port, addr, *rest = row
         return cls(node_id, Role(role), rank, host, port, addr, rest[0] if rest else None)
+
+
+SCHEDULER = 1       # the scheduler's node id; ps-lite's numbering, as server_id and worker_id below
 
 
 def server_id(rank: int) -> int:

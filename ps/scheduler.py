@@ -15,7 +15,7 @@ from . import netutil, ring
 from ._timing import DISCONNECT_GRACE, PauseWatch
 from .config import Config
 from .membership import Awaited, Barrier, Member, Parked, Recovery, Replay, assign_ranks, placement_warning
-from .message import Command, Message, Role, node_name, server_id, worker_id
+from .message import SCHEDULER, Command, Message, Role, node_name, server_id, worker_id
 from .van import Van, for_config, with_resend
 
 logger = logging.getLogger(__name__)
@@ -25,7 +25,6 @@ TICK = 0.2      # s between two checks of silences, barriers and recoveries
 # (a node that never does is dead itself, or stuck: heartbeats deal with it)
 ACK_WAIT = 5.0
 
-SCHEDULER = 1
 GROUPS = {"all": (Role.SERVER, Role.WORKER), "workers": (Role.WORKER,), "servers": (Role.SERVER,)}
 PENDING_WATCH_IDS = 1 << 24   # watch ids of registered nodes before formation (node ids are small)
 TERMINATE_GRACE = 10.0   # seconds servers get to acknowledge the end of the job

@@ -15,9 +15,9 @@ from .._timing import PauseWatch
 from ..config import Config
 from ..errors import PSError
 from ..keys import CHUNK_BYTES
-from ..message import (Batch, Command, Flag, Message, Op, entry_has_data, id_to_rank, namespace_of,
+from ..message import (SCHEDULER, Batch, Command, Flag, Message, Op, entry_has_data, id_to_rank, namespace_of,
                        node_name, worker_id)
-from ..postoffice import SCHEDULER, Postoffice
+from ..postoffice import Postoffice
 from ..sendqueue import SendQueue
 from ..van import Van
 from .bufguard import BufferGuard
@@ -59,7 +59,7 @@ class KVServer:
         self._batches = 0                    # replies made together queue as one group
         self.profiler: ServerProfiler | None = None     # made by the first "profiler" command
         if self._queue is not None and config.send_lowat:
-            self.po.van.add_tick(self._tick)
+            self.po.add_tick(self._tick)
         self.po.on(Command.DATA, self._on_data)
         self.po.on(Command.CREDIT, self._on_credit)
         self.po.on(Command.SERVER_CMD, self._on_command)
@@ -224,7 +224,7 @@ class KVServer:
 
     def _unsent(self, dest: int) -> int | None:
         """Replies leave on the connection the worker's requests came in on."""
-        return self.po.van.unsent(dest, self._routes.get(dest))
+        return self.po.unsent(dest, self._routes.get(dest))
 
     def _tick(self) -> bool:
         """On the I/O thread after each pass: replies held back for a full socket leave once
@@ -433,7 +433,7 @@ class KVServer:
             self._windowed.discard(node_id)
         route = self._routes.pop(node_id, None)
         if route is not None:
-            self.po.van.forget(route)
+            self.po.forget(route)
         self._store().worker_died(node_id)
         self.replication.after(lambda: None)    # the replica learns of it now, not with the next request
 

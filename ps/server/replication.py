@@ -236,7 +236,7 @@ class Replication:
     def _drop_subscriber(self) -> None:
         """The backup died: nobody to wait for; answer what was held."""
         assert self.subscriber is not None
-        self.po.van.forget(self.subscriber.route)
+        self.po.forget(self.subscriber.route)
         self.subscriber = None
         self._store().journal = None
         self.acked = self.seq

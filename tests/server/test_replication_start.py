@@ -24,7 +24,6 @@ class Post:
         self.down: dict[int, str] = {}
         self.dead_incarnation: dict[int, int] = {}
         self.handlers, self.listeners, self.sent = {}, [], []
-        self.van = SimpleNamespace(forget=lambda peer: None)
         self.failure = None
 
     def on(self, cmd, handler):
@@ -37,6 +36,9 @@ class Post:
         self.sent.append(msg)
 
     def connect(self, node_id):
+        pass
+
+    def forget(self, peer):
         pass
 
     def deliver(self, msg):

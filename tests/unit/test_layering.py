@@ -175,3 +175,30 @@ def test_the_check_sees_a_role_importing_another():
     assert "postoffice" in imports_of(PS / "worker.py")
     assert "worker" not in ALLOWED["server"]
     assert "worker" not in ALLOWED["server.kvserver"]
+
+
+ENTRY_POINTS = ("__main__", "testing")     # they start a server: the package's KVServer, nothing else
+
+
+def server_imports(name: str, found: set[str]) -> list[str]:
+    """What of ``found`` (a module's imports) breaks the rule that the core never imports
+    ``ps.server``, and the entry points only the package, never a module inside it."""
+    if name == "server" or name.startswith("server."):
+        return []
+    if name in ENTRY_POINTS:
+        return sorted(imp for imp in found if imp.startswith("server."))
+    return sorted(imp for imp in found if imp == "server" or imp.startswith("server."))
+
+
+def test_the_core_never_imports_the_server_internals():
+    bad = [f"{module_name(path)} imports {imp}" for path in PS.rglob("*.py")
+           for imp in server_imports(module_name(path), imports_of(path))]
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_the_server_rule_sees_what_it_forbids():
+    assert server_imports("worker", {"message", "server"}) == ["server"]
+    assert server_imports("mxnet.kvstore", {"server.store"}) == ["server.store"]
+    assert server_imports("testing", {"server", "server.kvserver"}) == ["server.kvserver"]
+    assert server_imports("__main__", {"server"}) == []
+    assert server_imports("server.kvserver", {"server.store", "postoffice"}) == []

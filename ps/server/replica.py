@@ -137,9 +137,9 @@ def restore(store: Store, events: list[Event]) -> None:
         elif ev.kind == "compression":
             store.compression = ev.info
         elif ev.kind == "workers":
-            store.replays = Replays.from_info(ev.info)
+            store.restarts.apply(ev)
         elif ev.kind == "joins":
-            store.joins = Joins.from_info(ev.info)
+            store.quorum.apply(ev)
     for ns, updater in opts.updaters.items():
         store.set_updater(updater, opts.multi[ns], ns)
 

@@ -12,6 +12,14 @@ from ..keys import chunks
 from ..message import DTYPES, Entry, Op, Rows
 
 
+class StoreError(Exception):
+    """A request the store refuses: the error reply's kind and text."""
+
+    def __init__(self, kind: str, text: str):
+        super().__init__(text)
+        self.kind = kind
+
+
 class Reply(NamedTuple):
     dest: int                  # worker node id
     entry: Entry
@@ -164,3 +172,27 @@ def sum_frames(frames: list, dst: np.ndarray) -> np.ndarray:
     for more in rest:
         np.add(dst, more, out=dst, casting="unsafe")
     return dst
+
+
+def sum_dense(frames: dict[int, list], rows: list, total: int, row_len: int, dtype: np.dtype) -> np.ndarray:
+    """A round where some workers pushed dense (``frames``: offset -> [(worker, frame)]) and
+    others rows (``rows``: [(worker, Rows)]), summed dense, each in rank order."""
+    grad = np.zeros(total, dtype)
+    for off, pend in frames.items():
+        for frame in by_worker(pend):
+            np.add(grad[off:off + frame.size], frame, out=grad[off:off + frame.size], casting="unsafe")
+    by_row = grad.reshape(-1, row_len)
+    for data in by_worker(rows):
+        by_row[data.ids] += data.values.reshape(-1, row_len)
+    return grad
+
+
+def sum_rows(rows: list, row_len: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """A round's row-sparse pushes (``rows``: [(worker, Rows)]) summed per row id: the
+    sorted ids and their sums, one row each."""
+    pushes = by_worker(rows)
+    ids = np.unique(np.concatenate([data.ids for data in pushes])).astype(np.int64)
+    summed = np.zeros((ids.size, row_len), dtype)
+    for data in pushes:                     # in rank order, as dense sums; ids distinct per push
+        summed[np.searchsorted(ids, data.ids)] += data.values.reshape(-1, row_len)
+    return ids, summed

@@ -28,7 +28,8 @@ class Outbox(Protocol):
     """What the server hands its replies to (on the I/O thread)."""
 
     def send(self, replies: list[Reply]) -> None:
-        """Data replies, in order ([]: none, but what the handler changed is final)."""
+        """A handler's data replies, in order; called after every request, with [] too (its
+        changes still go to the backup)."""
 
     def send_message(self, msg: Message) -> None:
         """Any other answer (a server command's)."""
@@ -119,7 +120,7 @@ class ReplySender:
         msg.flags = flags
         self.po.send(msg)
 
-    # -- the send window ----------------------------------------------------------------------
+    # -- the send window ---------------------------------------------------------------------
     def _send_queued(self) -> None:
         """What the window has room for (the caller then hands the values over)."""
         for out in self._queue.take(self._unsent):

@@ -35,7 +35,7 @@ class Restarts:
         self.replays.apply(event)
         self._record(event)
 
-    # -- a worker dies, its restart catches up ---------------------------------------------
+    # -- a worker dies, its restart catches up -----------------------------------------------
     def died(self, worker: int) -> None:
         """A worker died and its restart is awaited: the pushes it had begun stay (their
         chunks may be summed already) and its restart sends only the rest (``Round.skip``);
@@ -62,7 +62,7 @@ class Restarts:
             return {k: ks.closed + _complete_open(ks, worker) for k, ks in self._keys.items()}
         return {k: ks.applied.get(worker, 0) for k, ks in self._keys.items()}
 
-    # -- pushes and pulls again ------------------------------------------------------------
+    # -- pushes and pulls again --------------------------------------------------------------
     def holds(self, ks: KeyState, sender: int, seq: int, sync: bool) -> bool:
         """Whether push number ``seq`` of ``sender`` is here already: resent after a server
         restart, or replayed by a restarted worker (its dead self pushed it, whole, into a
@@ -136,7 +136,7 @@ class Restarts:
             "self finished are gone (the weights live on the workers: update_on_kvstore=False, or a "
             "Horovod-style job). A worker of such a job cannot be restarted into it: start the job again"))
 
-    # -- settings (server commands) again ------------------------------------------------
+    # -- settings (server commands) again ----------------------------------------------------
     def setting_resent(self, worker: int, cid: Any) -> bool:
         """The worker sent this setting (command id ``cid``) again: this server's dead self
         counted it, and died before its answer left (the count came with the replica).

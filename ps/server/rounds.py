@@ -1,6 +1,8 @@
 """A key's state on a server (:class:`KeyState`), its open sync rounds (:class:`Round`) and
-the requests they hold, and the replies a store makes of a value (:func:`answer`). Records
-and arithmetic only: the rules that move them are the Store's (ps/server/store.py).
+the requests they hold, the replies a store makes of a value (:func:`answer`), the sums of
+a round's pushes (:func:`sum_frames`, :func:`sum_rows`), and the error a request is refused
+with (:class:`StoreError`). Records and arithmetic only: the rules that move them are the
+Store's (ps/server/store.py), shared here with the helpers it owns.
 """
 from __future__ import annotations
 

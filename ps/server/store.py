@@ -233,7 +233,7 @@ class Store:
                                              "servers have no 2bit compression set")
         return comp.unpack_2bit(data, entry.length, self.compression["threshold"], ks.merge_dtype)
 
-    # -- sync rounds ---------------------------------------------------------------------
+    # -- sync rounds -------------------------------------------------------------------------
     def _round_for(self, ks: KeyState, sender: int, ts: int) -> Round:
         for rnd in ks.rounds:
             if rnd.members.get(sender) == ts:
@@ -458,7 +458,7 @@ class Store:
             wide = self.opts.multi_precision(key) and ks.value.dtype == np.float16
             ks.merge_dtype = np.dtype(np.float32) if wide else ks.value.dtype
 
-    # -- recovery (PS_MAX_RESTARTS) ------------------------------------------------------------------------
+    # -- recovery (PS_MAX_RESTARTS) ----------------------------------------------------------
     def half_applied(self) -> list[int]:
         """Keys whose open sync round changed the value in part (chunk by chunk): a snapshot
         now would hold half a round."""

@@ -49,7 +49,7 @@ class Values:
         self.keep_before = keep_before
         self._scratch = np.empty(0, np.uint8)  # reused for chunk sums that go through an optimizer
 
-    # -- a sync round ----------------------------------------------------------------------
+    # -- a sync round ------------------------------------------------------------------------
     def reduce(self, ks: KeyState, rnd: Round, off: int, frames: list, journal: list[Event] | None) -> list[Reply]:
         """Sum one chunk's frames and use the sum right away: assign it to the value (no
         optimizer, as MXNet) or run the elementwise optimizer on this chunk only, so no

@@ -165,7 +165,7 @@ def dtype_code(dtype: np.dtype) -> int:
 
 def node_name(node_id: int) -> str:
     """ps-lite's short form: H for the scheduler, S[8] for servers, W[9] for workers."""
-    if node_id == 1:
+    if node_id == SCHEDULER:
         return "H"
     if node_id >= 8:
         return f"{'W' if node_id % 2 else 'S'}[{node_id}]"
@@ -191,6 +191,9 @@ class Node:
     def from_row(cls, row: Sequence[Any]) -> "Node":
         node_id, role, rank, host, port, addr, *rest = row
         return cls(node_id, Role(role), rank, host, port, addr, rest[0] if rest else None)
+
+
+SCHEDULER = 1       # the scheduler's node id; ps-lite's numbering, as server_id and worker_id below
 
 
 def server_id(rank: int) -> int:
@@ -239,7 +242,7 @@ class Message:
 
 
 def namespace_field(namespace: int) -> dict[str, int]:
-    """A server command's namespace field (ps/updaters.py's per-store optimizers): none for
+    """A server command's namespace field (ps/server/updaters.py's per-store optimizers): none for
     namespace 0, which is what a command without one means."""
     if not isinstance(namespace, int) or isinstance(namespace, bool) or namespace < 0:
         raise ValueError(f"namespace must be an int >= 0, got {namespace!r}")
@@ -315,7 +318,7 @@ def decode(frames: Sequence[Any], route: bytes | None = None) -> Message:
         msg.flags = extra[0]
     if cmd == Command.DATA:
         msg.frames = _data_arrays(body, frames[1:], bool(request))
-    elif cmd in (Command.REPLICA, Command.FETCH):     # checked against their events by ps/replica.py
+    elif cmd in (Command.REPLICA, Command.FETCH):     # checked against their events by ps/server/replica.py
         msg.frames = [_buffer(f) for f in frames[1:]]
     elif len(frames) > 1:
         raise ProtocolError(f"{cmd.name} carries {len(frames) - 1} unexpected data frames")

@@ -18,12 +18,11 @@ from . import netutil, ring
 from ._timing import DISCONNECT_GRACE, POLL, Deadline, PauseWatch
 from .config import Config
 from .errors import ClosedError, PeerLostError, ProtocolError, PSError, PSTimeoutError
-from .message import Command, Flag, Message, Node, Role, id_to_rank, node_name, payload_bytes
+from .message import SCHEDULER, Command, Flag, Message, Node, Role, id_to_rank, node_name, payload_bytes
 from .van import Van, for_config, with_resend
 
 logger = logging.getLogger(__name__)
 
-SCHEDULER = 1
 FORMATION_GRACE = 3.0   # extra seconds a registered node waits for the scheduler's verdict
 Handler = Callable[[Message], None]
 
@@ -341,6 +340,19 @@ class Postoffice:
         """Like :meth:`call_soon`, but never inline: work queued in one burst can be
         batched by the last of it."""
         self.van.call_later(fn)
+
+    def add_tick(self, fn: Callable[[], bool]) -> None:
+        """Run ``fn`` on the I/O thread after every pass (:meth:`Van.add_tick`): a role's
+        send window offers what a full socket held back (PS_SEND_LOWAT)."""
+        self.van.add_tick(fn)
+
+    def unsent(self, node_id: int, route: bytes | None = None) -> int | None:
+        """Bytes the kernel holds unsent on the connection to ``node_id`` (:meth:`Van.unsent`)."""
+        return self.van.unsent(node_id, route)
+
+    def forget(self, peer: Any) -> None:
+        """A peer (node id or ROUTER identity) that died: its transport state goes (:meth:`Van.forget`)."""
+        self.van.forget(peer)
 
     def transport_stats(self) -> dict[str, int]:
         return {"dropped": self.dropped, **self.van.transport_stats()}

@@ -18,7 +18,7 @@ from .barriers import GROUPS, Barriers
 from .formation import Formation
 from .membership import (Awaited, Member, Parked, Recovery, head_count, placement_warning, restart_place,
                          unrecoverable)
-from .message import Command, Message, Role, node_name
+from .message import SCHEDULER, Command, Message, Role, node_name
 from .van import Van, for_config, with_resend
 
 logger = logging.getLogger(__name__)
@@ -28,7 +28,6 @@ TICK = 0.2      # s between two checks of silences, barriers and recoveries
 # (a node that never does is dead itself, or stuck: heartbeats deal with it)
 ACK_WAIT = 5.0
 
-SCHEDULER = 1
 TERMINATE_GRACE = 10.0   # seconds servers get to acknowledge the end of the job
 
 

@@ -48,7 +48,7 @@ class KVWorker:
         self._cmd_waiters: dict[int, tuple[threading.Event, dict[int, Any]]] = {}
         self._cmd_sent: dict[int, tuple[list[int], dict[str, Any]]] = {}
         if self._queue is not None and po.config.send_lowat:
-            po.van.add_tick(self._tick)
+            po.add_tick(self._tick)
         po.on(Command.DATA, self._on_reply)
         po.on(Command.SERVER_CMD, self._on_command_reply)
         po.on(Command.CREDIT, self._on_credit)
@@ -195,7 +195,7 @@ class KVWorker:
 
     def _send_queued(self) -> None:
         """What the send window has room for, most urgent first (under the lock)."""
-        for out in self._queue.take(self.po.van.unsent):
+        for out in self._queue.take(self.po.unsent):
             self._send(out.dest, out.batch, Flag.WINDOWED | (Flag.CREDIT if out.credit else 0))
 
     def _tick(self) -> bool:

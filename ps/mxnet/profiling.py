@@ -15,7 +15,7 @@ def patch_profiler() -> None:
     """MXNet sends ``profile_process='server'`` calls through its C++ kvstore's handle, which
     a ps store has not (MXNet would fail with "KVStoreHandle passed to profiler is null"):
     here they go to ps's servers as a "profiler" command, from rank 0 as MXNet's kvstore
-    sends them. The servers write a Chrome trace of their own work (ps/profiler.py)."""
+    sends them. The servers write a Chrome trace of their own work (ps/server/profiler.py)."""
     for name in ("set_config", "set_state", "dump", "pause", "resume"):
         original = getattr(mx.profiler, name)
         if getattr(original, "_ps_patched", False):

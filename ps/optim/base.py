@@ -3,7 +3,7 @@
 Optimizers travel as a msgpack-able *spec* (``{"name": ..., "params": {...}}``),
 never as code: a server only ever builds optimizers from this registry.
 
-Interface used by the server (``ps/store.py``)::
+Interface used by the server (``ps/server/store.py``)::
 
     updater = Updater(from_spec(spec))
     updater(key, grad, weight)     # flat 1-D numpy arrays; updates ``weight`` in place

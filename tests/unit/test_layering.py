@@ -11,7 +11,7 @@ PS = ROOT / "ps"
 # `import ps`; launcher modules by their full name)
 ALLOWED = {
     # the core, bottom up
-    "errors": set(), "_logging": set(), "keys": set(), "compression": set(), "bufguard": set(), "childproc": set(),
+    "errors": set(), "_logging": set(), "keys": set(), "compression": set(), "childproc": set(),
     "_timing": {"errors"}, "config": {"errors"}, "pslite": {"errors"}, "message": {"compression", "errors", "pslite"},
     "_security": {"errors"},
     "netutil": {"config", "errors"},
@@ -22,9 +22,7 @@ ALLOWED = {
     "van.reliable": {"message", "van.base"},
     "van": {"van.base", "van.zmq_van", "van.inproc_van", "van.reliable", "_security"},
     "customer": {"_timing", "errors", "message"},
-    "events": set(), "updaters": set(), "rounds": {"keys", "message"},
-    "store": {"bufguard", "compression", "events", "keys", "message", "rounds", "updaters"},
-    "ring": set(), "profiler": set(), "check": {"kvstore", "message"},
+    "ring": set(), "check": {"kvstore", "message"},
     "postoffice": {"_timing", "config", "errors", "message", "netutil", "ring", "van"},
     "membership": {"message", "ring"},
     "formation": {"_timing", "config", "membership", "message", "ring", "van"},
@@ -32,10 +30,26 @@ ALLOWED = {
     "scheduler": {"_timing", "barriers", "config", "formation", "membership", "message", "netutil", "van"},
     "sendqueue": {"keys", "message"},
     "worker": {"_timing", "customer", "errors", "keys", "message", "postoffice", "sendqueue"},
-    "replica": {"errors", "events", "message", "optim", "store", "updaters"},
-    "replication": {"_timing", "errors", "events", "message", "postoffice", "replica", "ring", "store"},
-    "server": {"_security", "_timing", "bufguard", "compression", "config", "errors", "events", "keys", "message", "optim",
-               "optim.pickled", "postoffice", "profiler", "replication", "rounds", "sendqueue", "store", "updaters", "van"},
+    # the server role: the rest of ps imports only the package (KVServer), see
+    # test_the_core_never_imports_the_server_internals
+    "server.events": set(), "server.updaters": set(), "server.bufguard": set(), "server.profiler": set(),
+    "server.rounds": {"keys", "message"},
+    "server.quorum": {"message", "server.events", "server.rounds"},
+    "server.values": {"keys", "message", "server.bufguard", "server.events", "server.rounds", "server.updaters"},
+    "server.restarts": {"message", "server.events", "server.quorum", "server.rounds", "server.updaters",
+                        "server.values"},
+    "server.store": {"compression", "keys", "message", "server.bufguard", "server.events", "server.quorum",
+                     "server.restarts", "server.rounds", "server.updaters", "server.values"},
+    "server.replica": {"errors", "message", "optim", "server.events", "server.store", "server.updaters"},
+    "server.replies": {"keys", "message", "postoffice", "sendqueue", "server.bufguard", "server.profiler",
+                       "server.rounds"},
+    "server.replication": {"_timing", "errors", "message", "postoffice", "ring", "server.events", "server.replica",
+                           "server.replies", "server.rounds", "server.store"},
+    "server.kvserver": {"_security", "_timing", "compression", "config", "errors", "message", "optim",
+                        "optim.pickled", "postoffice", "server.bufguard", "server.events", "server.profiler",
+                        "server.replication", "server.replies", "server.rounds", "server.store", "server.updaters",
+                        "van"},
+    "server": {"server.kvserver"},
     "values": {"keys", "message"},
     "kvstore": {"_logging", "_timing", "compression", "config", "customer", "errors", "keys", "message",
                 "postoffice", "values", "van", "worker"},
@@ -175,3 +189,31 @@ def test_the_check_sees_a_role_importing_another():
     server module importing the worker would be reported."""
     assert "postoffice" in imports_of(PS / "worker.py")
     assert "worker" not in ALLOWED["server"]
+    assert "worker" not in ALLOWED["server.kvserver"]
+
+
+ENTRY_POINTS = ("__main__", "testing")     # they start a server: the package's KVServer, nothing else
+
+
+def server_imports(name: str, found: set[str]) -> list[str]:
+    """What of ``found`` (a module's imports) breaks the rule that the core never imports
+    ``ps.server``, and the entry points only the package, never a module inside it."""
+    if name == "server" or name.startswith("server."):
+        return []
+    if name in ENTRY_POINTS:
+        return sorted(imp for imp in found if imp.startswith("server."))
+    return sorted(imp for imp in found if imp == "server" or imp.startswith("server."))
+
+
+def test_the_core_never_imports_the_server_internals():
+    bad = [f"{module_name(path)} imports {imp}" for path in PS.rglob("*.py")
+           for imp in server_imports(module_name(path), imports_of(path))]
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_the_server_rule_sees_what_it_forbids():
+    assert server_imports("worker", {"message", "server"}) == ["server"]
+    assert server_imports("mxnet.kvstore", {"server.store"}) == ["server.store"]
+    assert server_imports("testing", {"server", "server.kvserver"}) == ["server.kvserver"]
+    assert server_imports("__main__", {"server"}) == []
+    assert server_imports("server.kvserver", {"server.store", "postoffice"}) == []

@@ -1,5 +1,5 @@
 """What the store needs of an optimizer (:class:`Updater`) and which one each key goes
-through (:class:`Optimizers`). A Store and its backup's Mirror (ps/replica.py) both hold an
+through (:class:`Optimizers`). A Store and its backup's Mirror (ps/server/replica.py) both hold an
 ``Optimizers``, and both close a row-sparse round through :func:`apply_rows`, so a backup's
 copy moves exactly as its primary's value did.
 """
@@ -83,7 +83,7 @@ def whole_key(updater: Updater | None) -> bool:
 
 
 def apply_rows(updater: Updater | None, key: int, weight: np.ndarray, rows: np.ndarray, summed: np.ndarray) -> None:
-    """Close a row-sparse round (or replay its close on a backup, ps/replica.py): the rows'
+    """Close a row-sparse round (or replay its close on a backup, ps/server/replica.py): the rows'
     sums through the optimizer, or, without one, they replace the value (MXNet assigns)."""
     if updater is None:
         weight[:] = 0

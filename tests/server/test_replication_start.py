@@ -1,4 +1,4 @@
-"""Replication at the job's start (ps/replication.py): a primary answers no worker before its
+"""Replication at the job's start (ps/server/replication.py): a primary answers no worker before its
 backup holds a first snapshot, so a primary that dies before that loses nothing, and its
 backup lets the restart start empty instead of ending the job. The protocol object with a
 recording stand-in for the postoffice (the messages are the real ones)."""
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from ps.message import Command, Entry, Message, Op, dtype_code, server_id
-from ps.replica import decode_events
-from ps.replication import Replication
-from ps.store import Store
+from ps.server.replica import decode_events
+from ps.server.replication import Replication
+from ps.server.store import Store
 
 S0, S1 = server_id(0), server_id(1)
 
@@ -24,7 +24,6 @@ class Post:
         self.down: dict[int, str] = {}
         self.dead_incarnation: dict[int, int] = {}
         self.handlers, self.listeners, self.sent = {}, [], []
-        self.van = SimpleNamespace(forget=lambda peer: None)
         self.failure = None
 
     def on(self, cmd, handler):
@@ -39,6 +38,9 @@ class Post:
     def connect(self, node_id):
         pass
 
+    def forget(self, peer):
+        pass
+
     def deliver(self, msg):
         self.handlers[msg.cmd](msg)
 
@@ -47,13 +49,23 @@ class Post:
             listener(node_id, up)
 
 
+class Answered(list):
+    """Stands for the server's reply sender: what Replication hands on, in order."""
+
+    def send(self, replies):
+        self.extend(replies)
+
+    def send_message(self, msg):
+        self.append(msg)
+
+
 def primary_with_one_key():
     po = Post(rank=1)                       # S1: its backup is S0
     store = Store(2, sync=True)
-    rep = Replication(po, lambda: "S1", lambda: store)
+    answered = Answered()
+    rep = Replication(po, lambda: "S1", store, answered)
     store.handle(9, Entry(1, Op.INIT, 3, 0, 4, 4, dtype_code(np.float32)), np.ones(4, np.float32))
-    answered = []
-    rep.after(lambda: answered.append("init"))
+    rep.send(["init"])
     return po, rep, answered
 
 
@@ -65,7 +77,7 @@ def test_a_primary_answers_nothing_before_its_backups_first_snapshot_is_acknowle
     assert copies and answered == []        # the snapshot is out, not yet acknowledged
     po.deliver(Message(Command.REPLICA, S0, S1, {"ack": copies[-1].body["seq"]}, request=False))
     assert answered == ["init"]
-    rep.after(lambda: answered.append("next"))   # from then on, as before: nothing changed, at once
+    rep.send(["next"])                       # from then on, as before: nothing changed, at once
     assert answered == ["init", "next"]
 
 
@@ -78,7 +90,7 @@ def test_a_primary_whose_backup_died_before_subscribing_answers_at_once():
 
 def test_a_backup_that_never_had_a_snapshot_lets_the_restart_start_empty():
     po = Post(rank=0)                       # S0 keeps S1's copy; S1 died before sending one
-    Replication(po, lambda: "S0", lambda: Store(2))
+    Replication(po, lambda: "S0", Store(2), Answered())
     po.deliver(Message(Command.FETCH, S1, S0, None, route=b"s1-restart"))
     reply = [m for m in po.sent if m.cmd == Command.FETCH][-1]
     assert reply.body.get("done") is True and not reply.body.get("error"), reply.body
@@ -87,7 +99,7 @@ def test_a_backup_that_never_had_a_snapshot_lets_the_restart_start_empty():
 def test_a_restarted_backup_without_a_snapshot_still_refuses():
     """Restarted itself, it cannot know what its primary answered before: refusing is right."""
     po = Post(rank=0, restarted=1)
-    Replication(po, lambda: "S0", lambda: Store(2))
+    Replication(po, lambda: "S0", Store(2), Answered())
     po.deliver(Message(Command.FETCH, S1, S0, None, route=b"s1-restart"))
     reply = [m for m in po.sent if m.cmd == Command.FETCH][-1]
     assert "has not sent a snapshot yet" in reply.body["error"], reply.body
@@ -99,11 +111,11 @@ def test_a_snapshot_cut_short_by_its_senders_death_leaves_the_whole_copy_to_hand
     is built aside and replaces the copy only once whole. Before, its first part replaced the
     copy, and the next restart recovered one key of two."""
     backup_po = Post(rank=0)
-    backup = Replication(backup_po, lambda: "S0", lambda: Store(2))
+    backup = Replication(backup_po, lambda: "S0", Store(2), Answered())
 
     def primary(restarted: int):
         po, store = Post(rank=1, restarted=restarted), Store(2, sync=True)
-        rep = Replication(po, lambda: "S1", lambda: store)
+        rep = Replication(po, lambda: "S1", store, Answered())
         for key, fill in ((3, 1.0), (5, 2.0)):
             store.handle(9, Entry(key, Op.INIT, key, 0, 4, 4, dtype_code(np.float32)), np.full(4, fill, np.float32))
         po.deliver(Message(Command.SUBSCRIBE, S0, S1, None, route=b"s0"))
@@ -137,12 +149,12 @@ def test_a_late_word_of_its_backups_old_death_does_not_drop_the_restart_that_sub
     replies for it. Before, S1 dropped it and answered workers with no copy kept anywhere."""
     po = Post(rank=1)
     store = Store(2, sync=True)
-    rep = Replication(po, lambda: "S1", lambda: store)
-    answered = []
+    answered = Answered()
+    rep = Replication(po, lambda: "S1", store, answered)
 
     def change(key):
         store.handle(9, Entry(key, Op.INIT, key, 0, 4, 4, dtype_code(np.float32)), np.ones(4, np.float32))
-        rep.after(lambda: answered.append(key))
+        rep.send([key])
     change(3)
     po.deliver(Message(Command.SUBSCRIBE, S0, S1, {"incarnation": 0}, route=b"s0"))
     po.deliver(Message(Command.REPLICA, S0, S1, {"ack": rep.seq}, request=False))

@@ -1,6 +1,8 @@
 """A key's state on a server (:class:`KeyState`), its open sync rounds (:class:`Round`) and
-the requests they hold, and the replies a store makes of a value (:func:`answer`). Records
-and arithmetic only: the rules that move them are the Store's (ps/store.py).
+the requests they hold, the replies a store makes of a value (:func:`answer`), the sums of
+a round's pushes (:func:`sum_frames`, :func:`sum_rows`), and the error a request is refused
+with (:class:`StoreError`). Records and arithmetic only: the rules that move them are the
+Store's (ps/server/store.py), shared here with the helpers it owns.
 """
 from __future__ import annotations
 
@@ -8,8 +10,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .keys import chunks
-from .message import DTYPES, Entry, Op, Rows
+from ..keys import chunks
+from ..message import DTYPES, Entry, Op, Rows
+
+
+class StoreError(Exception):
+    """A request the store refuses: the error reply's kind and text."""
+
+    def __init__(self, kind: str, text: str):
+        super().__init__(text)
+        self.kind = kind
 
 
 class Reply(NamedTuple):
@@ -104,7 +114,7 @@ def answer(value: np.ndarray, waiter: Waiter, chunk_bytes: int,
     row-sparse pull asked for, in chunks of ``chunk_bytes``. A whole float32 slice asked for
     in half precision (fp16 compression both ways) goes as float16 copies; only those are
     halved, and the reply says so. Whole slices are views of ``value``: whoever owns it must
-    lend it while the replies are in flight (ps/bufguard.py)."""
+    lend it while the replies are in flight (ps/server/bufguard.py)."""
     dest, req, ids = waiter
     ts, op, key, code, row_len = req.ts, req.op, req.key, req.dtype_code, req.row_len
     if not op & Op.PULL:
@@ -164,3 +174,27 @@ def sum_frames(frames: list, dst: np.ndarray) -> np.ndarray:
     for more in rest:
         np.add(dst, more, out=dst, casting="unsafe")
     return dst
+
+
+def sum_dense(frames: dict[int, list], rows: list, total: int, row_len: int, dtype: np.dtype) -> np.ndarray:
+    """A round where some workers pushed dense (``frames``: offset -> [(worker, frame)]) and
+    others rows (``rows``: [(worker, Rows)]), summed dense, each in rank order."""
+    grad = np.zeros(total, dtype)
+    for off, pend in frames.items():
+        for frame in by_worker(pend):
+            np.add(grad[off:off + frame.size], frame, out=grad[off:off + frame.size], casting="unsafe")
+    by_row = grad.reshape(-1, row_len)
+    for data in by_worker(rows):
+        by_row[data.ids] += data.values.reshape(-1, row_len)
+    return grad
+
+
+def sum_rows(rows: list, row_len: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """A round's row-sparse pushes (``rows``: [(worker, Rows)]) summed per row id: the
+    sorted ids and their sums, one row each."""
+    pushes = by_worker(rows)
+    ids = np.unique(np.concatenate([data.ids for data in pushes])).astype(np.int64)
+    summed = np.zeros((ids.size, row_len), dtype)
+    for data in pushes:                     # in rank order, as dense sums; ids distinct per push
+        summed[np.searchsorted(ids, data.ids)] += data.values.reshape(-1, row_len)
+    return ids, summed

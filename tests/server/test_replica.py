@@ -1,4 +1,4 @@
-"""A backup's copy (ps/replica.py) replays the primary store's changes bit for bit, on every
+"""A backup's copy (ps/server/replica.py) replays the primary store's changes bit for bit, on every
 path a round can take, and a store restored from it goes on exactly like the original."""
 import numpy as np
 import pytest
@@ -6,9 +6,9 @@ import pytest
 from ps import optim
 from ps.errors import ProtocolError
 from ps.message import Entry, Op, Rows, dtype_code
-from ps.replica import Mirror, decode_events, encode_events, restore, snapshot
-from ps.events import Event
-from ps.store import Store
+from ps.server.events import Event
+from ps.server.replica import Mirror, decode_events, encode_events, restore, snapshot
+from ps.server.store import Store
 
 W = (9, 11, 13)
 F32, F16 = dtype_code(np.float32), dtype_code(np.float16)

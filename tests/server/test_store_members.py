@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from ps.message import Entry, Op, dtype_code
-from ps.replica import Mirror, decode_events, encode_events, restore, snapshot
-from ps.store import Store
+from ps.server.replica import Mirror, decode_events, encode_events, restore, snapshot
+from ps.server.store import Store
 
 W0, W1, W2 = 9, 11, 13          # workers 0, 1, 2
 F32 = dtype_code(np.float32)

@@ -1,7 +1,10 @@
-"""The server role: decode requests, let the Store decide, send what it returns.
+"""The server role: decode requests, let the Store decide, hand what it returns to the outbox.
 
-Handlers run on the van's I/O thread, so replies leave without a thread hop. Values
-go out zero-copy under the copy-on-write rule of ps/bufguard.py.
+Handlers run on the van's I/O thread, so replies leave without a thread hop. The outbox is
+the reply sender itself (ps/server/replies.py), or, when a backup keeps this server's
+replica, the replication that holds replies until the backup has what they depend on
+(ps/server/replication.py). Values go out zero-copy under the copy-on-write rule of
+ps/server/bufguard.py.
 """
 from __future__ import annotations
 
@@ -10,23 +13,21 @@ import threading
 import time
 from typing import Any, Callable
 
-from . import compression, optim
-from ._timing import PauseWatch
+from .. import compression, optim
+from .._timing import PauseWatch
+from ..config import Config
+from ..errors import PSError
+from ..message import SCHEDULER, Command, Message, Op, entry_has_data, id_to_rank, namespace_of, node_name, worker_id
+from ..postoffice import Postoffice
+from ..van import Van
 from .bufguard import BufferGuard
-from .config import Config
-from .errors import PSError
 from .events import Event
-from .keys import CHUNK_BYTES
-from .message import (Batch, Command, Flag, Message, Op, entry_has_data, id_to_rank, namespace_of,
-                      node_name, worker_id)
-from .postoffice import SCHEDULER, Postoffice
 from .profiler import ServerProfiler
 from .replication import Replication
+from .replies import Outbox, ReplySender
 from .rounds import Reply, Stall
-from .sendqueue import SendQueue
 from .store import Store
 from .updaters import Updater
-from .van import Van
 
 logger = logging.getLogger(__name__)
 STALL_CHECK = 0.5       # s between two stall checks (PS_STALL_WARNING)
@@ -38,9 +39,11 @@ class KVServer:
     def __init__(self, config: Config, van: Van | None = None):
         self.po = Postoffice(config, van)
         self.guard = BufferGuard()
-        self.store: Store | None = None
+        # made now, not on first use: a backup may subscribe as soon as the barrier of
+        # start() lets the other servers go; the node table then tells its mode and this
+        # server's name (start), before any request is served (_early_or)
+        self.store = Store(self.po.num_workers, guard=self.guard, keep_before=config.max_restarts > 0)
         self.error: PSError | None = None
-        self._routes: dict[int, bytes | None] = {}
         self._stopped = threading.Event()
         self._joined = threading.Event()
         self._stalls: dict[tuple[int, int], Stall] = {}   # (key, round) -> as last warned
@@ -49,28 +52,21 @@ class KVServer:
         # before its state is back from the replica; any server's, before it has its node table
         self._serving = False
         self._early: list[Message] = []
-        # PS_SEND_WINDOW: replies too leave most urgent first, with a bounded window (the
-        # server's link also carries its host's worker's pushes); a key's priority is its
-        # latest request's
-        window = config.send_window
-        self._queue = SendQueue(window, config.send_lowat) if window else None
-        self._priority: dict[int, int] = {}
-        self._windowed: set[int] = set()     # workers whose requests ask for credits: reached over a network
-        self._batches = 0                    # replies made together queue as one group
         self.profiler: ServerProfiler | None = None     # made by the first "profiler" command
-        if self._queue is not None and config.send_lowat:
-            self.po.van.add_tick(self._tick)
+        self.sender = ReplySender(self.po, self.guard)
         self.po.on(Command.DATA, self._on_data)
-        self.po.on(Command.CREDIT, self._on_credit)
         self.po.on(Command.SERVER_CMD, self._on_command)
         self.po.on(Command.WORKER_CLOSED, self._on_worker_closed)
         self.po.on(Command.TERMINATE, self._on_terminate)
         self.po.add_failure_listener(self._on_failure)
-        self.replication = Replication(self.po, lambda: self.name, self._store)
+        self.replication = Replication(self.po, lambda: self.name, self.store, self.sender)
+        # where replies go: straight to the sender, or held for the backup (PS_MAX_RESTARTS)
+        self.outbox: Outbox = self.replication if self.replication.enabled else self.sender
         self.po.add_node_listener(self._on_node)
 
     def start(self) -> None:
         self.po.start()
+        self.store.sync, self.store.name = self.po.sync, self.name
         error = self.replication.start()
         if self.po.restarted:
             if error is not None:
@@ -139,28 +135,17 @@ class KVServer:
         """The profiler while it records (mx.profiler's server calls), else None."""
         return self.profiler if self.profiler is not None and self.profiler.running else None
 
-    def _store(self) -> Store:
-        if self.store is None:   # created on first use: the sync mode comes with the node table
-            self.store = Store(self.po.num_workers, self.po.sync, self.name, guard=self.guard,
-                               keep_before=self.po.config.max_restarts > 0)
-        return self.store
-
     # -- data ----------------------------------------------------------------------------
     def _on_data(self, msg: Message) -> None:
         if not msg.request or self._early_or(msg):
             return
         self.po.credit(msg)
-        if msg.flags & Flag.WINDOWED and self._queue is not None:   # it is across a network: queue its replies
-            self._windowed.add(msg.sender)
-        self._routes[msg.sender] = msg.route
-        store = self._store()
+        self.sender.came(msg)
+        store = self.store
         replies: list[Reply] = []
         arrays = iter(msg.frames)
-        priority = self._priority if self._queue is not None else None
         profiler = self._recording()
         for entry in msg.body:
-            if priority is not None:
-                priority[entry.key] = entry.priority
             data = next(arrays) if entry_has_data(True, entry.op, None) else None
             if profiler is not None:
                 start, due = time.perf_counter(), len(replies)
@@ -174,73 +159,9 @@ class KVServer:
                                 {"key": entry.key, "worker": id_to_rank(msg.sender), "offset": entry.offset,
                                  "elements": entry.length, "of": entry.total,
                                  "replies": len(replies) - due})    # > 0: it closed a round (and updated)
-        self.replication.after(lambda: self._send(replies) if replies else None)
+        self.outbox.send(replies)
         if self._stalls:
             self._report_resumed()
-
-    def _send(self, replies: list[Reply]) -> None:
-        """Group replies per worker into messages of about CHUNK_BYTES each."""
-        profiler = self._recording()
-        start = time.perf_counter() if profiler is not None else 0.0
-        self._send_now(replies)
-        if profiler is not None:
-            profiler.record("send replies", "reply", start, {"replies": len(replies)})
-
-    def _send_now(self, replies: list[Reply]) -> None:
-        if self._windowed:
-            priority, direct = self._priority, []
-            self._batches += 1
-            for reply in replies:
-                if reply.dest in self._windowed:
-                    self._queue.add(priority.get(reply.entry.key, 0), *reply, self._batches)
-                else:
-                    direct.append(reply)
-            self._send_queued()
-            replies = direct
-        batches: dict[int, Batch] = {}
-        for dest, entry, data in replies:
-            batch = batches.get(dest)
-            if batch is None:
-                batch = batches[dest] = Batch()
-            if batch.add(entry, data) >= CHUNK_BYTES:
-                self._emit(dest, batches.pop(dest))
-        for dest, batch in batches.items():
-            self._emit(dest, batch)
-        # replies still waiting in the send queue keep their values lent (a worker on this
-        # machine answered directly must not release a remote one's queued reply)
-        self.guard.handed_over(self._queue.frames() if self._windowed else ())
-
-    def _emit(self, dest: int, batch: Batch, flags: int = 0) -> None:
-        msg = Message(Command.DATA, recver=dest, body=batch.entries, frames=batch.frames, request=False,
-                      route=self._routes.get(dest))
-        msg.on_sent = self.guard.on_sent(batch.frames)
-        msg.flags = flags
-        self.po.send(msg)
-
-    def _send_queued(self) -> None:
-        """What the window has room for (the caller then hands the values over)."""
-        for out in self._queue.take(self._unsent):
-            self._emit(out.dest, out.batch, Flag.CREDIT if out.credit else 0)
-
-    def _unsent(self, dest: int) -> int | None:
-        """Replies leave on the connection the worker's requests came in on."""
-        return self.po.van.unsent(dest, self._routes.get(dest))
-
-    def _tick(self) -> bool:
-        """On the I/O thread after each pass: replies held back for a full socket leave once
-        it drained."""
-        if not self._queue.blocked:
-            return False
-        self._send_queued()
-        self.guard.handed_over(self._queue.frames())
-        return self._queue.blocked
-
-    def _on_credit(self, msg: Message) -> None:
-        if self._queue is not None and isinstance(msg.body, int):
-            self._queue.credit(msg.sender, msg.body)
-            if len(self._queue):
-                self._send_queued()
-                self.guard.handed_over(self._queue.frames())    # replies still queued keep lending theirs
 
     # -- stall warnings -------------------------------------------------------------------
     def _check_stalls(self) -> None:
@@ -250,11 +171,11 @@ class KVServer:
         A check the I/O thread runs over a second late is skipped (``_checks``, silently:
         run() names a pause of the process): the process was stopped while it was queued,
         or the thread is still reading what came, and the pushes a round lacks may be among it."""
-        if self._checks.hold() or self.store is None:
+        if self._checks.hold():
             return
         after = self.po.config.stall_warning
         self._report_resumed()
-        found = self._store().stalls(after, self.po.worker_ids)
+        found = self.store.stalls(after, self.po.worker_ids)
         new = [s for s in found if (s.key, s.round) not in self._stalls and s.missing]
         self._stalls.update(((s.key, s.round), s) for s in new)
         groups: dict[tuple[int, tuple[int, ...]], list[Stall]] = {}
@@ -268,11 +189,11 @@ class KVServer:
             logger.warning("%s", text)
             for worker in waiting:
                 self.po.send(Message(Command.STALL, recver=worker, body={"text": text}, request=False,
-                                     route=self._routes.get(worker)))
+                                     route=self.sender.routes.get(worker)))
 
     def _report_resumed(self) -> None:
         """Say when a round we warned about closes (its key counted one more round)."""
-        keys = self._store().keys
+        keys = self.store.keys
         over = [s for s in self._stalls.values() if s.key not in keys or keys[s.key].closed >= s.round]
         if not over:
             return
@@ -283,7 +204,7 @@ class KVServer:
         still = {w for s in self._stalls.values() for w in s.waiting}    # named by a round still stalled
         for worker in sorted({w for s in over for w in s.waiting} - still):
             self.po.send(Message(Command.STALL, recver=worker, body={"text": text, "over": True}, request=False,
-                                 route=self._routes.get(worker)))
+                                 route=self.sender.routes.get(worker)))
 
     def _describe(self, worker: int) -> str:
         node = self.po.nodes.get(worker)
@@ -302,7 +223,7 @@ class KVServer:
             handler = self._COMMANDS.get(cmd)
             if handler is None:
                 raise ValueError(f"unknown server command {cmd!r}")
-            store = self._store()
+            store = self.store
             cid = body.get("id")
             if setting and namespace_of(body):    # a second kvstore's settings are counted apart
                 cmd = f"{cmd}@{namespace_of(body)}"
@@ -322,8 +243,8 @@ class KVServer:
                     store.setting_applied(msg.sender, cmd, cid)
         except Exception as exc:  # noqa: BLE001 - reported to the worker, server goes on
             reply["error"] = [type(exc).__name__, f"{self.name}: {exc}"]
-        self.replication.after(lambda: self.po.send(Message(Command.SERVER_CMD, recver=msg.sender, body=reply,
-                                                            request=False, route=msg.route)))
+        self.outbox.send_message(Message(Command.SERVER_CMD, recver=msg.sender, body=reply, request=False,
+                                         route=msg.route))
 
     def _set_optimizer(self, store: Store, body: dict[str, Any]) -> None:
         opt, ns = optim.from_spec(body["spec"]), namespace_of(body)
@@ -331,8 +252,8 @@ class KVServer:
         store.record(Event("opt", ns, 0, [opt.to_spec(), opt.multi_precision]))
 
     def _set_optimizer_pickle(self, store: Store, body: dict[str, Any]) -> None:
-        from . import _security
-        from .optim import pickled
+        from .. import _security
+        from ..optim import pickled
         cfg = self.po.config
         if not cfg.allow_pickle:
             raise PermissionError("this server refuses pickled optimizers (PS_ALLOW_PICKLE=0)")
@@ -369,7 +290,7 @@ class KVServer:
     def _join(self, store: Store, body: dict[str, Any]) -> None:
         replies = store.join(worker_id(int(body["rank"])))
         if replies:
-            self.replication.after(lambda: self._send(replies))
+            self.outbox.send(replies)
 
     def _leave(self, store: Store, body: dict[str, Any]) -> dict[str, Any]:
         last, skipped = store.leave(worker_id(int(body["rank"])))
@@ -387,7 +308,7 @@ class KVServer:
 
     def _profile(self, store: Store, body: dict[str, Any]) -> dict[str, Any]:
         if self.profiler is None:
-            self.profiler = ServerProfiler(self.po.rank, self.name)
+            self.profiler = self.sender.profiler = ServerProfiler(self.po.rank, self.name)
         return self.profiler.command(body)
 
     _COMMANDS: dict[str, Callable[[KVServer, Store, dict[str, Any]], Any]] = {
@@ -417,8 +338,7 @@ class KVServer:
 
     # -- lifecycle messages ---------------------------------------------------------------
     def _on_worker_closed(self, msg: Message) -> None:
-        replies = self._store().worker_closed(msg.body["id"])
-        self.replication.after(lambda: self._send(replies) if replies else None)
+        self.outbox.send(self.store.worker_closed(msg.body["id"]))
 
     def _on_terminate(self, msg: Message) -> None:
         self.po.send(Message(Command.TERMINATE, recver=SCHEDULER, request=False, route=msg.route))
@@ -428,14 +348,9 @@ class KVServer:
         """A worker died and its restart is awaited (I/O thread, like the store)."""
         if up or node_id not in self.po.worker_ids:
             return
-        if self._queue is not None:
-            self._queue.forget(node_id)     # what was on the way to it will not be credited
-            self._windowed.discard(node_id)
-        route = self._routes.pop(node_id, None)
-        if route is not None:
-            self.po.van.forget(route)
-        self._store().worker_died(node_id)
-        self.replication.after(lambda: None)    # the replica learns of it now, not with the next request
+        self.sender.forget(node_id)
+        self.store.worker_died(node_id)
+        self.replication.flush()    # the replica learns of it now, not with the next request
 
     def _on_failure(self, exc: PSError) -> None:
         self.error = exc

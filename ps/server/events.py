@@ -2,7 +2,7 @@
 that both copies move by the same events: restarted workers replaying their scripts
 (:class:`Replays`) and workers in Horovod's join (:class:`Joins`).
 
-Kept apart from the store so that the backup's replay (ps/replica.py) reads the same
+Kept apart from the store so that the backup's replay (ps/server/replica.py) reads the same
 records the primary's Store writes, with no store of its own.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 
 class Event(NamedTuple):
-    """One change of this store, as a backup replays it (ps/replica.py): ``kind`` is
+    """One change of this store, as a backup replays it (ps/server/replica.py): ``kind`` is
     init, chunk (a chunk sum of the open round, applied at its close), close, whole (a
     non-elementwise round's full sum), rows, dense, async, arows; and, for restarted
     workers, died, caught_up and setting (their settings counted). The optimizer's events
@@ -33,7 +33,7 @@ class Replays:
     (until it pushes something new), and per (worker, setting command) how many were applied
     from it and how many its restart sent again, with the id of the last one counted (a
     resend of that one is not counted twice). A store keeps one and a backup's copy of it
-    another (ps/replica.py), both moved by the same events: died, caught_up, setting."""
+    another (ps/server/replica.py), both moved by the same events: died, caught_up, setting."""
 
     replaying: set[int] = field(default_factory=set)
     applied: collections.Counter[tuple[int, str]] = field(default_factory=collections.Counter)
@@ -78,7 +78,7 @@ class Joins:
     """Workers in Horovod's join (KVStore.join) as one server sees them: who joined, in join
     order (the last to join is every worker's answer), and per worker the answer to its last
     leave, given again to a leave resent to this server's restart. A store keeps one and a
-    backup's copy another (ps/replica.py), both moved by the same events: join, leave. The
+    backup's copy another (ps/server/replica.py), both moved by the same events: join, leave. The
     rounds each key closed without a joined worker are the key's (``KeyState.excused``)."""
 
     joined: dict[int, None] = field(default_factory=dict)

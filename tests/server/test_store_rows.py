@@ -4,7 +4,7 @@ import pytest
 
 from ps import optim
 from ps.message import Entry, Op, Rows, dtype_code
-from ps.store import Store
+from ps.server.store import Store
 
 W0, W1 = 9, 11
 F32 = dtype_code(np.float32)

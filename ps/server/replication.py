@@ -1,11 +1,13 @@
 """Server replication (PS_MAX_RESTARTS > 0, two servers or more): the protocol around
-ps/replica.py's copy.
+ps/server/replica.py's copy.
 
 Servers form a ring (ps/ring.py: rank order, or hosts interleaved): each keeps the copy of
 the server before it (its *primary*), and the one after it keeps its own (its *backup*). A
-backup asks its primary for a snapshot (SUBSCRIBE); from then on the primary streams every change of its store (REPLICA) and holds each reply until the
-backup has acknowledged the changes made before it. So whatever a worker was answered is
-in the copy: a primary that dies loses nothing its workers do not still hold and resend.
+backup asks its primary for a snapshot (SUBSCRIBE); from then on the primary streams every
+change of its store (REPLICA) and holds each reply until the backup has acknowledged the
+changes made before it: it is the server's outbox (ps/server/replies.py), handing replies on
+to the sender once they may leave. So whatever a worker was answered is in the copy: a
+primary that dies loses nothing its workers do not still hold and resend.
 A restarted server fetches its state from its backup (FETCH) before the scheduler tells
 the workers it is back.
 
@@ -16,14 +18,17 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
-from . import replica, ring
-from ._timing import Deadline
-from .errors import ProtocolError, PSError
+from .. import ring
+from .._timing import Deadline
+from ..errors import ProtocolError, PSError
+from ..message import Command, Message, node_name, server_id
+from ..postoffice import Postoffice
+from . import replica
 from .events import Event
-from .message import Command, Message, node_name, server_id
-from .postoffice import Postoffice
+from .replies import Outbox
+from .rounds import Reply
 from .store import Store
 
 logger = logging.getLogger(__name__)
@@ -40,16 +45,27 @@ class Backup(NamedTuple):
     incarnation: int
 
 
+class Held(NamedTuple):
+    """An answer held until the backup acknowledged change number ``seq``: ``send(what)``."""
+
+    seq: int
+    send: Callable[[Any], None]
+    what: Any
+
+
 class Replication:
-    def __init__(self, po: Postoffice, name: Callable[[], str], store: Callable[[], Store]):
-        self.po, self._name, self._store = po, name, store
+    """The server's outbox when it keeps a backup (:class:`ps.server.replies.Outbox`): replies
+    go on to ``sender`` once the backup holds every change made before them."""
+
+    def __init__(self, po: Postoffice, name: Callable[[], str], store: Store, sender: Outbox):
+        self.po, self._name, self.store, self.sender = po, name, store, sender
         self.enabled = po.config.max_restarts > 0 and po.num_servers >= 2
         # primary side: the backup that subscribed, and replies held until it acknowledges
         self.subscriber: Backup | None = None
         self._wanted: Backup | None = None
         self.seq = 0
         self.acked = 0
-        self._held: collections.deque[tuple[int, Callable[[], None]]] = collections.deque()
+        self._held: collections.deque[Held] = collections.deque()
         self.bytes_sent = 0
         # backup side: the primary's copy
         self.mirror: replica.Mirror | None = None
@@ -58,7 +74,7 @@ class Replication:
         # primary side, from its start (the job's, or its restart's) until its backup's first
         # snapshot: replies wait here, so a primary that dies before it has a copy has
         # answered nothing, and its restart may start empty (the workers resend everything)
-        self._unreplicated: list[Callable[[], None]] = []
+        self._unreplicated: list[Held] = []     # their seq is set once a snapshot went out
         self._first_copy = self.enabled
         # a restarted server: its state, fetched from its backup
         self._fetched = threading.Event()
@@ -113,26 +129,36 @@ class Replication:
                 return (f"its backup {node_name(backup)} did not send the replica within "
                         f"{deadline.seconds:g}s (PS_CONNECT_TIMEOUT)")
         if self._fetch_error is None:
-            store = self._store()
+            store = self.store
             logger.warning("%s recovered %d keys (%.1f MB) from the replica on %s", self.name, len(store.keys),
                            store.stats()["bytes"] / 1e6, node_name(backup))
         return self._fetch_error
 
-    # -- primary side --------------------------------------------------------------------
-    def after(self, send: Callable[[], None]) -> None:
-        """Run ``send`` (replies to workers) once the backup holds every change made so
-        far: stream this handler's changes first, then hold ``send`` until acknowledged."""
-        store = self._store()
+    # -- primary side: the outbox ------------------------------------------------------------
+    def send(self, replies: list[Reply]) -> None:
+        self._after(self.sender.send, replies)
+
+    def send_message(self, msg: Message) -> None:
+        self._after(self.sender.send_message, msg)
+
+    def flush(self) -> None:
+        """Stream the changes made so far now, not with the next answer (a worker died)."""
+        self._after(_nothing, None)
+
+    def _after(self, send: Callable[[Any], None], what: Any) -> None:
+        """``send(what)`` (answers to workers) once the backup holds every change made so
+        far: stream this handler's changes first, then hold the answer until acknowledged."""
+        store = self.store
         if self.subscriber is not None and store.journal:
             events, store.journal = store.journal, []
             self._send_events(events)
-            self._held.append((self.seq, send))
+            self._held.append(Held(self.seq, send, what))
         elif self._held:
-            self._held.append((self.seq, send))
+            self._held.append(Held(self.seq, send, what))
         elif self._first_copy and self.backup not in self.po.down:
-            self._unreplicated.append(send)
+            self._unreplicated.append(Held(0, send, what))
         else:
-            send()
+            send(what)
         if self._wanted is not None:
             self._try_snapshot()
 
@@ -142,11 +168,11 @@ class Replication:
         self._first_copy = False
         held, self._unreplicated = self._unreplicated, []
         if self.subscriber is not None:
-            self._held.extend((self.seq, send) for send in held)
+            self._held.extend(h._replace(seq=self.seq) for h in held)
             self._release()
         else:
-            for send in held:
-                send()
+            for h in held:
+                h.send(h.what)
 
     def _on_subscribe(self, msg: Message) -> None:
         self._restarted(msg)
@@ -157,7 +183,7 @@ class Replication:
     def _try_snapshot(self) -> None:
         """Answer a subscription with a snapshot, but only between rounds: a copy taken while
         a round is half applied (chunk by chunk) would apply that round's first half twice."""
-        store = self._store()
+        store = self.store
         if self._wanted is None or store.half_applied():
             return
         sub, self._wanted = self._wanted, None
@@ -191,8 +217,9 @@ class Replication:
         self.po.send(Message(Command.REPLICA, recver=to.node, body=body, frames=frames, route=to.route))
 
     def _release(self) -> None:
-        while self._held and self._held[0][0] <= self.acked:
-            self._held.popleft()[1]()
+        while self._held and self._held[0].seq <= self.acked:
+            held = self._held.popleft()
+            held.send(held.what)
 
     # -- backup side ---------------------------------------------------------------------
     def _on_replica(self, msg: Message) -> None:
@@ -235,9 +262,9 @@ class Replication:
     def _drop_subscriber(self) -> None:
         """The backup died: nobody to wait for; answer what was held."""
         assert self.subscriber is not None
-        self.po.van.forget(self.subscriber.route)
+        self.po.forget(self.subscriber.route)
         self.subscriber = None
-        self._store().journal = None
+        self.store.journal = None
         self.acked = self.seq
         self._release()
         self._end_first_copy()
@@ -255,7 +282,7 @@ class Replication:
         try:
             self._fetch_events += replica.decode_events(body.get("events"), msg.frames)
             if body.get("done"):
-                replica.restore(self._store(), self._fetch_events)
+                replica.restore(self.store, self._fetch_events)
                 self._fetch_events = []
                 self._fetched.set()
         except (ProtocolError, ValueError, TypeError, KeyError) as exc:
@@ -316,3 +343,7 @@ class Replication:
                 self._subscribe(node_id)
             except PSError:
                 pass
+
+
+def _nothing(_: Any) -> None:
+    """What a flush sends: nothing (it only streams the changes)."""

@@ -6,7 +6,8 @@ import pytest
 from ps.keys import chunks
 from ps.message import Entry, Op, dtype_code
 from ps.optim import REGISTRY, Updater, from_spec
-from ps.store import Store
+from ps.server.store import Store
+from ps.server.values import Values
 
 W0, W1 = 9, 11
 KEYS = (3, 4)
@@ -96,13 +97,13 @@ def test_elementwise_flags():
 @pytest.mark.parametrize("sched", [None, SCHED], ids=["const-lr", "factor-sched"])
 @pytest.mark.parametrize("case", sorted(ELEMENTWISE))
 def test_chunkwise_update_is_bit_identical(case, sched, monkeypatch):
-    monkeypatch.setattr(Store, "_merge_buffer", no_full_buffer)
+    monkeypatch.setattr(Values, "_merge_buffer", no_full_buffer)
     train(spec(*ELEMENTWISE[case], sched=sched))
 
 
 @pytest.mark.parametrize("case", ["sgd_momentum", "adam", "rmsprop_centered"])
 def test_chunkwise_multi_precision_fp16(case, monkeypatch):
-    monkeypatch.setattr(Store, "_merge_buffer", no_full_buffer)
+    monkeypatch.setattr(Values, "_merge_buffer", no_full_buffer)
     s = train(spec(*ELEMENTWISE[case], sched=SCHED, multi_precision=True), dtype=np.float16)
     assert s.keys[3].merge_dtype == np.float32          # fp16 grads summed in fp32, as before
 

@@ -2,7 +2,7 @@
 
 With ``PS_MAX_RESTARTS`` > 0 each server is the backup of the one before it in a ring
 (its *primary*; ps/ring.py). The primary records every change of its store as
-:class:`ps.events.Event`s: the sums a round applied, never the workers' pushes, so a backup
+:class:`ps.server.events.Event`s: the sums a round applied, never the workers' pushes, so a backup
 receives one push's worth of bytes per round, not one per worker. The backup replays them with the same optimizer code on the
 same inputs, so its copy is bit-identical to the primary's as of the last closed round.
 A round's chunk sums are held until its close event and then applied together: a copy
@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from . import optim
-from .errors import ProtocolError
+from .. import optim
+from ..errors import ProtocolError
+from ..message import DTYPES
 from .events import Event, Joins, Replays
-from .message import DTYPES
 from .store import Store
 from .updaters import Optimizers, apply_rows
 
@@ -137,9 +137,9 @@ def restore(store: Store, events: list[Event]) -> None:
         elif ev.kind == "compression":
             store.compression = ev.info
         elif ev.kind == "workers":
-            store.replays = Replays.from_info(ev.info)
+            store.restarts.apply(ev)
         elif ev.kind == "joins":
-            store.joins = Joins.from_info(ev.info)
+            store.quorum.apply(ev)
     for ns, updater in opts.updaters.items():
         store.set_updater(updater, opts.multi[ns], ns)
 
@@ -166,7 +166,7 @@ class Mirror:
         self.members: dict[int, frozenset[int]] = {}
         self.events = 0
         self.broken: str | None = None      # a change it cannot replay arrived (the copy is useless)
-        self.replays = Replays()            # the primary's restarted workers (ps/events.py)
+        self.replays = Replays()            # the primary's restarted workers (ps/server/events.py)
         self.joins = Joins()                # the workers in join, as the primary sees them
 
     def apply(self, events: list[Event]) -> None:

@@ -6,7 +6,7 @@ import numpy as np
 from ps.keys import chunks
 from ps.message import Entry, Op, dtype_code
 from ps.optim import Updater, from_spec
-from ps.store import Store
+from ps.server.store import Store
 
 W0, W1 = 9, 11
 F32 = dtype_code(np.float32)

@@ -3,7 +3,7 @@ import weakref
 
 import numpy as np
 
-from ps.bufguard import PRUNE_AT, ZERO_COPY_MIN, BufferGuard
+from ps.server.bufguard import PRUNE_AT, ZERO_COPY_MIN, BufferGuard
 
 
 class Tracker:

@@ -2,7 +2,7 @@
 import numpy as np
 
 from ps.message import Entry, Op, dtype_code
-from ps.store import Store
+from ps.server.store import Store
 
 W0, W1, W2 = 9, 11, 13
 F32 = dtype_code(np.float32)

@@ -1,10 +1,10 @@
-"""ps/profiler.py on its own: what a server's trace holds and when it is written."""
+"""ps/server/profiler.py on its own: what a server's trace holds and when it is written."""
 import json
 import time
 
 import pytest
 
-from ps.profiler import ServerProfiler
+from ps.server.profiler import ServerProfiler
 
 
 def spans(path):

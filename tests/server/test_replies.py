@@ -1,0 +1,73 @@
+"""How a server's replies leave (ps/server/replies.py): per worker, in messages of about
+CHUNK_BYTES, on the connection the worker's requests came in on; and where the server hands
+them: straight to that sender, unless a backup keeps its replica (then Replication holds them
+first, tests/server/test_replication_start.py)."""
+from types import SimpleNamespace
+
+import numpy as np
+
+from ps.config import Config
+from ps.keys import CHUNK_BYTES
+from ps.message import Command, Entry, Message, Op, dtype_code
+from ps.server import KVServer
+from ps.server.bufguard import BufferGuard
+from ps.server.replies import ReplySender
+from ps.server.rounds import Reply
+from ps.van import create_van
+
+W0, W1 = 9, 11
+F32 = dtype_code(np.float32)
+
+
+class Post:
+    """What ReplySender uses of a postoffice: its config, a handler, sends."""
+
+    def __init__(self):
+        self.config = SimpleNamespace(send_window=0, send_lowat=0)
+        self.handlers, self.sent = {}, []
+
+    def on(self, cmd, handler):
+        self.handlers[cmd] = handler
+
+    def send(self, msg):
+        self.sent.append(msg)
+
+
+def test_replies_go_per_worker_in_chunk_sized_messages_on_the_connection_their_request_came_in_on():
+    po = Post()
+    sender = ReplySender(po, BufferGuard())
+    sender.came(Message(Command.DATA, W0, 8, [], route=b"w0"))
+    big = np.zeros(CHUNK_BYTES // 4, np.float32)
+    pull = Entry(1, Op.PULL, 3, 0, big.size, big.size, F32)
+    ack = Entry(2, Op.PUSH, 4, 0, 0, 8, F32)
+    sender.send([Reply(W0, pull, big), Reply(W1, ack, None), Reply(W1, ack, None), Reply(W0, pull, big)])
+    assert [(m.recver, m.route, len(m.body)) for m in po.sent] == [(W0, b"w0", 1), (W0, b"w0", 1), (W1, None, 2)]
+    assert all(m.cmd == Command.DATA and not m.request for m in po.sent)
+    sender.send([])
+    assert len(po.sent) == 3
+
+
+def test_a_dead_workers_connection_is_forgotten():
+    po = Post()
+    forgotten = []
+    po.forget = forgotten.append
+    sender = ReplySender(po, BufferGuard())
+    sender.came(Message(Command.DATA, W0, 8, [], route=b"w0"))
+    sender.forget(W0)
+    sender.forget(W1)                        # never sent anything: nothing to forget
+    assert forgotten == [b"w0"] and W0 not in sender.routes
+
+
+def server(max_restarts, num_servers):
+    return KVServer(Config(role="server", num_servers=num_servers, num_workers=1, max_restarts=max_restarts),
+                    van=create_van("inproc"))
+
+
+def test_the_server_hands_its_replies_straight_to_the_sender_unless_a_backup_keeps_its_replica():
+    alone = server(0, 2)
+    assert alone.outbox is alone.sender
+    one = server(2, 1)                                   # restarts on, but no other server to keep a copy
+    assert one.outbox is one.sender
+    kept = server(2, 2)
+    assert kept.outbox is kept.replication and kept.replication.sender is kept.sender
+    assert kept.replication.store is kept.store          # the store it streams, not a getter on the server

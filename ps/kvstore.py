@@ -26,8 +26,8 @@ from .customer import Handle, Request
 from .errors import ClosedError, ConfigError, PSError, PSTimeoutError
 from .message import Op, Role, dtype_code, namespace_field
 from .postoffice import Postoffice
-from .values import (KeyInfo, KeyTable, RowSparse, dense, int_keyed, is_rows, key_labels, member_ranks, pairs,
-                     receiver, row_sparse, unique_rows)
+from .keyinfo import (KeyInfo, KeyTable, RowSparse, dense, int_keyed, is_rows, key_labels, member_ranks, pairs,
+                      receiver, row_sparse, unique_rows)
 from .van import Van
 from .worker import KVWorker
 

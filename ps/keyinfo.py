@@ -4,7 +4,7 @@ A key's shape, dtype and placement are recorded once, at init or declare (:class
 in a :class:`KeyTable`); every later push, pull or row-sparse call is checked against
 that record here, so that a wrong shape, dtype, key or row id fails at the caller's line
 with a message naming the bad value, never on a server. Pure: no sockets, no threads,
-no cluster, so each rule is tested on its own (tests/unit/test_values.py).
+no cluster, so each rule is tested on its own (tests/unit/test_keyinfo.py).
 """
 from __future__ import annotations
 

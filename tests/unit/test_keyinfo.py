@@ -1,11 +1,11 @@
-"""ps/values.py: what a worker's calls may pass for a key, checked without a cluster. Each
+"""ps/keyinfo.py: what a worker's calls may pass for a key, checked without a cluster. Each
 wrong value fails with the exception type KVStore raises and a message naming it."""
 import numpy as np
 import pytest
 
 from ps import keys
-from ps.values import (KeyTable, RowSparse, check_rows, dense, int_keyed, is_rows, key_labels, member_ranks, pairs,
-                       receiver, row_sparse, unique_rows)
+from ps.keyinfo import (KeyTable, RowSparse, check_rows, dense, int_keyed, is_rows, key_labels, member_ranks, pairs,
+                        receiver, row_sparse, unique_rows)
 
 
 def table(num_servers: int = 2, bound: int = 1_000_000) -> KeyTable:

@@ -1,12 +1,18 @@
-"""Fixtures every test gets: processes killed by group at teardown, and a check that a test
-leaves no thread or process of its own behind. Helpers live in tests/helpers.py."""
+"""Fixtures every test gets: processes killed by group at teardown, a check that a test
+leaves no thread or process of its own behind, and the fast tier kept pure: a test without
+the ``process`` marker that starts a process or opens a socket fails, naming what it did.
+Helpers live in tests/helpers.py."""
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import threading
+import time
 
 import psutil
 import pytest
+import zmq
 
 from tests.helpers import Procs, free_port, poll_for
 
@@ -42,6 +48,62 @@ def _running(proc: psutil.Process) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def _refuse(nodeid: str, what: str):
+    def refused(*args, **kwargs):
+        raise AssertionError(f"{nodeid} {what}, but it is in the fast tier: mark it, or its module, "
+                             "with `pytest.mark.process` (tests/conftest.py)")
+    return refused
+
+
+# what a fast-tier test may not call: the ways a process starts or a socket reaches out
+_OUTSIDE = [(subprocess.Popen, "_execute_child", "starts a process"), (os, "fork", "forks"),
+            (os, "posix_spawn", "starts a process"), (os, "posix_spawnp", "starts a process"),
+            (socket.socket, "bind", "binds a socket"), (socket.socket, "connect", "connects a socket"),
+            (socket.socket, "connect_ex", "connects a socket"), (zmq.Socket, "bind", "binds a zmq socket"),
+            (zmq.Socket, "connect", "connects a zmq socket")]
+
+
+def _in_process_tier(item: pytest.Item) -> bool:
+    return item.get_closest_marker("process") is not None
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The fast tier runs first, so its failures show within a couple of minutes of a whole
+    run; the order inside each tier is the files' own."""
+    items.sort(key=_in_process_tier)
+    first = next((item for item in items if _in_process_tier(item)), None)
+    config.stash[_FIRST_SLOW] = first.nodeid if first is not None and first is not items[0] else None
+
+
+_FIRST_SLOW = pytest.StashKey[object]()
+_TIER_START = pytest.StashKey[float]()
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_TIER_START] = time.monotonic()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Say where the fast tier ended and how long it took (pytest's own clock counts both
+    tiers together)."""
+    if item.nodeid == item.config.stash.get(_FIRST_SLOW, None):
+        seconds = time.monotonic() - item.config.stash[_TIER_START]
+        reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"\n[fast tier done in {seconds:.1f}s; the process tier follows]")
+
+
+@pytest.fixture(autouse=True)
+def fast_tier_is_pure(request, monkeypatch):
+    """``pytest -m "not process"`` is the fast tier: no processes, no sockets, so it runs in
+    a couple of minutes and a failure there points at code, not at a machine's timing."""
+    if request.node.get_closest_marker("process") is None:
+        for owner, name, what in _OUTSIDE:
+            monkeypatch.setattr(owner, name, _refuse(request.node.nodeid, what))
+    yield
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command: installs what the suite needs on a fresh Debian machine (Debian
-# packages when run as root, Python packages into ./.venv), then runs pytest.
-# Extra arguments go to pytest, e.g. `bash tests/run.sh tests/unit -x`.
+# packages when run as root, Python packages into ./.venv), then runs pytest: the fast tier
+# (no processes, no sockets) first, then the tests marked `process`.
+# Extra arguments go to pytest, e.g. `bash tests/run.sh tests/unit -x`, or
+# `bash tests/run.sh -m "not process"` for the fast tier alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

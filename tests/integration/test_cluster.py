@@ -7,6 +7,9 @@ import pytest
 import ps
 from ps.testing import local_cluster
 
+pytestmark = pytest.mark.process
+
+
 VANS = ["inproc", "zmq"]
 
 

@@ -4,6 +4,9 @@ import pytest
 
 from ps.testing import local_cluster
 
+pytestmark = pytest.mark.process
+
+
 GRAD = np.array([0.3, 0.6, -0.7, 1.2, 0.1, -0.2, -0.6, 2.0], np.float32)
 
 

@@ -8,6 +8,9 @@ import pytest
 
 from tests.helpers import PYTHON, cluster_env, wait_for
 
+pytestmark = pytest.mark.process
+
+
 SCRIPT = "tests/integration/worker_script.py"
 
 

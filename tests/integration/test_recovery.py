@@ -13,6 +13,9 @@ import pytest
 
 from tests.helpers import PYTHON, ROOT, cluster_env, read_until
 
+pytestmark = pytest.mark.process
+
+
 SCRIPT = str(ROOT / "tests" / "integration" / "recovery_worker.py")
 ROUNDS = 60
 

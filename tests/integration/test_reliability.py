@@ -8,6 +8,9 @@ import pytest
 
 from tests.helpers import cluster_env, processes_with_env, read_until, wait_for
 
+pytestmark = pytest.mark.process
+
+
 SCRIPT = "tests/integration/fault_worker.py"
 
 

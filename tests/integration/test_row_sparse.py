@@ -5,6 +5,9 @@ import pytest
 import ps
 from ps.testing import local_cluster
 
+pytestmark = pytest.mark.process
+
+
 ROWS, COLS = 20000, 16
 
 

@@ -8,6 +8,9 @@ import pytest
 
 from tests.helpers import PYTHON, ROOT, cluster_env
 
+pytestmark = pytest.mark.process
+
+
 SCRIPT = str(ROOT / "tests" / "integration" / "stall_worker.py")
 
 

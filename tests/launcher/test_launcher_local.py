@@ -16,7 +16,7 @@ from ps.mxnet_autoload import MXNET_AUTOLOAD
 
 from .launch_util import PY, ROOT, marked_pids, poll_for, worker_cmd
 
-pytestmark = pytest.mark.launcher
+pytestmark = pytest.mark.process
 
 
 def ranks_ok(lines: list[str]) -> dict[int, str]:

@@ -19,7 +19,7 @@ from launcher.tracker import SchedulerRunner
 
 from tests.helpers import alive, poll_for
 
-pytestmark = pytest.mark.launcher
+pytestmark = pytest.mark.process
 
 PY = sys.executable
 

@@ -14,8 +14,6 @@ from launcher.output import EXIT_MARKER, IdCatcher
 from launcher.process import Command
 from launcher.spec import SpecError, parse_env_pair
 
-pytestmark = pytest.mark.launcher
-
 PY = "/opt/py/bin/python3"
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/root", "OMP_NUM_THREADS": "4", "AWS_SECRET_ACCESS_KEY": "s3cr3t",
        "PS_VERBOSE": "1", "PS_SECRET_FILE": "/etc/ps/secret", "PORT": "9000", "DMLC_ROLE": "worker",
@@ -152,6 +150,7 @@ def test_scheduler_env_and_ip(tmp_path):
     assert tracker.scheduler_ip(spec, {"DMLC_INTERFACE": "lo"}) == "127.0.0.1"
 
 
+@pytest.mark.process
 def test_rank_wrapper_maps_cluster_ranks_and_reports_status():
     spec = spec_of("-n", "2", "-s", "3", "x")
     argv = tracker.rank_wrapper(spec, "worker", ["sh", "-c", 'echo "$DMLC_RANK $DMLC_TASK_ID"; exit 7'])
@@ -182,6 +181,7 @@ def test_local_commands():
     assert bare[1].argv == ("./train.sh", "a")
 
 
+@pytest.mark.process
 def test_ssh_commands(tmp_path):
     spec = spec_of("-n", "2", "-s", "1", "--env-worker", "Q:it's \"q\" $X", "python3", "t.py", "a b",
                    hostfile_text="10.0.0.1:2222\n10.0.0.2\n", tmp_path=tmp_path)

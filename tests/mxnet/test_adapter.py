@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import PYTHON, cluster_env
 
 mx = pytest.importorskip("mxnet")
-pytestmark = pytest.mark.mxnet
+pytestmark = [pytest.mark.process, pytest.mark.mxnet]
 
 HERE = os.path.dirname(__file__)
 WORKER = os.path.join(HERE, "gluon_worker.py")

@@ -7,6 +7,9 @@ import pytest
 
 from tests.helpers import PYTHON, cluster_env
 
+pytestmark = pytest.mark.process
+
+
 pytest.importorskip("mxnet")
 
 NATIVE_WORKER = "import mxnet as mx; kv = mx.kv.create('dist_sync'); print('joined', kv.rank)"

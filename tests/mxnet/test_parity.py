@@ -8,6 +8,9 @@ import pytest
 
 from tests.helpers import PYTHON, ROOT, cluster_env
 
+pytestmark = pytest.mark.process
+
+
 pytest.importorskip("mxnet")
 
 

@@ -7,7 +7,7 @@ import pytest
 from tests.helpers import PYTHON, cluster_env
 from tests.mxnet.test_adapter import WORKER, assert_close, gw
 
-pytestmark = pytest.mark.mxnet
+pytestmark = [pytest.mark.process, pytest.mark.mxnet]
 HALF = ("halfsgd", {"learning_rate": 0.2})
 
 

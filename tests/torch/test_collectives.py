@@ -9,6 +9,9 @@ from tests.helpers import ROOT
 
 from .test_torch import launch, results
 
+pytestmark = pytest.mark.process
+
+
 torch = pytest.importorskip("torch")
 hvd = pytest.importorskip("ps.torch")
 

@@ -8,6 +8,9 @@ import pytest
 
 from tests.helpers import PYTHON, ROOT, cluster_env
 
+pytestmark = pytest.mark.process
+
+
 torch = pytest.importorskip("torch")
 hvd = pytest.importorskip("ps.torch")
 

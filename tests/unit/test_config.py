@@ -56,18 +56,6 @@ def test_every_variable_maps_to_a_field():
     assert {v.field for v in VARIABLES} <= fields
 
 
-def test_interface_and_node_host():
-    from ps import netutil
-    cfg = Config.from_env({**BASE, "DMLC_INTERFACE": "lo"})
-    assert netutil.announce_host(cfg, "127.0.0.1") == "127.0.0.1"
-    cfg = Config.from_env({**BASE, "DMLC_INTERFACE": "nosuchnic"})
-    with pytest.raises(ConfigError, match="DMLC_INTERFACE='nosuchnic'"):
-        netutil.announce_host(cfg, "127.0.0.1")
-    cfg = Config.from_env({**BASE, "DMLC_NODE_HOST": "localhost", "DMLC_INTERFACE": "nosuchnic"})
-    assert netutil.announce_host(cfg, "127.0.0.1") == "127.0.0.1"
-    assert netutil.announce_host(Config.from_env(BASE), "127.0.0.1") == "127.0.0.1"
-
-
 def test_manager_rank_reads_mpirun_and_srun_variables():
     from ps.config import manager_rank
     ompi = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0",

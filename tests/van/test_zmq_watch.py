@@ -8,6 +8,8 @@ from ps.netutil import free_port
 from ps.van import create_van
 from tests.helpers import wait_for
 
+pytestmark = pytest.mark.process
+
 
 @pytest.mark.timeout(60)
 def test_a_restarted_nodes_watch_replaces_the_watch_of_its_dead_address():

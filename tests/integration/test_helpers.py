@@ -1,5 +1,9 @@
 """The shared test helpers: a helper that loses a process's output makes tests fail at random."""
+import pytest
+
 from tests.helpers import PYTHON, read_until
+
+pytestmark = pytest.mark.process
 
 
 def test_read_until_keeps_what_it_read_past_the_line_it_matched(procs):

@@ -15,6 +15,8 @@ from ps.scheduler import SCHEDULER, Scheduler
 from ps.van import create_van
 from tests.helpers import wait_for
 
+pytestmark = pytest.mark.process
+
 
 class FakeNode:
     """Registers like a node and records what the scheduler sends it."""

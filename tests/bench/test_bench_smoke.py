@@ -12,7 +12,10 @@ import pytest
 
 from launcher.process import start_group, stop_group
 
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.process
+
+
+ROOT = Path(__file__).resolve().parents[2]
 COLUMNS = {"row", "impl", "workers", "servers", "case", "keys", "key_bytes", "round_bytes", "rep", "rounds",
            "round_ms", "round_ms_p90", "worker_gbps", "aggregate_gbps", "speedup", "cpu_busy_pct",
            "foreign_pct", "worker_cpu_ms", "server_cpu_ms", "server_rss_mb", "stored_mb", "limit_mb", "ok"}

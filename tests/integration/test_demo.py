@@ -8,6 +8,8 @@ import pytest
 
 from tests.helpers import ROOT
 
+pytestmark = pytest.mark.process
+
 
 @pytest.mark.timeout(300)
 def test_the_demo_trains_with_progress_and_a_summary():

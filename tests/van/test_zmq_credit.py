@@ -9,6 +9,9 @@ from ps.message import Batch, Command, Entry, Message, Op, dtype_code, encode
 from ps.van import create_van
 from tests.helpers import wait_for
 
+pytestmark = pytest.mark.process
+
+
 A_ID, B_ID = 9, 8
 BIG = np.zeros(1 << 20, np.float32)          # 4 MB per message
 

@@ -10,6 +10,9 @@ from ps.van import create_van
 from ps.van.reliable import ReliableVan
 from tests.helpers import PYTHON, ROOT
 
+pytestmark = pytest.mark.process
+
+
 A_ID, B_ID = 9, 8
 
 

@@ -1,11 +1,15 @@
-"""ps.netutil: the one place for interface addresses, routes and free ports."""
+"""ps.netutil: the one place for interface addresses, routes and free ports. Real sockets
+(routes are read by connecting one)."""
 import socket
 from pathlib import Path
 
 import pytest
 
+from ps.config import Config
 from ps.errors import ConfigError
 from ps.netutil import free_port, host_ip, interface_addresses, interface_ip, route_source
+
+pytestmark = pytest.mark.process
 
 
 def test_loopback_interface_by_prefix():
@@ -32,3 +36,19 @@ def test_free_port_can_be_bound_and_is_not_an_ephemeral_port():
     assert len(ports) > 10                # random, so two tests rarely pick the same one
     with socket.socket() as s:
         s.bind(("127.0.0.1", ports.pop()))
+
+
+BASE = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9000",
+        "DMLC_NUM_SERVER": "2", "DMLC_NUM_WORKER": "3"}
+
+
+def test_interface_and_node_host():
+    from ps import netutil
+    cfg = Config.from_env({**BASE, "DMLC_INTERFACE": "lo"})
+    assert netutil.announce_host(cfg, "127.0.0.1") == "127.0.0.1"
+    cfg = Config.from_env({**BASE, "DMLC_INTERFACE": "nosuchnic"})
+    with pytest.raises(ConfigError, match="DMLC_INTERFACE='nosuchnic'"):
+        netutil.announce_host(cfg, "127.0.0.1")
+    cfg = Config.from_env({**BASE, "DMLC_NODE_HOST": "localhost", "DMLC_INTERFACE": "nosuchnic"})
+    assert netutil.announce_host(cfg, "127.0.0.1") == "127.0.0.1"
+    assert netutil.announce_host(Config.from_env(BASE), "127.0.0.1") == "127.0.0.1"

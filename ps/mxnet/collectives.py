@@ -10,7 +10,7 @@ on each worker from an allgather; a reducescatter is a sum of which each worker 
 rows, and an alltoall an allgather of which each keeps the rows sent to it (every worker
 receives every row: simple, not bandwidth-optimal). The calls block, as Horovod-MXNet's
 results are ready to read when they return. CPU only. ``process_set=`` runs a call among a
-process set's members (ps/process_sets.py, as in ``ps.torch``).
+process set's members (ps/collective/process_sets.py, as in ``ps.torch``).
 """
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from ..collective import GATHERED, Average, Job, ReduceOp, Sum, fingerprint, reduce_op, tensor_key, verified
-from .. import objects, process_sets
+from ..collective import (GATHERED, Average, Job, ReduceOp, Sum, fingerprint, objects, process_sets, reduce_op,
+                          tensor_key, verified)
+from ..collective.process_sets import Scope, check_root, check_root_votes, root_vote
 from ..errors import MismatchError
-from ..process_sets import Scope, check_root, check_root_votes, root_vote
 
 job = Job("ps.mxnet", names="hvd.")
 
@@ -286,7 +286,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, priority:
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> Any:
     """Rank ``root_rank``'s ``obj`` on every worker: any object in a job with a signing key,
-    plain data without one (ps/objects.py)."""
+    plain data without one (ps/collective/objects.py)."""
     where = sets.scope(process_set)
     kv = job.store()
     if kv is None:
@@ -301,7 +301,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, proc
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list[Any]:
-    """Every worker's ``obj``, in rank order (ps/objects.py says what may travel)."""
+    """Every worker's ``obj``, in rank order (ps/collective/objects.py says what may travel)."""
     where = sets.scope(process_set)
     kv = job.store()
     if kv is None:

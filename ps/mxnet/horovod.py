@@ -16,7 +16,7 @@ import mxnet as mx
 import numpy as np
 
 from ..collective import absent, predivide_factor
-from ..process_sets import check_root
+from ..collective.process_sets import check_root
 from .collectives import broadcast_values, job, sets, sums
 
 # What this build has (hvd.mpi_built(), ...): ps has none of Horovod's MPI, Gloo, NCCL, ...
@@ -42,7 +42,7 @@ def shutdown() -> None:
     sets.clear()
 
 
-# Horovod's process sets (ps/process_sets.py): collectives among some of the workers
+# Horovod's process sets (ps/collective/process_sets.py): collectives among some of the workers
 global_process_set = sets.global_set
 add_process_set = sets.add
 remove_process_set = sets.remove

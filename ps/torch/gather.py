@@ -21,9 +21,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..collective import Average, Max, Min, Product, Sum, fingerprint
+from ..collective import Average, Max, Min, Product, Sum, fingerprint, objects
 from ..errors import CollectiveError, MismatchError
-from .. import objects
 from . import runtime
 from .compression import Compression
 from .sums import Group, UnsupportedError, claim, differentiable, hold, member, reduce_op, sum_async
@@ -255,7 +254,7 @@ def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None, proc
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list:
     """Every worker's (of ``process_set``) ``obj``, in rank order: any object in a job with
-    a signing key, plain data without one (ps/objects.py)."""
+    a signing key, plain data without one (ps/collective/objects.py)."""
     where = scope(process_set)
     kv = runtime.store()
     if kv is None:

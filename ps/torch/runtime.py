@@ -1,7 +1,7 @@
 """The one store a ps.torch process talks through, and who this process is.
 
 ``init()`` joins the cluster named by the ``DMLC_*`` variables (``python -m ps.launch`` sets
-them), or, under ``mpirun``/``srun`` alone, starts its part of one (ps/selfstart.py). Without
+them), or, under ``mpirun``/``srun`` alone, starts its part of one (ps/collective/selfstart.py). Without
 either it runs alone (size 1, every collective a no-op), as
 Horovod does outside ``horovodrun``, so one script serves both.
 """

@@ -3,7 +3,7 @@ process set's members).
 
 A name is a key (with its shape and dtype: ``collective.tensor_key``). Its first use declares
 the key, and a check that every worker asked for the same goes beside the first push
-(ps/collective.py); each call is one pushpull: the servers sum the workers' tensors and send
+(ps/collective/job.py); each call is one pushpull: the servers sum the workers' tensors and send
 the sum back (no optimizer runs there). Every collective of ``ops`` and ``gather`` is made of
 these sums.
 """
@@ -70,7 +70,7 @@ def scaled(tensor: torch.Tensor, factor: float) -> torch.Tensor:
 def ensure_keys(items: list[tuple[str, tuple[int, ...], np.dtype]], where: Scope | None = None,
                 joinable: bool = False) -> Callable[[], None]:
     """Make the keys not seen yet; returns what checks that every worker (of ``where``) asked
-    for the same ones: call it before using a result (ps/collective.py). ``joinable``: sums
+    for the same ones: call it before using a result (ps/collective/job.py). ``joinable``: sums
     that go on while workers are in ``hvd.join()``, their share zero."""
     runtime.store()
     if runtime.server_optimizer:

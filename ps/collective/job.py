@@ -18,11 +18,11 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from ..config import value_of
+from ..errors import CollectiveError, MismatchError, PSError
+from ..kvstore import KVStore
+from ..timeline import Bar, Timeline
 from . import selfstart
-from .config import value_of
-from .errors import CollectiveError, MismatchError, PSError
-from .kvstore import KVStore
-from .timeline import Bar, Timeline
 
 logger = logging.getLogger(__name__)
 

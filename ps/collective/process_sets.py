@@ -16,7 +16,8 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from ..errors import MismatchError
-from .job import Job, group_key
+from .job import Job
+from .names import group_key
 
 
 class ProcessSet:

@@ -68,7 +68,7 @@ ALLOWED = {
               "mxnet.profiling"},
     "mxnet.autoload.sitecustomize": {"config", "mxnet"},   # python startup hook: imports ps.mxnet lazily
     # the PyTorch adapter (Horovod's API): the public KVStore only
-    "torch.compression": set(), "torch.runtime": {"__init__", "collective"},
+    "torch.compression": set(), "torch.runtime": {"collective"},
     "torch.process_sets": {"collective.process_sets", "torch.runtime"},
     "torch.sums": {"collective", "collective.ops", "errors", "torch.compression", "torch.process_sets",
                    "torch.runtime"},

@@ -1,11 +1,14 @@
 """Imports only point down (style R2): roles never import each other, the core never
-imports its adapters, optimizers or benchmarks. Every module of ``ps`` must be in the
+imports its adapters, the Horovod layer, optimizers or benchmarks. Every module of ``ps`` must be in the
 table: a new module without an entry fails the test, so its place is decided on purpose."""
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PS = ROOT / "ps"
+
+# the packages built on the core: the Horovod layer, the framework adapters, the benchmarks
+ABOVE_THE_CORE = ("collective", "torch", "mxnet", "bench")
 
 # module -> the modules it may import (ps modules by their name under ps/; "__init__" is
 # `import ps`; launcher modules by their full name)
@@ -165,6 +168,18 @@ def test_imports_follow_the_layering():
         for imp in imports_of(path):
             if imp != name and imp not in ALLOWED.get(name, set()):
                 bad.append(f"{name} imports {imp}")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_the_core_never_imports_the_horovod_layer():
+    """``ps.collective`` is built on the public KVStore for the adapters: no module of the
+    core (every one but the layer itself, the adapters and the benchmarks) imports it, so the
+    core runs without it and no cycle can form through it."""
+    bad = []
+    for path in PS.rglob("*.py"):
+        name = module_name(path)
+        if name.split(".")[0] not in ABOVE_THE_CORE:
+            bad += [f"{name} imports {imp}" for imp in imports_of(path) if imp.split(".")[0] == "collective"]
     assert not bad, "\n".join(sorted(bad))
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from ..config import value_of
 from ..errors import CollectiveError, MismatchError, PSError
 from ..kvstore import KVStore
-from ..timeline import Timeline
+from .timeline import Timeline
 from . import selfstart
 from .names import base_name, group_key, label, timeline_bar
 from .ops import fingerprint

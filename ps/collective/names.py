@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..timeline import Bar
+from .timeline import Bar
 
 GROUP_PREFIX = "set"        # a group's keys: "set<id>/<name>", apart from every other group's
 # Horovod's operations, as the first part of a key's name says (a timeline shows only these)

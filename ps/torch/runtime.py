@@ -39,7 +39,7 @@ cross_rank = job.cross_rank
 cross_size = job.cross_size
 is_homogeneous = job.is_homogeneous
 
-# Horovod's timeline: rank 0 writes a chrome://tracing file of its collectives (ps/timeline.py)
+# Horovod's timeline: rank 0 writes a chrome://tracing file of its collectives (ps/collective/timeline.py)
 start_timeline = job.start_timeline
 stop_timeline = job.stop_timeline
 

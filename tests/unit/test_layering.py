@@ -38,7 +38,6 @@ ALLOWED = {
                "optim.pickled", "postoffice", "profiler", "replication", "rounds", "sendqueue", "store", "updaters", "van"},
     "kvstore": {"_logging", "_timing", "compression", "config", "customer", "errors", "keys", "message",
                 "postoffice", "timeline", "van", "worker"},
-    "timeline": set(),
     "testing": {"config", "errors", "kvstore", "scheduler", "server", "van"},
     "__main__": {"_logging", "config", "errors", "mxnet_autoload", "scheduler", "server"},
     "__init__": {"config", "customer", "errors", "kvstore", "optim"},
@@ -54,9 +53,10 @@ ALLOWED = {
     "optim": {"optim.base", "optim.lr_scheduler", "optim.rules", "optim.torch_rules", "optim.updater"},
     # Horovod's layer under both adapters: the public KVStore, never the roles
     "collective.selfstart": {"_timing", "childproc", "config", "errors", "netutil"},
-    "collective.objects": {"_security"}, "collective.ops": set(), "collective.names": {"timeline"},
-    "collective.job": {"collective.names", "collective.ops", "collective.selfstart", "config", "errors", "kvstore",
-                       "timeline"},
+    "collective.objects": {"_security"}, "collective.ops": set(), "collective.timeline": set(),
+    "collective.names": {"collective.timeline"},
+    "collective.job": {"collective.names", "collective.ops", "collective.selfstart", "collective.timeline", "config",
+                       "errors", "kvstore"},
     "collective.process_sets": {"collective.job", "collective.names", "errors"},
     "collective": {"collective.job", "collective.names", "collective.ops"},
     # the MXNet adapter: the public KVStore, never the roles

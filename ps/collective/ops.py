@@ -89,8 +89,9 @@ def scaled(a: np.ndarray, factor: float) -> np.ndarray:
 
 def folded(every: np.ndarray, op: ReduceOp) -> np.ndarray:
     """Min, Max or Product over the first dimension of a gather (one row per member), in the
-    gathered dtype (a product of integers wraps as it does in that dtype)."""
-    return _FOLDS[op].reduce(every, axis=0).astype(every.dtype, copy=False)
+    gathered dtype (a product of integers wraps as it does in that dtype); an array even when
+    the members' tensors are 0-d (numpy's reduce gives a scalar then)."""
+    return np.asarray(_FOLDS[op].reduce(every, axis=0)).astype(every.dtype, copy=False)
 
 
 # -- the table: what each member puts in, checked --------------------------------------------

@@ -106,6 +106,9 @@ def test_min_max_product_fold_a_gather_in_its_dtype():
     assert ops.folded(flags, ops.Product).dtype == np.bool_
     halves = np.array([[0.5, 3.0]], np.float16)
     assert ops.folded(halves, ops.Product).dtype == np.float16
+    scalars = ops.folded(np.array([3.0, 1.5], np.float32), ops.Product)      # members' tensors were 0-d
+    assert isinstance(scalars, np.ndarray) and scalars.shape == () and scalars.dtype == np.float32
+    assert float(scalars) == 4.5
     with pytest.raises(KeyError):
         ops.folded(every, ops.Sum)          # a sum is the servers' work
 

@@ -68,7 +68,10 @@ def scaled(tensor: torch.Tensor, factor: float) -> torch.Tensor:
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     """``ops.work_dtype`` in torch's terms; bfloat16, which numpy lacks, as the other half float."""
     like = torch.float16 if dtype == torch.bfloat16 else dtype
-    return torch.from_numpy(np.empty(0, ops.work_dtype(torch.empty(0, dtype=like).numpy().dtype))).dtype
+    try:
+        return torch.from_numpy(np.empty(0, ops.work_dtype(torch.empty(0, dtype=like).numpy().dtype))).dtype
+    except TypeError:       # another dtype numpy lacks (float8, ...): as_array refuses it by name
+        return dtype
 
 
 def ensure_keys(items: list[tuple[str, tuple[int, ...], np.dtype]], where: Scope | None = None,

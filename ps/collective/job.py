@@ -2,11 +2,11 @@
 see it: one numpy ``KVStore`` per process, who this process is, and named sums.
 
 A tensor's name is a key (ps/collective/names.py), declared by each worker the first time it
-uses it (the servers make it at its first push, so
-nobody waits for anybody). Every worker must ask for the same names with the same shapes in
-the same order; ``ensure_keys`` checks that with a sum beside the first pushes, so a script
-whose workers disagree gets an error naming the tensor instead of a sync round that never
-closes. Groups (Horovod's process sets) are the same over some of the workers.
+uses it (the servers make it at its first push, so nobody waits for anybody). Every worker must
+ask for the same names with the same shapes in the same order; ``ensure_keys`` checks that with
+a sum beside the first pushes, so a script whose workers disagree gets an error naming the
+tensor instead of a sync round that never closes. Groups (Horovod's process sets) are the same
+over some of the workers.
 """
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ import numpy as np
 from ..config import value_of
 from ..errors import CollectiveError, MismatchError, PSError
 from ..kvstore import KVStore
-from .timeline import Timeline
 from . import selfstart
 from .names import base_name, group_key, label, timeline_bar
 from .ops import fingerprint
+from .timeline import Timeline
 
 logger = logging.getLogger(__name__)
 

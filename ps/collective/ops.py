@@ -122,6 +122,13 @@ def sizes(table: np.ndarray) -> list[int]:
 
 
 # -- the gather's buffer -------------------------------------------------------------------
+class Span(NamedTuple):
+    """Some consecutive rows: a member's share of a reducescatter, what it got from another
+    member in an alltoall."""
+    start: int
+    count: int
+
+
 class Rows(NamedTuple):
     """Where a member's rows go in a gather's buffer."""
     start: int          # its first row in the concatenation
@@ -144,17 +151,17 @@ def placed(a: np.ndarray, layout: Rows) -> np.ndarray:
 
 
 # -- alltoall and reducescatter ---------------------------------------------------------------
-def received(table: np.ndarray, rank: int) -> list[tuple[int, int]]:
+def received(table: np.ndarray, rank: int) -> list[Span]:
     """An alltoall's table (row ``s``: the rows member ``s`` sends each member, then the
     fingerprint): for each member in turn, where the rows it sent ``rank`` lie in the gather
-    of every member's whole tensor (start, count)."""
+    of every member's whole tensor."""
     sent = table[:, :-1].astype(np.int64)
     starts = np.concatenate([[0], np.cumsum(sent.sum(axis=1))])
-    return [(int(starts[s] + sent[s, :rank].sum()), int(sent[s, rank])) for s in range(len(sent))]
+    return [Span(int(starts[s] + sent[s, :rank].sum()), int(sent[s, rank])) for s in range(len(sent))]
 
 
-def share(rows: int, size: int, rank: int) -> tuple[int, int]:
-    """Horovod's split of ``rows`` over ``size`` members: ``rank``'s first row and count (the
-    first ``rows % size`` members get one more)."""
+def share(rows: int, size: int, rank: int) -> Span:
+    """Horovod's split of ``rows`` over ``size`` members: ``rank``'s rows (the first
+    ``rows % size`` members get one more)."""
     each, extra = divmod(rows, size)
-    return rank * each + min(rank, extra), each + (rank < extra)
+    return Span(rank * each + min(rank, extra), each + (rank < extra))

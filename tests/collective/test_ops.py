@@ -87,6 +87,7 @@ def test_an_alltoall_gives_each_member_the_rows_sent_to_it():
 
 def test_a_share_of_rows_is_horovods_split():
     assert [ops.share(7, 3, r) for r in range(3)] == [(0, 3), (3, 2), (5, 2)]
+    assert ops.share(7, 3, 1) == ops.Span(start=3, count=2)
     assert [ops.share(2, 3, r) for r in range(3)] == [(0, 1), (1, 1), (2, 0)]
     for rows in range(12):
         for size in range(1, 5):

@@ -43,7 +43,7 @@ class KVWorker:
         self.credits = 0                       # CREDIT messages received (transport_stats)
         self._lock = threading.RLock()
         self._flush_scheduled = False
-        self.on_flush: Callable[[], None] | None = None    # queued requests left together (ps.timeline's cycles)
+        self.on_flush: Callable[[], None] | None = None    # queued requests left together (a timeline's cycles)
         self._cmd_ids = itertools.count(1)
         self._cmd_waiters: dict[int, tuple[threading.Event, dict[int, Any]]] = {}
         self._cmd_sent: dict[int, tuple[list[int], dict[str, Any]]] = {}

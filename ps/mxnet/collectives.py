@@ -10,7 +10,7 @@ on each worker from an allgather; a reducescatter is a sum of which each worker 
 rows, and an alltoall an allgather of which each keeps the rows sent to it (every worker
 receives every row: simple, not bandwidth-optimal). The calls block, as Horovod-MXNet's
 results are ready to read when they return. CPU only. ``process_set=`` runs a call among a
-process set's members (ps/process_sets.py, as in ``ps.torch``).
+process set's members (ps/collective/process_sets.py, as in ``ps.torch``).
 """
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from ..collective import GATHERED, Average, Job, ReduceOp, Sum, fingerprint, reduce_op, tensor_key, verified
-from .. import objects, process_sets
+from ..collective import (GATHERED, Average, Job, ReduceOp, Sum, objects, ops, process_sets, reduce_op, tensor_key,
+                          verified)
+from ..collective.process_sets import Scope, check_root, check_root_votes, root_vote
 from ..errors import MismatchError
-from ..process_sets import Scope, check_root, check_root_votes, root_vote
 
 job = Job("ps.mxnet", names="hvd.")
 
@@ -61,15 +61,6 @@ def _reduce_op(op: Any, average: bool | None) -> ReduceOp:
     return reduce_op(op, average, RefusedError, "ps.mxnet")
 
 
-def scaled(a: np.ndarray, factor: float) -> np.ndarray:
-    """``a * factor`` in ``a``'s dtype, computed as Horovod does on the CPU: integers in
-    float64, float16 in float32, then cast back."""
-    if factor == 1.0:
-        return a
-    work = np.float64 if a.dtype.kind in "iub" else np.float32 if a.dtype == np.float16 else a.dtype
-    return (a.astype(work) * factor).astype(a.dtype)
-
-
 def _named(kind: str, name: str | None) -> str:
     """Unnamed calls share one key per shape and dtype, so every worker must make them in the
     same order (Horovod numbers them in call order)."""
@@ -101,14 +92,12 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, name: str
 def _reduced(base: str, arrays: list[np.ndarray], reduce: ReduceOp, prescale: float, postscale: float,
              where: Scope) -> list[np.ndarray]:
     names = [f"{base}.{i}" if len(arrays) > 1 else base for i in range(len(arrays))]
-    if reduce in GATHERED:
-        fold = {"Min": np.minimum.reduce, "Max": np.maximum.reduce, "Product": np.multiply.reduce}[reduce.name]
-        # scaled before and after, as the sums are (and as ps.torch's gathered reductions)
-        return [scaled(fold(_gather(n, scaled(a, prescale).reshape(1, *a.shape), where), axis=0).astype(a.dtype)
-                       .reshape(a.shape), postscale) for n, a in zip(names, arrays)]
-    totals = sums(names, [scaled(a, prescale) for a in arrays], where)
+    if reduce in GATHERED:      # scaled in the dtype before and after, as the sums are (Horovod's rule)
+        return [ops.scaled(ops.folded(_gather(n, ops.scaled(a, prescale).reshape(1, *a.shape), where)[0], reduce)
+                           .reshape(a.shape), postscale) for n, a in zip(names, arrays)]
+    totals = sums(names, [ops.scaled(a, prescale) for a in arrays], where)
     factor = postscale / where.size if reduce is Average else postscale
-    return [scaled(t, factor) for t in totals]
+    return [ops.scaled(t, factor) for t in totals]
 
 
 def grouped_allreduce_(tensors: list[Any], average: bool | None = None, name: str | None = None, priority: int = 0,
@@ -177,30 +166,33 @@ def allgather(tensor: Any, name: str | None = None, priority: int = 0, process_s
     a = _array(tensor, what)
     if a.ndim == 0:
         raise ValueError(f"{what}: a scalar has no first dimension to concatenate on (reshape it to (1,))")
-    return _like(_gather(_named("allgather", name), a, where, what), tensor)
+    return _like(_gather(_named("allgather", name), a, where, what)[0], tensor)
 
 
-def _gather(base: str, a: np.ndarray, where: Scope, what: str | None = None) -> np.ndarray:
-    """The rows of every worker: first the sum of a table (row counts, and a fingerprint of the
-    rest of the shape and the dtype), then the sum of the rows, each worker's at its offset
-    in zeros, in a buffer rounded up to a power of two rows (varying sizes reuse a few keys)."""
+def _gather(base: str, a: np.ndarray, where: Scope, what: str | None = None) -> tuple[np.ndarray, list[int]]:
+    """The rows of every worker (ps/collective/ops.py), and how many each gave."""
     if job.store() is None:
-        return a.copy()
-    n, me = where.size, where.rank
-    table = np.zeros(n + 1)
-    table[me] = a.shape[0]
-    table[n] = fingerprint(f"{a.shape[1:]}{a.dtype}")
-    (summed,) = sums([f"{base}.sizes"], [table], where)
-    if summed[n] != n * table[n]:
+        return a.copy(), [a.shape[0]]
+    counts = ops.sizes(_table(base, [a.shape[0]], a, where, what))
+    return _rows(base, a, counts, where), counts
+
+
+def _table(base: str, values: list[int], a: np.ndarray, where: Scope, what: str | None) -> np.ndarray:
+    """Every worker's row of the table (``values``, then the fingerprint of the rest of ``a``'s
+    shape and its dtype); MismatchError, on every worker alike, if a fingerprint differs."""
+    row = ops.table_row(values, f"{a.shape[1:]}{a.dtype}")
+    (table,) = sums([f"{base}.table"], [ops.table_share(row, where.rank, where.size)], where)
+    if ops.differing(table, row):
         raise MismatchError(f"{what or base}: the workers' tensors differ past the first dimension or in dtype "
-                            f"(rank {me} has shape {a.shape} and dtype {a.dtype})")
-    counts = summed[:n].astype(np.int64)
-    total = int(counts.sum())
-    start = int(counts[:me].sum())
-    rows = np.zeros((1 << max(total - 1, 0).bit_length(), *a.shape[1:]), a.dtype)
-    rows[start:start + a.shape[0]] = a
-    (every,) = sums([f"{base}.rows"], [rows], where)
-    return every[:total]
+                            f"(rank {where.rank} has shape {a.shape} and dtype {a.dtype})")
+    return table
+
+
+def _rows(base: str, a: np.ndarray, counts: list[int], where: Scope) -> np.ndarray:
+    """The concatenation of every worker's rows (``counts[r]`` of them from the r-th)."""
+    layout = ops.rows(counts, where.rank)
+    (every,) = sums([f"{base}.rows"], [ops.placed(a, layout)], where)
+    return every[:layout.total]
 
 
 def grouped_allgather(tensors: list[Any], name: str | None = None, priority: int = 0,
@@ -208,12 +200,6 @@ def grouped_allgather(tensors: list[Any], name: str | None = None, priority: int
     """``allgather`` of each tensor; the ``i``-th travels under ``name.i``."""
     base = name if name is not None else "noname.group"
     return [allgather(t, f"{base}.{i}", priority, process_set) for i, t in enumerate(tensors)]
-
-
-def _own_part(rows: int, n: int, r: int) -> tuple[int, int]:
-    """Horovod's split of ``rows`` over ``n`` workers: the first ``rows % n`` get one more."""
-    each, extra = divmod(rows, n)
-    return r * each + min(r, extra), each + (r < extra)
 
 
 def grouped_reducescatter(tensors: list[Any], op: Any = None, name: str | None = None, priority: int = 0,
@@ -235,7 +221,7 @@ def grouped_reducescatter(tensors: list[Any], op: Any = None, name: str | None =
     n, r = where.size, where.rank
     parts = []
     for total, t in zip(summed, tensors):
-        start, count = _own_part(total.shape[0], n, r)
+        start, count = ops.share(total.shape[0], n, r)
         parts.append(_like(total[start:start + count], t))
     return parts
 
@@ -272,21 +258,18 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, priority:
             raise RefusedError(f"{what}: splits {sizes.tolist()} must be {n} counts >= 0 that add up to the first "
                                f"dimension ({a.shape[0]})")
     base = _named("alltoall", name)
-    table = np.zeros((n, n), np.int64)
-    table[me] = sizes
-    (table,) = sums([f"{base}.splits"], [table], where)     # row s: what member s sends to each member
-    every = _gather(base, a, where, what)
-    starts = np.concatenate([[0], np.cumsum(table.sum(axis=1))])
-    parts = [every[starts[s] + table[s, :me].sum():][:table[s, me]] for s in range(n)]
-    out = _like(np.concatenate(parts) if parts else a[:0], tensor)
+    table = _table(base, sizes.tolist(), a, where, what)     # row s: what member s sends to each member
+    every = _rows(base, a, ops.sizes(table), where)
+    parts = ops.received(table, me)
+    out = _like(np.concatenate([every[start:start + count] for start, count in parts]), tensor)
     if splits is None:
         return out
-    return out, mx.nd.array(table[:, me], dtype="int32")
+    return out, mx.nd.array([count for _, count in parts], dtype="int32")
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> Any:
     """Rank ``root_rank``'s ``obj`` on every worker: any object in a job with a signing key,
-    plain data without one (ps/objects.py)."""
+    plain data without one (ps/collective/objects.py)."""
     where = sets.scope(process_set)
     kv = job.store()
     if kv is None:
@@ -301,15 +284,13 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, proc
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list[Any]:
-    """Every worker's ``obj``, in rank order (ps/objects.py says what may travel)."""
+    """Every worker's ``obj``, in rank order (ps/collective/objects.py says what may travel)."""
     where = sets.scope(process_set)
     kv = job.store()
     if kv is None:
         return [obj]
     what = "allgather_object"
     data = np.frombuffer(objects.dumps(obj, kv, what), np.uint8)
-    tag = _named("allgather_object", name)
-    sizes = _gather(f"{tag}.len", np.array([data.size], np.int64), where, what)
-    raw = _gather(tag, data, where, what)
+    raw, sizes = _gather(_named("allgather_object", name), data, where, what)
     starts = np.concatenate([[0], np.cumsum(sizes)])
     return [objects.loads(raw[starts[r]:starts[r + 1]].tobytes(), kv, what) for r in range(len(sizes))]

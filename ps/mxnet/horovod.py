@@ -16,7 +16,7 @@ import mxnet as mx
 import numpy as np
 
 from ..collective import absent, predivide_factor
-from ..process_sets import check_root
+from ..collective.process_sets import check_root
 from .collectives import broadcast_values, job, sets, sums
 
 # What this build has (hvd.mpi_built(), ...): ps has none of Horovod's MPI, Gloo, NCCL, ...
@@ -42,48 +42,26 @@ def shutdown() -> None:
     sets.clear()
 
 
-# Horovod's process sets (ps/process_sets.py): collectives among some of the workers
+# Horovod's process sets (ps/collective/process_sets.py): collectives among some of the workers
 global_process_set = sets.global_set
 add_process_set = sets.add
 remove_process_set = sets.remove
 process_set_by_id = sets.by_id
 
 
-def is_initialized() -> bool:
-    return job.is_initialized()
+# Who this process is: the job's own calls, bound as Horovod binds its basics' (before init()
+# they raise the job's ValueError)
+is_initialized = job.is_initialized
+rank = job.rank
+size = job.size
+local_rank = job.local_rank
+local_size = job.local_size
+cross_rank = job.cross_rank
+cross_size = job.cross_size
 
-
-# Horovod's timeline: rank 0 writes a chrome://tracing file of its collectives (ps/timeline.py)
+# Horovod's timeline: rank 0 writes a chrome://tracing file of its collectives (ps/collective/timeline.py)
 start_timeline = job.start_timeline
 stop_timeline = job.stop_timeline
-
-
-def _kv() -> Any:
-    return job.store()
-
-
-def rank() -> int:
-    return job.rank()
-
-
-def size() -> int:
-    return job.size()
-
-
-def local_rank() -> int:
-    return job.local_rank()
-
-
-def local_size() -> int:
-    return job.local_size()
-
-
-def cross_rank() -> int:
-    return job.cross_rank()
-
-
-def cross_size() -> int:
-    return job.cross_size()
 
 
 class NoneCompressor:
@@ -157,7 +135,7 @@ def broadcast_parameters(params: Any, root_rank: int = 0, prefix: str | None = N
     broadcast right after it is initialized, as Horovod does; every worker initializes it at
     the same point of the same script, so the broadcast meets on every worker. ``prefix``
     keeps the names of two calls apart, as in Horovod."""
-    if _kv() is None:
+    if job.store() is None:
         return
     check_root(root_rank, sets.scope(), "broadcast_parameters")    # before any parameter waits for it
     items, values = [], []
@@ -267,7 +245,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._ps_prefix = f"hvd.trainer.{prefix or ''}."
         self._ps_process_set = process_set
         self._ps_params = list(params.values()) if hasattr(params, "values") else list(params)
-        _kv()                                    # hvd.init() first, as in Horovod
+        job.store()                                    # hvd.init() first, as in Horovod
 
     def _allreduce_grads(self) -> None:
         if size() == 1:

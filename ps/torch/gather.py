@@ -1,17 +1,10 @@
 """allgather, alltoall and reducescatter, and the reductions a sum cannot give (Min, Max,
-Product), all made of the servers' sums.
+Product), all made of the servers' sums, as ps/collective/ops.py lays them out (the table of
+sizes and its fingerprints, the buffer of rows, the splits, the shares, the folds).
 
-The servers only add. A gather is still a sum: every rank writes its rows into its own
-place of a buffer of zeros, and the sum of the buffers is the concatenation (x + 0 is x
-exactly, in every dtype). The first dimensions differ from rank to rank, so a small sum
-first tells every rank all of them (and a fingerprint of the rest of the shape and the
-dtype, so a mismatch is named on every rank instead of a round that never closes). The
-buffer's first dimension is rounded up to a power of two, so varying sizes reuse a few keys.
-
-Costs, against Horovod's: a gather moves the whole buffer to and from every worker (N times a
-rank's rows each way, where Horovod's ring moves N - 1 times); alltoall is a gather of every
-rank's whole tensor, each rank keeping its part; reducescatter is an allreduce, each rank
-keeping its part. Fine for metrics, embeddings and routing tables; not a fast path.
+What is ``ps.torch``'s own is the tensors (any dtype torch has, bfloat16 and bool too),
+autograd, and the sequencing: ``allgather_async`` returns at once, its rows leaving from the
+I/O thread the moment the sizes are in (``_Gathering``).
 """
 from __future__ import annotations
 
@@ -21,12 +14,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..collective import Average, Max, Min, Product, Sum, fingerprint
+from ..collective import Average, Sum, objects, ops
 from ..errors import CollectiveError, MismatchError
-from .. import objects
 from . import runtime
 from .compression import Compression
-from .sums import Group, UnsupportedError, claim, differentiable, hold, member, reduce_op, sum_async
+from .sums import Group, UnsupportedError, claim, differentiable, hold, member, reduce_op, scaled, sum_async
 from .process_sets import Scope, scope
 
 
@@ -63,15 +55,15 @@ def _what(kind: str, name: str | None) -> str:
     return f"{kind} of {name!r}" if name is not None else kind
 
 
-def _shape_print(tensor: torch.Tensor) -> float:
-    return fingerprint(f"{tuple(tensor.shape[1:])}{tensor.dtype}")
+def _form(tensor: torch.Tensor) -> str:
+    """What every member's tensor must share: the shape past the first dimension, the dtype."""
+    return f"{tuple(tensor.shape[1:])}{tensor.dtype}"
 
 
 def _table_sum(tag: str, row: list[float], where: Scope) -> Any:
     """Start summing every member's ``row`` into one (size, len(row)) table, in rank order."""
-    mine = torch.zeros((where.size, len(row)), dtype=torch.float64)
-    mine[where.rank] = torch.tensor(row, dtype=torch.float64)
-    return sum_async(mine, f"{tag}.table", Sum, where=where)
+    return sum_async(torch.from_numpy(ops.table_share(row, where.rank, where.size)), f"{tag}.table", Sum,
+                     where=where)
 
 
 def _table(tag: str, row: list[float], what: str, tensor: torch.Tensor, where: Scope) -> np.ndarray:
@@ -82,7 +74,7 @@ def _table(tag: str, row: list[float], what: str, tensor: torch.Tensor, where: S
 
 def _checked(table: np.ndarray, row: list[float], what: str, tensor: torch.Tensor, where: Scope) -> np.ndarray:
     """``table``, once every member's fingerprint (its last column) matches ours."""
-    differ = [where.ranks[r] for r in range(where.size) if table[r, -1] != row[-1]]
+    differ = [where.ranks[r] for r in ops.differing(table, row)]
     if differ:
         raise MismatchError(f"{what}: rank {runtime.rank()} has a tensor of shape {tuple(tensor.shape)} and dtype "
                             f"{tensor.dtype}, but rank {differ[0]} has another shape past the first dimension or "
@@ -99,12 +91,10 @@ def _need_dims(tensor: Any, what: str) -> None:
 
 def _gather_rows(tensor: torch.Tensor, tag: str, sizes: list[int], where: Scope) -> Deferred:
     """The concatenation of every member's ``tensor`` (the r-th member's has ``sizes[r]`` rows)."""
-    total = sum(sizes)
-    rows = 1 << max(total - 1, 0).bit_length()
-    buf = torch.zeros((rows, *tensor.shape[1:]), dtype=tensor.dtype)
-    start, count = _own_rows(sizes, where)
-    buf[start:start + count] = tensor.detach()
-    return Deferred(sum_async(buf, f"{tag}.rows", Sum, where=where), lambda out: out[:total])
+    layout = ops.rows(sizes, where.rank)
+    buf = torch.zeros((layout.buffer, *tensor.shape[1:]), dtype=tensor.dtype)
+    buf[layout.start:layout.start + layout.count] = tensor.detach()
+    return Deferred(sum_async(buf, f"{tag}.rows", Sum, where=where), lambda out: out[:layout.total])
 
 
 class _Gathering:
@@ -118,7 +108,7 @@ class _Gathering:
         # as it is now: outside a set the rows leave later, from the I/O thread
         self._tensor = tensor.detach() if where.group else tensor.detach().clone()
         self._tag, self._what, self._where = tag, what, where
-        self._row = [tensor.shape[0], _shape_print(tensor)]
+        self._row = ops.table_row([tensor.shape[0]], _form(tensor))
         self._rows: Deferred | None = None
         self._error: BaseException | None = None
         self._started = threading.Event()
@@ -136,9 +126,9 @@ class _Gathering:
             return
         try:
             rows = table.reshape(self._where.size, -1)
-            if (rows[:, -1] != self._row[-1]).any():    # shapes differ: wait() names it, no rows leave
+            if ops.differing(rows, self._row):          # shapes differ: wait() names it, no rows leave
                 return
-            self.sizes = [int(x) for x in rows[:, 0]]
+            self.sizes = ops.sizes(rows)
             self._rows = _gather_rows(self._tensor, self._tag, self.sizes, self._where)
         except BaseException as exc:    # noqa: BLE001 - raised again by wait, on the caller's thread
             self._error = exc
@@ -183,10 +173,6 @@ class _Alone(Deferred):
         self.sizes = [tensor.shape[0]]
 
 
-def _own_rows(sizes: list[int], where: Scope) -> tuple[int, int]:
-    return sum(sizes[:where.rank]), sizes[where.rank]
-
-
 class _Allgather(torch.autograd.Function):
     """Horovod's gradient: the average of the output's gradient over the workers, this
     rank's rows of it."""
@@ -201,8 +187,8 @@ class _Allgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):    # noqa: ANN001
-        start, rows = _own_rows(ctx.sizes, ctx.where)
-        return sum_async(grad, None, Average, where=ctx.where).wait().narrow(0, start, rows), None, None
+        mine = ops.rows(ctx.sizes, ctx.where.rank)
+        return sum_async(grad, None, Average, where=ctx.where).wait().narrow(0, mine.start, mine.count), None, None
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: Any = None) -> Deferred:
@@ -242,7 +228,8 @@ class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):    # noqa: ANN001
         averaged = Group([sum_async(g, None, Average, where=ctx.where) for g in grads]).wait()
-        return (None, None, *(g.narrow(0, *_own_rows(sizes, ctx.where)) for g, sizes in zip(averaged, ctx.sizes)))
+        mine = [ops.rows(sizes, ctx.where.rank) for sizes in ctx.sizes]
+        return (None, None, *(g.narrow(0, m.start, m.count) for g, m in zip(averaged, mine)))
 
 
 def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None, process_set: Any = None) -> list:
@@ -255,7 +242,7 @@ def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None, proc
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list:
     """Every worker's (of ``process_set``) ``obj``, in rank order: any object in a job with
-    a signing key, plain data without one (ps/objects.py)."""
+    a signing key, plain data without one (ps/collective/objects.py)."""
     where = scope(process_set)
     kv = runtime.store()
     if kv is None:
@@ -270,16 +257,14 @@ def allgather_object(obj: Any, name: str | None = None, process_set: Any = None)
 
 def reduce_gathered(tensor: torch.Tensor, op: Any, name: str | None, prescale: float, postscale: float,
                     target: torch.Tensor | None, where: Scope) -> Deferred:
-    """Min, Max or Product over the workers: gather every rank's tensor, reduce here."""
-    sent = tensor.detach() * prescale if prescale != 1.0 else tensor.detach()
+    """Min, Max or Product over the workers: gather every rank's tensor, reduce here. Scaled in
+    the tensor's dtype before and after, as the sums are (Horovod's rule, ps/collective/ops.py)."""
+    sent = scaled(tensor.detach(), prescale)
     handle = _gather(sent.reshape(1, *sent.shape), name, where, f"allreduce.{op.name.lower()}")
 
     def finish(every: torch.Tensor) -> torch.Tensor:
-        if every.dtype == torch.bool:
-            every = every.to(torch.uint8)
-        out = {Min: every.amin, Max: every.amax, Product: every.prod}[op](0).to(tensor.dtype)
-        if postscale != 1.0:
-            out = (out * postscale).to(tensor.dtype)
+        wide = every.float() if every.dtype == torch.bfloat16 else every      # numpy has no bfloat16
+        out = scaled(torch.from_numpy(ops.folded(wide.numpy(), op)).to(tensor.dtype), postscale)
         if target is not None:
             target.copy_(out)
         return out
@@ -330,17 +315,11 @@ def _alltoall(tensor: torch.Tensor, splits: Any, name: str | None, where: Scope)
     mine = _splits(tensor, splits, what, where)
     if runtime.store() is None:
         return tensor.detach().clone(), mine
-    tag, n, me = _tag("alltoall", name), where.size, where.rank
-    table = _table(tag, [*mine, _shape_print(tensor)], what, tensor, where)
-    sent = [[int(x) for x in table[r, :n]] for r in range(n)]      # sent[i][j]: rows member i sends member j
-    sizes = [sum(row) for row in sent]
-    every = _gather_rows(tensor, tag, sizes, where).wait()
-    parts, base = [], 0
-    for i in range(n):
-        start = base + sum(sent[i][:me])
-        parts.append(every[start:start + sent[i][me]])
-        base += sizes[i]
-    return torch.cat(parts), [sent[i][me] for i in range(n)]
+    tag = _tag("alltoall", name)
+    table = _table(tag, ops.table_row(mine, _form(tensor)), what, tensor, where)   # row i: what member i sends
+    every = _gather_rows(tensor, tag, ops.sizes(table), where).wait()
+    parts = ops.received(table, where.rank)
+    return torch.cat([every[start:start + count] for start, count in parts]), [count for _, count in parts]
 
 
 class _Alltoall(torch.autograd.Function):
@@ -382,12 +361,6 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
 
 
 # -- reducescatter ---------------------------------------------------------------------
-def _share(rows: int, where: Scope) -> tuple[int, int]:
-    """This rank's rows of ``rows``: the first ``rows % size`` ranks get one more (Horovod)."""
-    n, me = where.size, where.rank
-    return me * (rows // n) + min(me, rows % n), rows // n + (1 if me < rows % n else 0)
-
-
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any = Average, process_set: Any = None,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
                         compression: Any = Compression.none) -> Deferred:
@@ -398,7 +371,7 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any =
         raise UnsupportedError(f"{what}: op {reduce.name} is not supported (Average or Sum)")
     _need_dims(tensor, what)
     claim("reducescatter", name)
-    start, rows = _share(tensor.shape[0], where)
+    start, rows = ops.share(tensor.shape[0], where.size, where.rank)
     key = f"reducescatter.{name}" if name is not None else "reducescatter.noname"
     handle = sum_async(tensor.detach(), key, reduce, prescale_factor, postscale_factor, compression, where=where)
     return hold("reducescatter", name, Deferred(handle, lambda full: full.narrow(0, start, rows).clone()))

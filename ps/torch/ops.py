@@ -13,10 +13,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..collective import GATHERED, Adasum, Average, Max, Min, Product, ReduceOp, Sum, tensor_key, verified
+from ..collective import (GATHERED, Adasum, Average, Max, Min, Product, ReduceOp, Sum, objects, tensor_key,
+                          verified)
+from ..collective.process_sets import check_root, check_root_votes, root_vote
 from ..errors import MismatchError
-from ..process_sets import check_root, check_root_votes, root_vote
-from .. import objects
 from . import runtime
 from .compression import Compression
 from .gather import reduce_gathered
@@ -239,7 +239,7 @@ def broadcast_parameters(params: Any, root_rank: int = 0, process_set: Any = Non
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> Any:
     """Rank ``root_rank``'s ``obj`` on every worker: any object in a job with a signing key,
-    plain data without one (ps/objects.py)."""
+    plain data without one (ps/collective/objects.py)."""
     where = scope(process_set)
     kv = runtime.store()
     if kv is None:

@@ -1,11 +1,11 @@
-"""``ps.torch``'s process sets (ps/process_sets.py, over ``runtime.job``), and ``hvd.init`` /
+"""``ps.torch``'s process sets (ps/collective/process_sets.py, over ``runtime.job``), and ``hvd.init`` /
 ``hvd.shutdown``, which register and drop them."""
 from __future__ import annotations
 
 from typing import Any
 
-from .. import process_sets
-from ..process_sets import Scope
+from ..collective import process_sets
+from ..collective.process_sets import Scope
 from . import runtime
 
 

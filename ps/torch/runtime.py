@@ -1,15 +1,14 @@
 """The one store a ps.torch process talks through, and who this process is.
 
 ``init()`` joins the cluster named by the ``DMLC_*`` variables (``python -m ps.launch`` sets
-them), or, under ``mpirun``/``srun`` alone, starts its part of one (ps/selfstart.py). Without
-either it runs alone (size 1, every collective a no-op), as
-Horovod does outside ``horovodrun``, so one script serves both.
+them), or, under ``mpirun``/``srun`` alone, starts its part of one
+(ps/collective/selfstart.py). Without either it runs alone (size 1, every collective a
+no-op), as Horovod does outside ``horovodrun``, so one script serves both.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .. import KVStore
 from ..collective import Job, absent
 
 job = Job("ps.torch")
@@ -28,48 +27,21 @@ def init(comm: Any = None, *, kvstore: str = "dist_sync") -> None:
     job.init(kvstore)
 
 
-def is_initialized() -> bool:
-    return job.is_initialized()
+# Who this process is, and the store it talks through (None alone): the job's own calls,
+# bound as Horovod binds its basics' (before init() they raise the job's ValueError)
+is_initialized = job.is_initialized
+store = job.store
+rank = job.rank
+size = job.size
+local_rank = job.local_rank
+local_size = job.local_size
+cross_rank = job.cross_rank
+cross_size = job.cross_size
+is_homogeneous = job.is_homogeneous
 
-
-# Horovod's timeline: rank 0 writes a chrome://tracing file of its collectives (ps/timeline.py)
+# Horovod's timeline: rank 0 writes a chrome://tracing file of its collectives (ps/collective/timeline.py)
 start_timeline = job.start_timeline
 stop_timeline = job.stop_timeline
-
-
-def store() -> KVStore | None:
-    """The cluster's store, or None when this process runs alone."""
-    return job.store()
-
-
-def rank() -> int:
-    return job.rank()
-
-
-def size() -> int:
-    return job.size()
-
-
-def local_rank() -> int:
-    return job.local_rank()
-
-
-def local_size() -> int:
-    return job.local_size()
-
-
-def cross_rank() -> int:
-    """Which host this is, counting the hosts that run a worker of this local rank."""
-    return job.cross_rank()
-
-
-def cross_size() -> int:
-    return job.cross_size()
-
-
-def is_homogeneous() -> bool:
-    """Every host runs the same number of workers."""
-    return job.is_homogeneous()
 
 
 def join(device: int = -1) -> int:

@@ -3,19 +3,20 @@ process set's members).
 
 A name is a key (with its shape and dtype: ``collective.tensor_key``). Its first use declares
 the key, and a check that every worker asked for the same goes beside the first push
-(ps/collective.py); each call is one pushpull: the servers sum the workers' tensors and send
+(ps/collective/job.py); each call is one pushpull: the servers sum the workers' tensors and send
 the sum back (no optimizer runs there). Every collective of ``ops`` and ``gather`` is made of
 these sums.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from .. import collective
-from ..collective import Average, ReduceOp, tensor_key
+from ..collective import Average, ReduceOp, ops, tensor_key
 from ..errors import PSError
 from . import runtime
 from .compression import Compression
@@ -56,21 +57,27 @@ def as_array(tensor: torch.Tensor, what: str) -> np.ndarray:
 
 
 def scaled(tensor: torch.Tensor, factor: float) -> torch.Tensor:
-    """``tensor * factor`` in ``tensor``'s dtype, computed as Horovod does on the CPU:
-    integers in float64, float16 and bfloat16 in float32, then cast back."""
+    """``ops.scaled`` of a tensor: ``tensor * factor`` in its dtype, Horovod's rule. torch
+    multiplies, not numpy, whose float16 casts take four times as long (on a gradient)."""
     if factor == 1.0 or tensor.dtype == torch.bool:
         return tensor
-    if tensor.is_floating_point():
-        work = torch.float32 if tensor.dtype in (torch.float16, torch.bfloat16) else tensor.dtype
-    else:
-        work = torch.float64
-    return (tensor.to(work) * factor).to(tensor.dtype)
+    return (tensor.to(_work_dtype(tensor.dtype)) * factor).to(tensor.dtype)
+
+
+@functools.cache
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """``ops.work_dtype`` in torch's terms; bfloat16, which numpy lacks, as the other half float."""
+    like = torch.float16 if dtype == torch.bfloat16 else dtype
+    try:
+        return torch.from_numpy(np.empty(0, ops.work_dtype(torch.empty(0, dtype=like).numpy().dtype))).dtype
+    except TypeError:       # another dtype numpy lacks (float8, ...): as_array refuses it by name
+        return dtype
 
 
 def ensure_keys(items: list[tuple[str, tuple[int, ...], np.dtype]], where: Scope | None = None,
                 joinable: bool = False) -> Callable[[], None]:
     """Make the keys not seen yet; returns what checks that every worker (of ``where``) asked
-    for the same ones: call it before using a result (ps/collective.py). ``joinable``: sums
+    for the same ones: call it before using a result (ps/collective/job.py). ``joinable``: sums
     that go on while workers are in ``hvd.join()``, their share zero."""
     runtime.store()
     if runtime.server_optimizer:

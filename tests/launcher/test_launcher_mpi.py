@@ -96,7 +96,7 @@ def test_slurm_job_failure_and_sigint(launch, slurm):
     assert poll_for(lambda: not marked_pids(job.marker), 10 - (time.monotonic() - t0)), marked_pids(job.marker)
 
 
-# -- Horovod's way: mpirun / srun start the script itself, no ps.launch (ps/selfstart.py) --------
+# -- Horovod's way: mpirun / srun start the script itself, no ps.launch (ps/collective/selfstart.py) --------
 HVD_SCRIPT = ("import os, torch, ps.torch as hvd; hvd.init(); "
               "t = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), name='x'); "
               "os.write(1, f'HVD {hvd.rank()} {hvd.size()} {hvd.local_rank()} {hvd.local_size()} {float(t)} '"

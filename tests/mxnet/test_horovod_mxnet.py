@@ -177,7 +177,7 @@ def test_an_ndarray_travels_as_plain_data_in_an_object():
 
     import mxnet as mx
 
-    from ps import objects
+    from ps.collective import objects
 
     job = types.SimpleNamespace(config=types.SimpleNamespace(secret_file=None, job_key_file=None))
     sent = {"w": mx.nd.array([[1, 2]], dtype="int32"), "step": 3}

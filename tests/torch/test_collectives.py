@@ -225,7 +225,7 @@ def test_objects_travel_signed_with_the_job_key_or_as_plain_data(tmp_path):
     import argparse
     import types
 
-    from ps import objects
+    from ps.collective import objects
 
     def job(key_file=None):
         return types.SimpleNamespace(config=types.SimpleNamespace(secret_file=None, job_key_file=key_file))

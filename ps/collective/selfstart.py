@@ -26,10 +26,10 @@ from collections.abc import Mapping
 
 import psutil
 
-from . import childproc, netutil
-from ._timing import Deadline
-from .config import ManagerRank, manager_rank
-from .errors import ConfigError
+from .. import childproc, netutil
+from .._timing import Deadline
+from ..config import ManagerRank, manager_rank
+from ..errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

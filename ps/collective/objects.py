@@ -23,7 +23,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from . import _security
+from .. import _security
 
 _SIGNED, _PLAIN = b"P", b"M"
 _TUPLE, _SET, _FROZENSET, _ARRAY, _TENSOR, _ORDERED, _BIGINT, _COMPLEX, _NDARRAY = range(1, 10)

@@ -1,5 +1,5 @@
-"""Horovod's timeline file (ps/timeline.py) and how requests are shown on it
-(collective.timeline_bar); the file's use by ps.torch and ps.mxnet runs in
+"""Horovod's timeline file (ps/collective/timeline.py) and how requests are shown on it
+(collective.names.timeline_bar); the file's use by ps.torch and ps.mxnet runs in
 tests/torch/test_collectives.py and tests/mxnet/test_horovod_mxnet.py."""
 import json
 import logging
@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from ps.collective import timeline_bar
-from ps.timeline import Bar, Timeline
+from ps.collective.timeline import Bar, Timeline
 
 
 def bar(key):
@@ -57,7 +57,7 @@ def test_no_cycles_unless_marked_and_a_full_disk_stops_the_timeline_not_the_job(
     tl.cycle()
     tl.close()
     assert "CYCLE_START" not in path.read_text()
-    with caplog.at_level(logging.WARNING, "ps.timeline"):
+    with caplog.at_level(logging.WARNING, "ps.collective.timeline"):
         full = Timeline("/dev/full", bar, mark_cycles=True)   # every write fails (ENOSPC)
         assert full.started("allreduce.w:3:<f4") is None
         full.cycle()

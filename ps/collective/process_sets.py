@@ -15,8 +15,9 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from .collective import Job, group_key
-from .errors import MismatchError
+from ..errors import MismatchError
+from .job import Job
+from .names import group_key
 
 
 class ProcessSet:

@@ -1,9 +1,9 @@
-"""ps/selfstart.py: every rank of a bare mpirun/srun computes the same rendezvous alone."""
+"""ps/collective/selfstart.py: every rank of a bare mpirun/srun computes the same rendezvous alone."""
 import pytest
 
 from ps.config import ManagerRank
 from ps.errors import ConfigError
-from ps.selfstart import needed, rendezvous
+from ps.collective.selfstart import needed, rendezvous
 
 
 def rank(r, n=4, multi=False, job="77", nodelist=None):

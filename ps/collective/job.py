@@ -1,70 +1,35 @@
 """A Horovod-style job as both framework adapters (``ps.torch``, ``ps.mxnet``'s Horovod calls)
 see it: one numpy ``KVStore`` per process, who this process is, and named sums.
 
-Horovod's collectives have no keys: a tensor is named at the call. Here a name is a key,
-declared by each worker the first time it uses it (the servers make it at its first push, so
-nobody waits for anybody). Every worker must ask for the same names with the same shapes in
-the same order; ``ensure_keys`` checks that with a sum beside the first pushes, so a script
-whose workers disagree gets an error naming the tensor instead of a sync round that never
-closes. Groups (Horovod's process sets) are the same over some of the workers.
+A tensor's name is a key (ps/collective/names.py), declared by each worker the first time it
+uses it (the servers make it at its first push, so nobody waits for anybody). Every worker must
+ask for the same names with the same shapes in the same order; ``ensure_keys`` checks that with
+a sum beside the first pushes, so a script whose workers disagree gets an error naming the
+tensor instead of a sync round that never closes. Groups (Horovod's process sets) are the same
+over some of the workers.
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 import os
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import numpy as np
 
+from ..config import value_of
+from ..errors import CollectiveError, MismatchError, PSError
+from ..kvstore import KVStore
 from . import selfstart
-from .config import value_of
-from .errors import CollectiveError, MismatchError, PSError
-from .kvstore import KVStore
-from .timeline import Bar, Timeline
+from .names import base_name, group_key, label, timeline_bar
+from .ops import fingerprint
+from .timeline import Timeline
 
 logger = logging.getLogger(__name__)
 
 KeySpec = tuple[str, tuple[int, ...], np.dtype]     # a key's name, the caller's shape, its dtype
 CHECKED = 61                # keys checked one by one in a first-use check (the rest by the sum of all)
-GROUP_PREFIX = "set"        # a group's keys: "set<id>/<name>", apart from every other group's
 MEETING = "meeting"         # the key a group's members meet on (first uses of names, barriers)
-# Horovod's operations, as the first part of a key's name says (a timeline shows only these)
-OPERATIONS = ("allreduce", "broadcast", "allgather", "alltoall", "reducescatter", "sparse", "broadcast_object",
-              "allgather_object")
-
-
-class ReduceOp(NamedTuple):
-    """Horovod's ``hvd.Sum``, ``hvd.Average``, ...: the servers add; Min, Max and Product are
-    reduced on each worker from an allgather (GATHERED)."""
-    name: str
-
-
-Average = ReduceOp("Average")
-Sum = ReduceOp("Sum")
-Adasum = ReduceOp("Adasum")
-Min = ReduceOp("Min")
-Max = ReduceOp("Max")
-Product = ReduceOp("Product")
-REDUCE_OPS = {op.name.lower(): op for op in (Average, Sum, Min, Max, Product)}
-GATHERED = (Min, Max, Product)
-
-
-def reduce_op(op: Any, average: bool | None, refused: Callable[[str], Exception], api: str) -> ReduceOp:
-    """Horovod's ``op=`` (``hvd.Sum``, ..., or its name), else ``average`` (the default: Average);
-    ``refused(message)`` is the error for one ps does not have. Both at once is an error, as
-    in Horovod (``op`` supersedes ``average``)."""
-    if op is None:
-        return Average if average is None or average else Sum
-    if average is not None:
-        raise ValueError(f"op={op!r} and average={average!r}: the op parameter supersedes average, give only one")
-    name = op.name if isinstance(op, ReduceOp) else op
-    found = REDUCE_OPS.get(name.lower()) if isinstance(name, str) else None
-    if found is None:
-        raise refused(f"op {name if isinstance(name, str) else op!r} is not supported: {api} reduces with Average, "
-                      "Sum, Min, Max or Product (no Adasum: the servers sum)")
-    return found
 
 
 def verified(checks: Any, pending: Any) -> None:
@@ -89,18 +54,6 @@ def absent() -> bool:
 def nccl_built() -> int:
     """Horovod returns the NCCL version it was built with, 0 without."""
     return 0
-
-
-def group_key(gid: int, key: str) -> str:
-    """The key a group's collective uses for ``key`` (group 0: every worker, the key itself)."""
-    return f"{GROUP_PREFIX}{gid}/{key}" if gid else key
-
-
-def tensor_key(name: str, shape: tuple[int, ...], dtype: Any) -> str:
-    """The key a named tensor travels under. As in Horovod, a name may come back later with
-    another shape or dtype (two models' ``bias``, an optimizer state's ``momentum_buffer`` of
-    every parameter); a ps key has one, so the key is the name with its shape and dtype."""
-    return f"{name}:{'x'.join(map(str, shape))}:{np.dtype(dtype).str}"
 
 
 def predivide_factor(value: Any) -> float:
@@ -323,7 +276,7 @@ class Job:
                     members=self._groups[group])
             self.meet(group, repr([(n, s, str(d)) for n, s, d in new]),
                       f"the members of process set {group} ask for different new tensors (rank {kv.rank}: "
-                      f"{', '.join(_label(n) for n, _, _ in new[:3])}{', ...' if len(new) > 3 else ''}): every "
+                      f"{', '.join(label(n) for n, _, _ in new[:3])}{', ...' if len(new) > 3 else ''}): every "
                       "member must use the same names, shapes and dtypes in the same order")
         elif kv is not None and new:
             for name, shape, dtype in new:
@@ -353,7 +306,7 @@ class Job:
         kv = self.store()
         if kv is None:
             return _nothing
-        probe = f"{self.api}.check.{_base(items[0][0])}"
+        probe = f"{self.api}.check.{base_name(items[0][0])}"
         mine = np.zeros(3 + CHECKED, np.float64)
         mine[:3] = 1.0, len(items), fingerprint(repr([(n, s, str(d)) for n, s, d in items]))
         prints = [fingerprint(f"{n}{s}{d}") for n, s, d in items[:CHECKED]]
@@ -375,7 +328,7 @@ class Job:
                                     "same order)")
             for (name, shape, dtype), got, own in zip(items, total[3:], mine[3:]):
                 if got != own * n:
-                    raise MismatchError(f"tensor {_label(name)} differs across workers: rank {kv.rank} has shape "
+                    raise MismatchError(f"tensor {label(name)} differs across workers: rank {kv.rank} has shape "
                                         f"{tuple(shape)} and dtype {dtype}, another worker has a different shape, "
                                         "dtype or order")
             raise MismatchError(f"the {len(items)} tensors of rank {kv.rank} differ from another worker's "
@@ -404,63 +357,5 @@ class Job:
         self._group_ids = itertools.count(1)
 
 
-def _base(key: str) -> str:
-    """A tensor key's name without its shape and dtype (``tensor_key``)."""
-    head, _, dtype = key.rpartition(":")
-    base, _, shape = head.rpartition(":")
-    return base if base and dtype and all(p.isdigit() for p in shape.split("x") if p) else key
-
-
 def _nothing() -> None:
     """``verify`` when there is nothing to check."""
-
-
-def fingerprint(text: str) -> float:
-    """40 bits of a hash of ``text``, exact as a float64 (a sum over the workers stays exact)."""
-    return float(int.from_bytes(hashlib.blake2b(text.encode(), digest_size=5).digest(), "little"))
-
-
-def _split_group(key: str) -> tuple[str, str | None]:
-    """``set2/allreduce.w:3:<f4`` -> (``allreduce.w:3:<f4``, "2"); a key of no group -> (key, None)."""
-    if key.startswith(GROUP_PREFIX) and "/" in key:
-        gid, _, rest = key[len(GROUP_PREFIX):].partition("/")
-        if gid.isdigit():
-            return rest, gid
-    return key, None
-
-
-def _label(key: str) -> str:
-    """A key as the script knows it: ``allreduce.w:3:<f4`` is the allreduce of 'w'."""
-    key, gid = _split_group(key)
-    return _plain_label(key) + (f" in process set {gid}" if gid else "")
-
-
-def timeline_bar(key: Any, api: str, names: str = "") -> Bar | None:
-    """How Horovod's timeline shows a request on ``key`` of adapter ``api`` (whose tensor keys
-    start with ``names``): the tensor's row (``allreduce.w``; ``broadcast.w`` for a broadcast
-    made of a sum) and the phase (``ALLREDUCE``; ``NEGOTIATE_ALLREDUCE`` for the check of a
-    call's new names, ``api.check.<first name>``). None for what is not a Horovod operation:
-    meetings, agreements, a broadcast's root vote, other keys of the store."""
-    if not isinstance(key, str):
-        return None
-    check = f"{api}.check."
-    negotiate = key.startswith(check)
-    key, gid = _split_group(key[len(check):] if negotiate else key)
-    base = _base(key)
-    if not base.startswith(names):
-        return None
-    base = base[len(names):]
-    inner = base.partition(".")[2]
-    if base.startswith("allreduce.") and inner.partition(".")[0] in OPERATIONS:
-        base = inner                # ps.torch's broadcast and gathers are sums: named by what they are
-    kind = base.partition(".")[0]
-    if kind not in OPERATIONS or base == kind or base.startswith("broadcast.root"):
-        return None
-    return Bar(base + (f" (process set {gid})" if gid else ""), ("NEGOTIATE_" if negotiate else "") + kind.upper())
-
-
-def _plain_label(key: str) -> str:
-    kind, _, rest = _base(key).partition(".")
-    if rest.startswith("grad."):
-        return f"{rest[len('grad.'):]!r} (a parameter's gradient)"
-    return f"{rest!r} ({kind})"

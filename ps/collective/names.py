@@ -1,0 +1,85 @@
+"""What a collective's keys are called, and how a key reads back to the person who wrote the
+script (in an error, on the timeline).
+
+Horovod's collectives have no keys: a tensor is named at the call. Here a name is a key, with
+the tensor's shape and dtype in it (``tensor_key``), and a process set's keys stand apart from
+every other group's (``group_key``). An error or a timeline row must show the name the script
+gave, not that key, so the way back is written here beside the way there.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .timeline import Bar
+
+GROUP_PREFIX = "set"        # a group's keys: "set<id>/<name>", apart from every other group's
+# Horovod's operations, as the first part of a key's name says (a timeline shows only these)
+OPERATIONS = ("allreduce", "broadcast", "allgather", "alltoall", "reducescatter", "sparse", "broadcast_object",
+              "allgather_object")
+
+
+def group_key(gid: int, key: str) -> str:
+    """The key a group's collective uses for ``key`` (group 0: every worker, the key itself)."""
+    return f"{GROUP_PREFIX}{gid}/{key}" if gid else key
+
+
+def tensor_key(name: str, shape: tuple[int, ...], dtype: Any) -> str:
+    """The key a named tensor travels under. As in Horovod, a name may come back later with
+    another shape or dtype (two models' ``bias``, an optimizer state's ``momentum_buffer`` of
+    every parameter); a ps key has one, so the key is the name with its shape and dtype."""
+    return f"{name}:{'x'.join(map(str, shape))}:{np.dtype(dtype).str}"
+
+
+def base_name(key: str) -> str:
+    """A tensor key's name without its shape and dtype (``tensor_key``)."""
+    head, _, dtype = key.rpartition(":")
+    base, _, shape = head.rpartition(":")
+    return base if base and dtype and all(p.isdigit() for p in shape.split("x") if p) else key
+
+
+def label(key: str) -> str:
+    """A key as the script knows it: ``allreduce.w:3:<f4`` is the allreduce of 'w'."""
+    key, gid = _split_group(key)
+    return _plain_label(key) + (f" in process set {gid}" if gid else "")
+
+
+def timeline_bar(key: Any, api: str, names: str = "") -> Bar | None:
+    """How Horovod's timeline shows a request on ``key`` of adapter ``api`` (whose tensor keys
+    start with ``names``): the tensor's row (``allreduce.w``; ``broadcast.w`` for a broadcast
+    made of a sum) and the phase (``ALLREDUCE``; ``NEGOTIATE_ALLREDUCE`` for the check of a
+    call's new names, ``api.check.<first name>``). None for what is not a Horovod operation:
+    meetings, agreements, a broadcast's root vote, other keys of the store."""
+    if not isinstance(key, str):
+        return None
+    check = f"{api}.check."
+    negotiate = key.startswith(check)
+    key, gid = _split_group(key[len(check):] if negotiate else key)
+    base = base_name(key)
+    if not base.startswith(names):
+        return None
+    base = base[len(names):]
+    inner = base.partition(".")[2]
+    if base.startswith("allreduce.") and inner.partition(".")[0] in OPERATIONS:
+        base = inner                # ps.torch's broadcast and gathers are sums: named by what they are
+    kind = base.partition(".")[0]
+    if kind not in OPERATIONS or base == kind or base.startswith("broadcast.root"):
+        return None
+    return Bar(base + (f" (process set {gid})" if gid else ""), ("NEGOTIATE_" if negotiate else "") + kind.upper())
+
+
+def _split_group(key: str) -> tuple[str, str | None]:
+    """``set2/allreduce.w:3:<f4`` -> (``allreduce.w:3:<f4``, "2"); a key of no group -> (key, None)."""
+    if key.startswith(GROUP_PREFIX) and "/" in key:
+        gid, _, rest = key[len(GROUP_PREFIX):].partition("/")
+        if gid.isdigit():
+            return rest, gid
+    return key, None
+
+
+def _plain_label(key: str) -> str:
+    kind, _, rest = base_name(key).partition(".")
+    if rest.startswith("grad."):
+        return f"{rest[len('grad.'):]!r} (a parameter's gradient)"
+    return f"{rest!r} ({kind})"

@@ -83,7 +83,7 @@ class Op:
     FP16 = compression.FP16             # 16: push values travel as float16, the key keeps its dtype
     ROWS = 32       # whole rows: row ids travel with the values (row_sparse push / pull)
     HALF_PULL = compression.HALF_PULL   # 64: the pulled values travel as float16 (fp16 compression)
-    STREAM = 128    # a pushpull across a network: answer each chunk as soon as it is summed (Store._stream)
+    STREAM = 128    # a pushpull across a network: answer each chunk as soon as it is summed (Values._stream)
     CREATE = 256    # a push that makes its key, zeros, if the server has none (KVStore.declare)
     JOINABLE = 512  # a push whose round may close without joined workers, their share zero (KVStore.join)
 

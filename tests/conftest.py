@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import threading
-import time
 
 import psutil
 import pytest
@@ -16,7 +15,7 @@ import zmq
 
 from tests.helpers import Procs, free_port, poll_for
 
-# seconds a test's threads and processes get to end after it (tests/unit/test_leak_check.py
+# seconds a test's threads and processes get to end after it (tests/integration/test_leak_check.py
 # runs its leaky tests with less: what it checks is the failure, not the wait)
 LEAK_GRACE = float(os.environ.get("TESTS_LEAK_GRACE", "5.0"))
 OUR_THREADS = ("ps-", "bench-read")   # names of the threads ps and its tests start
@@ -70,30 +69,11 @@ def _in_process_tier(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The fast tier runs first, so its failures show within a couple of minutes of a whole
-    run; the order inside each tier is the files' own."""
-    items.sort(key=_in_process_tier)
-    first = next((item for item in items if _in_process_tier(item)), None)
-    config.stash[_FIRST_SLOW] = first.nodeid if first is not None and first is not items[0] else None
-
-
-_FIRST_SLOW = pytest.StashKey[object]()
-_TIER_START = pytest.StashKey[float]()
-
-
-def pytest_sessionstart(session):
-    session.config.stash[_TIER_START] = time.monotonic()
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item, nextitem):
-    """Say where the fast tier ended and how long it took (pytest's own clock counts both
-    tiers together)."""
-    if item.nodeid == item.config.stash.get(_FIRST_SLOW, None):
-        seconds = time.monotonic() - item.config.stash[_TIER_START]
-        reporter = item.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(f"\n[fast tier done in {seconds:.1f}s; the process tier follows]")
+    """The fast tier runs first, so its failures show within a minute or two of a whole run;
+    then the tests that share the machine (``xdist_group("machine")``: Slurm's and
+    gridengine's fixed ports, network-namespace hosts), which run one after another on one
+    xdist worker while the other workers take the rest; the files' own order inside each."""
+    items.sort(key=lambda item: (_in_process_tier(item), item.get_closest_marker("xdist_group") is None))
 
 
 @pytest.fixture(autouse=True)

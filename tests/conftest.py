@@ -15,7 +15,7 @@ import zmq
 
 from tests.helpers import Procs, free_port, poll_for
 
-# seconds a test's threads and processes get to end after it (tests/integration/test_leak_check.py
+# seconds a test's threads and processes get to end after it (tests/integration/test_conftest.py
 # runs its leaky tests with less: what it checks is the failure, not the wait)
 LEAK_GRACE = float(os.environ.get("TESTS_LEAK_GRACE", "5.0"))
 OUR_THREADS = ("ps-", "bench-read")   # names of the threads ps and its tests start
@@ -69,11 +69,31 @@ def _in_process_tier(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The fast tier runs first, so its failures show within a minute or two of a whole run;
-    then the tests that share the machine (``xdist_group("machine")``: Slurm's and
-    gridengine's fixed ports, network-namespace hosts), which run one after another on one
-    xdist worker while the other workers take the rest; the files' own order inside each."""
-    items.sort(key=lambda item: (_in_process_tier(item), item.get_closest_marker("xdist_group") is None))
+    """The fast tier runs first, so its failures show within a minute of a whole run; the
+    files' own order inside each tier."""
+    items.sort(key=_in_process_tier)
+
+
+# Test files that use what only one test at a time can have: Slurm's and gridengine's fixed
+# ports, the namespace hosts' names and addresses (tests/infra/netns_up.sh, ps.bench --hosts),
+# the sshd fixture's hosts. Under xdist (tests/run.sh runs two workers) they run one after
+# another on one worker, started first (their waits overlap the other worker's CPU-bound
+# tests); every other test is its own unit of work.
+ONE_AT_A_TIME = ("tests/launcher/test_launcher_batch.py", "tests/launcher/test_launcher_mpi.py",
+                 "tests/launcher/test_launcher_multihost.py", "tests/launcher/test_launcher_ssh.py",
+                 "tests/launcher/test_chaos.py", "tests/bench/test_bench_smoke.py")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's load scheduling, with the files of ONE_AT_A_TIME as one unit of work."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneAtATime(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "one-at-a-time" if nodeid.split("::", 1)[0] in ONE_AT_A_TIME else nodeid
+
+    return OneAtATime(config, log)
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import pytest
 
 from launcher.process import start_group, stop_group
 
-pytestmark = [pytest.mark.process, pytest.mark.xdist_group("machine")]   # namespace hosts (psbench*)
+pytestmark = pytest.mark.process
 
 
 ROOT = Path(__file__).resolve().parents[2]

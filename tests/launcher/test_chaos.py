@@ -21,7 +21,7 @@ import pytest
 from .launch_util import PY, ROOT, bash
 from .test_launcher_multihost import assert_unfaulted, shaped_links
 
-pytestmark = [pytest.mark.process, pytest.mark.launcher, pytest.mark.xdist_group("machine"),
+pytestmark = [pytest.mark.process, pytest.mark.launcher,
               pytest.mark.skipif(not os.environ.get("CHAOS_SEEDS"), reason="opt-in: set CHAOS_SEEDS=1,2,...")]
 SEEDS = [int(s) for s in os.environ.get("CHAOS_SEEDS", "0").split(",")]
 

@@ -12,7 +12,7 @@ from ps.mxnet_autoload import MXNET_AUTOLOAD
 
 from .launch_util import PY, ROOT, bash, poll_for, worker_cmd
 
-pytestmark = [pytest.mark.process, pytest.mark.launcher, pytest.mark.xdist_group("machine")]
+pytestmark = [pytest.mark.process, pytest.mark.launcher]
 
 FAKES = os.path.join(ROOT, "tests", "launcher", "fakes")
 

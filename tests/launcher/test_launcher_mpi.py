@@ -14,7 +14,7 @@ import pytest
 
 from .launch_util import PY, ROOT, marked_pids, need_root, poll_for, worker_cmd
 
-pytestmark = [pytest.mark.process, pytest.mark.launcher, pytest.mark.xdist_group("machine")]
+pytestmark = [pytest.mark.process, pytest.mark.launcher]
 
 SHOW = ["--env", "PS_TEST_SHOW:DMLC_RANK,DMLC_TASK_ID,DMLC_ROLE,W_ONLY,S_ONLY",
         "--env-worker", "W_ONLY:a b", "--env-server", "S_ONLY:1"]

@@ -17,7 +17,7 @@ import pytest
 
 from .launch_util import PY, ROOT, bash, marked_pids, need_root, poll_for, worker_cmd
 
-pytestmark = [pytest.mark.process, pytest.mark.launcher, pytest.mark.xdist_group("machine")]
+pytestmark = [pytest.mark.process, pytest.mark.launcher]
 
 
 @contextlib.contextmanager

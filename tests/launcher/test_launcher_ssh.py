@@ -14,7 +14,7 @@ import pytest
 
 from .launch_util import PY, ROOT, marked_pids, poll_for, worker_cmd
 
-pytestmark = [pytest.mark.process, pytest.mark.launcher, pytest.mark.xdist_group("machine")]
+pytestmark = [pytest.mark.process, pytest.mark.launcher]
 
 
 def ssh_env(sshd) -> dict:

@@ -85,3 +85,10 @@ def test_a_fast_tier_test_that_starts_a_process_or_opens_a_socket_fails_naming_i
     assert "test_binds_a_socket binds a socket, but it is in the fast tier" in out, out
     assert "test_connects_a_zmq_socket connects a zmq socket, but it is in the fast tier" in out, out
     assert "3 failed, 2 passed" in out, out
+
+
+def test_the_files_that_share_the_machine_exist():
+    """A renamed file would leave ONE_AT_A_TIME silently, and run beside the others."""
+    from tests.conftest import ONE_AT_A_TIME
+    missing = [name for name in ONE_AT_A_TIME if not (ROOT / name).is_file()]
+    assert not missing, missing

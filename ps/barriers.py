@@ -106,6 +106,34 @@ class Barriers:
         for barrier in self._open.values():
             barrier.arrived.discard(node_id)
 
+    def rejoin(self, node_id: int, passed: dict[str, int], waiting: list[str]) -> None:
+        """A live node reported to a restarted scheduler: the barriers it passed, the ones
+        it waits in. One it waits in that another member already passed was released by the
+        dead scheduler (the release was lost with it): answered at once."""
+        self._passed[node_id] = {g: n for g, n in passed.items() if g in GROUPS}
+        for group in waiting:
+            if group not in GROUPS:
+                continue
+            mine = self._passed[node_id].get(group, 0)
+            ahead = [p.get(group, 0) for i, p in self._passed.items() if i in self._members(group)]
+            if max(ahead, default=0) > mine:
+                self._send(node_id, Command.BARRIER, {"group": group, "error": None})
+                self._passed[node_id][group] = mine + 1
+            else:
+                self.arrive(node_id, group)
+
+    def estimate(self, node_id: int, groups: list[str], unknown: set[int]) -> None:
+        """A node that died with the old scheduler: it passed what the members that reported
+        passed (the fewest: it cannot have passed a barrier one of them still waits in), so
+        its restart is answered those at once."""
+        passed = {}
+        for group in groups:
+            counts = [p.get(group, 0) for i, p in self._passed.items()
+                      if i in self._members(group) and i not in unknown]
+            if counts:
+                passed[group] = min(counts)
+        self._passed[node_id] = passed
+
     def replay(self, node_id: int) -> None:
         """``node_id`` restarted: answer at once the barriers its dead self passed."""
         self._replays[node_id] = Replay(dict(self._passed.get(node_id, {})), {})

@@ -107,6 +107,9 @@ VARIABLES: tuple[Var, ...] = (
     Var("DMLC_NODE_HOST", "node_host", _str, None,
         "announce (and bind) this address instead; wins over DMLC_INTERFACE"),
     Var("DMLC_LOCAL", "local", _bool, False, "1: every node on one host, use ipc:// sockets"),
+    Var("DMLC_USE_KUBERNETES", "use_kubernetes", _bool, False,
+        "1: the scheduler binds every interface, since DMLC_PS_ROOT_URI names a Service, not the pod "
+        "(as ps-lite; python -m ps.launch --launcher kubernetes sets it)"),
     Var("DMLC_RANK", "rank_hint", lambda n, r: _int(n, r, 0) if r.strip() else None, None,
         "ask for this rank within the node's role (the launcher sets it); otherwise ranks follow "
         "host (descending) then port (ascending), as ps-lite"),
@@ -127,7 +130,8 @@ VARIABLES: tuple[Var, ...] = (
     Var("PS_HEARTBEAT_TIMEOUT", "heartbeat_timeout", _float, 30.0,
         "seconds of silence after which a node is declared dead; 0 = never"),
     Var("PS_CONNECT_TIMEOUT", "connect_timeout", _float, 120.0,
-        "seconds the cluster may take to form"),
+        "seconds the cluster may take to form (a scheduler name that does not resolve yet is retried "
+        "meanwhile), and that nodes wait for a dead scheduler's restart under PS_MAX_RESTARTS"),
     Var("PS_REQUEST_TIMEOUT", "request_timeout", _float, 0.0,
         "seconds one push/pull/barrier may take; 0 = no bound (a dead peer is reported anyway)"),
     Var("PS_STALL_WARNING", "stall_warning", _float, 60.0,
@@ -137,7 +141,8 @@ VARIABLES: tuple[Var, ...] = (
         "restarts of dead servers and workers the job allows (python -m ps.launch --max-restarts "
         "sets it for every process); > 0: instead of ending the job, everyone waits up to "
         "PS_CONNECT_TIMEOUT for a dead node to come back, each server keeps a replica of another's "
-        "state, and workers keep each push until it is answered (docs/reliability.md)"),
+        "state, and workers keep each push until it is answered; a scheduler started again at its "
+        "address rebuilds the job from the live nodes (docs/reliability.md)"),
     Var("PS_SEND_WINDOW", "send_window", _bytes, 8 << 20,
         "bytes a worker (a server) may have on the way to the servers (workers) across a network "
         "(16M, 512K...): requests and replies beyond it wait and leave highest priority first "
@@ -252,6 +257,7 @@ class Config:
     interface: str | None = None
     node_host: str | None = None
     local: bool = False
+    use_kubernetes: bool = False
     rank_hint: int | None = None
     port: int = 0
     port_range: tuple[int, int] | None = None

@@ -164,6 +164,11 @@ class Formation:
             if n.watch_id:
                 self.van.unwatch(n.watch_id)
 
+    def forget_pending(self) -> None:
+        """A restarted scheduler rebuilds the job instead: the registrations so far are
+        restarts of nodes of it (the scheduler takes them over), no longer watched here."""
+        self._drop(list(self.pending))
+
     def form(self, now: float) -> Formed | str:
         """The ranks of the registered nodes (last seen ``now``), or why they cannot form."""
         syncs = {n.sync for n in self.pending if n.role == Role.WORKER}

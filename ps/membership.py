@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from . import ring
 from .message import Node, Role, node_name
@@ -192,3 +192,34 @@ def assign_ranks(nodes: list[Member]) -> list[Member]:
     for node in rest:
         order[next(free)] = node
     return [order[r] for r in range(n)]
+
+
+class Death(NamedTuple):
+    """A node found dead by the scheduler's periodic check, and why."""
+
+    node_id: int
+    reason: str
+    final: bool         # its restart was awaited and did not come (no restart for it)
+
+
+def find_death(now: float, nodes: dict[int, Member], recovering: dict[int, Recovery], down_since: dict[int, float],
+               alive: Callable[[int], bool], connect_timeout: float, heartbeat_timeout: float,
+               disconnect_grace: float) -> Death | None:
+    """The first node found dead at ``now``, or None: a restart awaited longer than
+    PS_CONNECT_TIMEOUT, a connection closed for ``disconnect_grace``, or heartbeats missing
+    for PS_HEARTBEAT_TIMEOUT (0: not checked). ``alive(id)``: counted (neither gone on
+    purpose nor awaiting its restart)."""
+    for node_id, rec in recovering.items():
+        if now - rec.since > connect_timeout:
+            state = "did not finish recovering" if rec.replaced else "was not restarted"
+            return Death(node_id, f"{rec.reason}; it {state} within {connect_timeout:g}s (PS_CONNECT_TIMEOUT)", True)
+    for node_id, since in down_since.items():
+        if alive(node_id) and now - since > disconnect_grace:
+            return Death(node_id, f"{nodes[node_id].describe(node_id)} closed its connection and did not come back "
+                         f"within {disconnect_grace:g}s (process died?)", False)
+    for node_id, node in nodes.items():
+        silent = now - node.last_seen
+        if heartbeat_timeout and alive(node_id) and silent > heartbeat_timeout:
+            return Death(node_id, f"{node.describe(node_id)} sent no heartbeat for {silent:.1f}s "
+                         f"(PS_HEARTBEAT_TIMEOUT={heartbeat_timeout:g}); presumed dead", False)
+    return None

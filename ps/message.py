@@ -64,6 +64,7 @@ class Command(enum.IntEnum):
     SUBSCRIBE = 17    # backup server -> primary: send me a snapshot, then every change
     FETCH = 18        # restarted server -> its backup: the replica of my state (replies: snapshot parts)
     CREDIT = 19       # server -> worker: I received a message of ``body`` payload bytes (PS_SEND_WINDOW)
+    REJOIN = 20       # restarted scheduler -> node: report to me (request); your report is taken (reply)
 
 
 class Flag:

@@ -2,21 +2,39 @@
 interface's address, a free port. The one place for these, in ps and in the launcher."""
 from __future__ import annotations
 
+import logging
 import random
 import socket
+import time
+from typing import Callable
 
 import psutil
 
 from .config import Config
 from .errors import ConfigError
 
+logger = logging.getLogger(__name__)
 
-def resolve(host: str, variable: str = "DMLC_PS_ROOT_URI") -> str:
-    """Host name or IP -> IPv4 string (ps-lite needs an IP; we accept names too)."""
-    try:
-        return socket.gethostbyname(host)
-    except OSError as exc:
-        raise ConfigError(f"{variable}={host!r} does not resolve to an address: {exc}") from None
+
+def resolve(host: str, variable: str = "DMLC_PS_ROOT_URI", within: float = 0.0,
+            clock: Callable[[], float] = time.monotonic) -> str:
+    """Host name or IP -> IPv4 string (ps-lite needs an IP; we accept names too). With
+    ``within`` seconds, a name that does not resolve yet is tried again until then: in
+    Kubernetes a Service's or pod's DNS record appears seconds after the pod starts."""
+    end = clock() + within
+    pause = 0.1
+    while True:
+        try:
+            return socket.gethostbyname(host)
+        except OSError as exc:
+            if clock() + pause > end:
+                waited = f" (tried for {within:g}s: PS_CONNECT_TIMEOUT)" if within else ""
+                raise ConfigError(f"{variable}={host!r} does not resolve to an address{waited}: {exc}") from None
+            if pause == 0.1:
+                logger.warning("%s=%r does not resolve yet (%s); trying again for up to %gs (PS_CONNECT_TIMEOUT)",
+                               variable, host, exc, within)
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
 
 
 def interface_addresses() -> dict[str, str]:

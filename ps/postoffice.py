@@ -15,10 +15,12 @@ import time
 from typing import Any, Callable
 
 from . import netutil, ring
-from ._timing import DISCONNECT_GRACE, POLL, Deadline, PauseWatch
+from ._timing import POLL, Deadline
 from .config import Config
 from .errors import ClosedError, PeerLostError, ProtocolError, PSError, PSTimeoutError
 from .message import SCHEDULER, Command, Flag, Message, Node, Role, id_to_rank, node_name, payload_bytes
+from .rejoin import KEY as REJOIN_KEY, Rejoin
+from .schedlink import SchedulerLink
 from .van import Van, for_config, with_resend
 
 logger = logging.getLogger(__name__)
@@ -73,12 +75,13 @@ class Postoffice:
         self.dead_incarnation: dict[int, int] = {}  # node id -> which of its incarnations died last
         self._peers: dict[int, str] = {}    # node id -> address of the data connection to it
         self._control: dict[int, bool] = {}  # node id -> whether credits to it have a connection of their own
-        self._last_scheduler_contact = clock()
-        self._scheduler_addr = ""
-        self._scheduler_down_since: float | None = None   # its connection closed (van.watch)
+        self.link = SchedulerLink(config, self.van, clock, lambda: f"{self.role.name.lower()} {self.rank} ({self!r})",
+                                  self._report, self.fail, self._over)
+        self._registration: dict[str, Any] = {}
+        self.passed: dict[str, int] = {}    # group -> barriers this node passed (a rejoin reports them)
+        self.closed_workers: set[int] = set()   # a server: the workers the scheduler said closed
+        self._recovered = False             # a restart that reported its recovery (REJOINED)
         self._leaving = False               # the job ends for this node: the scheduler may go first
-        self._hb_stop = threading.Event()
-        self._hb_thread: threading.Thread | None = None
         self._formed = False
         self._closed = False
 
@@ -107,7 +110,9 @@ class Postoffice:
         return drop
 
     def _on_peer_lost(self, peer: Any, msg: Message, waited: float) -> None:
-        if self.config.max_restarts and (msg.recver in self.down or isinstance(peer, bytes)):
+        if self.config.max_restarts and (msg.recver in self.down or isinstance(peer, bytes) or peer == SCHEDULER):
+            # (the scheduler's liveness is the heartbeats' and its connection's to judge: its
+            # restart rebuilds the job from the live nodes)
             # a dead node's old connection: the scheduler decides about deaths when nodes restart
             logger.info("%s: gave up resending %r to a dead incarnation", self, msg)
             return
@@ -120,7 +125,7 @@ class Postoffice:
         """Register with the scheduler, wait for the node table, then barrier with everyone."""
         cfg = self.config
         deadline = Deadline(cfg.connect_timeout, self.clock)
-        sched_ip = netutil.resolve(cfg.root_uri)
+        sched_ip = netutil.resolve(cfg.root_uri, within=deadline.remaining() or 0.0)
         host = netutil.announce_host(cfg, sched_ip)
         address = self.van.start(self._on_message, host, cfg.port, cfg.port_range,
                                  name=f"{self.role.name.lower()}@{host}")
@@ -133,19 +138,16 @@ class Postoffice:
         local = self.van.local_address
         if local and self.role == Role.SERVER:
             body["local"] = [local, _machine_id()]
+        self._registration = body
         self.van.send(Message(Command.ADD_NODE, 0, SCHEDULER, body))
         if cfg.verbose:
             logger.info("%s bound %s, registering with the scheduler at %s",
                         self.role.name.lower(), address, sched_addr)
         started = self.clock()
+        self.link.watch(sched_addr)
         table = self._wait_table(deadline, sched_addr)
         self._adopt(table)
-        self._scheduler_addr = sched_addr
-        if sched_addr.startswith(("tcp://", "ipc://")):
-            self.van.watch(SCHEDULER, sched_addr, self._on_scheduler_connection)
-        self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
-                                           name=f"ps-heartbeat[{self}]")
-        self._hb_thread.start()
+        self.link.start(self.node_id)
         if self.restarted:
             logger.warning("%s %d (%s) rejoins the running job (restart %d)",
                            self.role.name.lower(), self.rank, self, self.restarted)
@@ -160,8 +162,15 @@ class Postoffice:
 
     def _wait_table(self, deadline: Deadline, sched_addr: str) -> dict[str, Any]:
         grace = Deadline((deadline.seconds or 0) + FORMATION_GRACE, self.clock)
+        returns = self.link.returns
         with self._cond:
             while self._table is None:
+                if returns != self.link.returns and self.config.max_restarts:
+                    # a restarted scheduler never heard of this registration: again
+                    returns = self.link.returns
+                    logger.warning("%s: the scheduler at %s came back; registering again", self, sched_addr)
+                    self._registered = None
+                    self.van.send(Message(Command.ADD_NODE, 0, SCHEDULER, self._registration))
                 if self.failure is not None:
                     raise self.failure
                 # once registered, give the scheduler's own (up-to-date) verdict time to arrive
@@ -224,11 +233,15 @@ class Postoffice:
     def _on_message(self, msg: Message) -> None:
         cmd = msg.cmd
         if msg.sender == SCHEDULER:
-            self._last_scheduler_contact = self.clock()
+            self.link.heard(msg)
             if cmd == Command.TERMINATE:
                 self._leaving = True
+        if cmd == Command.WORKER_CLOSED and isinstance(msg.body, dict):
+            self.closed_workers.add(int(msg.body.get("id", 0)))
         if cmd in self.handlers and cmd not in (Command.NODE_FAILED, Command.ABORT):
             self.handlers[cmd](msg)
+        elif cmd == Command.REJOIN:
+            pass                                # the link's (above)
         elif cmd == Command.NODE_TABLE:
             # here, on the I/O thread: a NODE_DOWN or NODE_UP right behind the table must
             # change this, not be overwritten when the main thread adopts the table
@@ -325,6 +338,7 @@ class Postoffice:
 
     def rejoined(self, error: str | None = None) -> None:
         """A restarted node has recovered (or cannot: ``error``): the scheduler tells the others."""
+        self._recovered = error is None
         self.send(Message(Command.REJOINED, recver=SCHEDULER, body={"error": error}))
 
     def on(self, cmd: Command, handler: Handler) -> None:
@@ -423,40 +437,21 @@ class Postoffice:
             raise self.failure
         if result and result[0]:
             raise PeerLostError(result[0])
+        self.passed[group] = self.passed.get(group, 0) + 1
 
-    # -- heartbeats ----------------------------------------------------------------------
-    def _on_scheduler_connection(self, _node_id: int, connected: bool) -> None:
-        self._scheduler_down_since = None if connected else (self._scheduler_down_since or self.clock())
+    # -- a restarted scheduler (PS_MAX_RESTARTS; ps/rejoin.py, ps/schedlink.py) -----------
+    def _report(self) -> dict[str, Any]:
+        """This node's registration with what it knows of the job, for a restarted
+        scheduler (on the I/O thread: the state does not change under it)."""
+        report = Rejoin(self.node_id, self.rank, [n for _, n in sorted(self.nodes.items())], self.sync, self.ring,
+                        self.restarted, dict(self.down), sorted(self.closed_workers), sorted(self._barriers),
+                        dict(self.passed), recovering=bool(self.restarted) and not self._recovered,
+                        closed=self.role == Role.WORKER and self._leaving)
+        return {**self._registration, REJOIN_KEY: report.to_body()}
 
-    def _heartbeat_loop(self) -> None:
-        """Heartbeats, and the two ways this node learns that the scheduler is gone: its
-        connection closed for DISCONNECT_GRACE (a dead process, or the launcher's: the kernel
-        closes its connections), or silence for PS_HEARTBEAT_TIMEOUT (a hung scheduler, or a
-        host that vanished without closing anything: power, network)."""
-        interval, timeout = self.config.heartbeat_interval, self.config.heartbeat_timeout
-        step = min(interval, 0.5) if interval else 0.5
-        next_beat = self.clock() + interval
-        pause = PauseWatch(step, lambda: f"{self.role.name.lower()} {self.rank} ({self!r})", clock=self.clock)
-        while not self._hb_stop.wait(step):
-            held = pause.hold()
-            if interval and self.clock() >= next_beat:
-                next_beat = self.clock() + interval
-                try:
-                    self.van.send(Message(Command.HEARTBEAT, self.node_id, SCHEDULER))
-                except PSError:
-                    return
-            silent = self.clock() - self._last_scheduler_contact
-            if interval and timeout and silent > timeout and not held:
-                self.fail(PeerLostError(f"the scheduler has not answered for {silent:.1f}s "
-                                        f"(PS_HEARTBEAT_TIMEOUT={timeout:g}); it is presumed dead", "H"))
-                return
-            down = self._scheduler_down_since
-            gone = down is not None and self.clock() - down > DISCONNECT_GRACE
-            if gone and not (held or self._closed or self._leaving):
-                self.fail(PeerLostError(f"the connection to the scheduler at {self._scheduler_addr} closed and "
-                                        f"did not come back within {DISCONNECT_GRACE:g}s: the scheduler died "
-                                        "(or the launcher that runs it)", "H"))
-                return
+    def _over(self) -> bool:
+        """This node's part is over (CLOSE acknowledged, TERMINATE): the scheduler may go first."""
+        return self._closed or self._close_acked.is_set() or (self.role == Role.SERVER and self._leaving)
 
     # -- leaving -------------------------------------------------------------------------
     def announce_close(self, timeout: float = 10.0) -> None:
@@ -464,14 +459,17 @@ class Postoffice:
         if self.failure is None and not self._closed:
             self._leaving = True
             self.van.send(Message(Command.CLOSE, self.node_id, SCHEDULER, {"rank": self.rank}))
-            if not self._close_acked.wait(timeout):
-                logger.warning("%s: the scheduler did not acknowledge CLOSE within %.0fs", self, timeout)
+            end = self.clock() + timeout
+            while not self._close_acked.wait(0.2):
+                # a scheduler being restarted acknowledges it once this node has rejoined it
+                if self.failure is not None or (self.clock() > end and not self.link.away) \
+                        or self.clock() > end + self.config.connect_timeout:
+                    logger.warning("%s: the scheduler did not acknowledge CLOSE within %.0fs", self, timeout)
+                    return
 
     def close(self, linger: float = 0.5) -> None:
         if self._closed:
             return
         self._closed = True
-        self._hb_stop.set()
+        self.link.stop()
         self.van.stop(linger=linger)
-        if self._hb_thread is not None and self._hb_thread is not threading.current_thread():
-            self._hb_thread.join(5)

@@ -15,10 +15,13 @@ from . import netutil
 from ._timing import DISCONNECT_GRACE, PauseWatch
 from .config import Config
 from .barriers import GROUPS, Barriers
+from .ending import Ending
 from .formation import Formation
-from .membership import (Awaited, Member, Parked, Recovery, head_count, placement_warning, restart_place,
-                         unrecoverable)
+from .membership import (Awaited, Member, Parked, Recovery, find_death, head_count, placement_warning,
+                         restart_place, unrecoverable)
 from .message import SCHEDULER, Command, Message, Role, node_name
+from .rebuild import Rebuild
+from .rejoin import KEY as REJOIN_KEY, Rejoin
 from .van import Van, for_config, with_resend
 
 logger = logging.getLogger(__name__)
@@ -28,7 +31,6 @@ TICK = 0.2      # s between two checks of silences, barriers and recoveries
 # (a node that never does is dead itself, or stuck: heartbeats deal with it)
 ACK_WAIT = 5.0
 
-TERMINATE_GRACE = 10.0   # seconds servers get to acknowledge the end of the job
 
 
 class Scheduler:
@@ -47,11 +49,11 @@ class Scheduler:
         self._done = threading.Event()
         self._formation = Formation(config, self.van, clock, self._reply, self._on_pending_connection)
         self._nodes: dict[int, Member] = {}      # id -> node after formation
-        self._closed_workers: set[int] = set()
+        self._ending = Ending(clock, config.num_workers, lambda i: self._nodes[i].rank, self._server_ids,
+                              self._send_to, self._finish)
+        self._closed_workers = self._ending.closed_workers
         self._barriers = Barriers(clock, config.stall_warning, self._members, self._closed_workers, self._describe,
                                   self._send_to)
-        self._terminated: set[int] = set()
-        self._terminate_sent_at: float | None = None
         self._sync: bool | None = None
         self._ring: list[int] = []                  # server ranks, each keeping the replica of the one before
         self._formed_at: float | None = None
@@ -60,6 +62,8 @@ class Scheduler:
         self.restarts = 0                           # restarted nodes that registered
         self._deaths = itertools.count(1)           # numbers each declared death (Recovery.death)
         self._fenced_routes: set[bytes | None] = set()  # processes told they no longer belong to the job
+        self._rebuild = Rebuild(clock, lambda: self._nodes, self._recovering, self._barriers, self._send_to,
+                                self._node_up, self._deaths)    # a restarted scheduler's (ps/rejoin.py)
 
     def __enter__(self) -> "Scheduler":
         return self
@@ -70,7 +74,8 @@ class Scheduler:
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> int:
         cfg = self.config
-        host = netutil.resolve(cfg.root_uri)
+        # in Kubernetes the root URI is a Service's address, not this pod's: bind them all
+        host = "0.0.0.0" if cfg.use_kubernetes else netutil.resolve(cfg.root_uri, within=cfg.connect_timeout)
         address = self.van.start(self._on_message, host, cfg.root_port or 0, name="scheduler")
         self.port = int(address.rsplit(":", 1)[1])
         self._formation.begin()
@@ -118,38 +123,19 @@ class Scheduler:
                 if late is not None:
                     self._abort(late)
                 return
-            if self._terminate_sent_at is not None and now - self._terminate_sent_at > TERMINATE_GRACE:
-                missing = [node_name(i) for i in self._server_ids() if i not in self._terminated]
-                logger.warning("servers %s did not acknowledge the end of the job", ", ".join(missing))
-                self._finish(0)
+            if self._ending.overdue(now):
                 return
             self._barriers.warn_stalled(now)
             for node_id, rec in list(self._recovering.items()):
                 if rec.parked is not None and now - rec.parked.since > ACK_WAIT:
                     self._admit_if_acked(node_id, force=True)
-                if now - rec.since > cfg.connect_timeout:
-                    state = "did not finish recovering" if rec.replaced else "was not restarted"
-                    self._node_failed(node_id, f"{rec.reason}; it {state} within {cfg.connect_timeout:g}s "
-                                      "(PS_CONNECT_TIMEOUT)", final=True)
-                    return
-            for node_id, since in list(self._down_since.items()):
-                if self._gone(node_id):
-                    del self._down_since[node_id]
-                elif now - since > DISCONNECT_GRACE:
-                    self._node_failed(node_id, f"{self._describe(node_id)} closed its connection "
-                                      f"and did not come back within {DISCONNECT_GRACE:g}s (process died?)")
-                    return
-            timeout = cfg.heartbeat_timeout if cfg.heartbeat_interval else 0
-            if not timeout:
-                return
-            for node_id, node in self._nodes.items():
-                if self._gone(node_id) or not self._reachable(node_id):
-                    continue
-                silent = now - node.last_seen
-                if silent > timeout:
-                    self._node_failed(node_id, f"{self._describe(node_id)} sent no heartbeat for "
-                                      f"{silent:.1f}s (PS_HEARTBEAT_TIMEOUT={timeout:g}); presumed dead")
-                    return
+            for node_id in [i for i in self._down_since if self._gone(i)]:
+                del self._down_since[node_id]
+            death = find_death(now, self._nodes, self._recovering, self._down_since,
+                               lambda i: not self._gone(i) and self._reachable(i), cfg.connect_timeout,
+                               cfg.heartbeat_timeout if cfg.heartbeat_interval else 0, DISCONNECT_GRACE)
+            if death is not None:
+                self._node_failed(death.node_id, death.reason, final=death.final)
 
     # -- registered nodes before formation -------------------------------------------------
     def _on_pending_connection(self, watch_id: int, connected: bool) -> None:
@@ -164,8 +150,7 @@ class Scheduler:
                 self._on_connection(node_id, False)
 
     def _gone(self, node_id: int) -> bool:
-        """Left on purpose: a closed worker or a server that acknowledged TERMINATE."""
-        return node_id in self._closed_workers or node_id in self._terminated
+        return self._ending.gone(node_id)
 
     def _on_connection(self, node_id: int, connected: bool) -> None:
         with self._lock:
@@ -198,6 +183,13 @@ class Scheduler:
             if self._done.is_set():
                 return
             node = self._nodes.get(msg.sender)
+            if msg.cmd != Command.ADD_NODE and msg.sender > SCHEDULER and self.config.max_restarts and \
+                    (node is None or msg.sender in self._rebuild.unreported):
+                # a live node of a job this scheduler's dead self ran: it is asked to report
+                if self.config.resend:      # it numbers its report 1 (ps/van/reliable.py)
+                    self.van.forget(msg.route)
+                self._reply(msg.route, Command.REJOIN, request=True, recver=msg.sender)
+                return
             if node is not None:
                 if self._fenced(msg, node):
                     return
@@ -227,10 +219,13 @@ class Scheduler:
                 "reason": f"this process was {self._describe(msg.sender)}, but {why}: it must stop"})
         return True
 
-    def _reply(self, route: bytes | None, cmd: Command, body: Any = None, recver: int = 0) -> None:
-        self.van.send(Message(cmd, SCHEDULER, recver, body, request=False, route=route))
+    def _reply(self, route: bytes | None, cmd: Command, body: Any = None, recver: int = 0,
+               request: bool = False) -> None:
+        self.van.send(Message(cmd, SCHEDULER, recver, body, request=request, route=route))
 
     def _send_to(self, node_id: int, cmd: Command, body: Any = None, request: bool = False) -> None:
+        if self._rebuild.hold(node_id, cmd, body, request):    # sent once it reports (a restarted scheduler)
+            return
         self.van.send(Message(cmd, SCHEDULER, node_id, body, request=request, route=self._nodes[node_id].route))
 
     def _on_add_node(self, msg: Message) -> None:
@@ -241,6 +236,9 @@ class Scheduler:
             return
         info.registered_at = self.clock()
         role = info.role.name.lower()
+        if isinstance(msg.body, dict) and REJOIN_KEY in msg.body:
+            self._on_report(msg.body[REJOIN_KEY], info, msg.route)
+            return
         if self._formed_at is not None and self.config.max_restarts:
             self._take_over(info, msg.route)
             return
@@ -267,14 +265,19 @@ class Scheduler:
         if warning:
             logger.warning("scheduler: %s", warning)
         table = self._table()
-        for node_id, info in self._nodes.items():
+        for node_id in self._nodes:
             self._send_to(node_id, Command.NODE_TABLE, {**table, "you": node_id})
-            if info.addr.startswith(("tcp://", "ipc://")):
-                self.van.watch(node_id, info.addr, self._on_connection)
+        self._watch(self._nodes)
         self._formed_at = now
         logger.info("scheduler: cluster formed in %.2fs: %d servers, %d workers (%s)",
                     now - self._formation.started_at, self.config.num_servers, self.config.num_workers,
                     "dist_sync" if self._sync else "dist_async")
+
+    def _watch(self, nodes: dict[int, Member]) -> None:
+        """Its connection tells within milliseconds that a node died (ps/van/zmq_watch.py)."""
+        for node_id, info in nodes.items():
+            if info.addr.startswith(("tcp://", "ipc://")):
+                self.van.watch(node_id, info.addr, self._on_connection)
 
     def _table(self) -> dict[str, Any]:
         """What every NODE_TABLE holds: the nodes, the kvstore type, the replica ring."""
@@ -301,38 +304,23 @@ class Scheduler:
     def _on_close(self, msg: Message) -> None:
         if msg.sender not in self._nodes or self._nodes[msg.sender].role != Role.WORKER:
             return
-        self._closed_workers.add(msg.sender)
-        self._reply(msg.route, Command.CLOSE, recver=msg.sender)
-        rank = self._nodes[msg.sender].rank
-        for sid in self._server_ids():
-            self._send_to(sid, Command.WORKER_CLOSED, {"rank": rank, "id": msg.sender})
+        self._ending.close_worker(msg.sender)
         self._barriers.check_all()
-        if len(self._closed_workers) == self.config.num_workers:
-            logger.info("scheduler: every worker closed; stopping the servers")
-            self._terminate_sent_at = self.clock()
-            for sid in self._server_ids():
-                self._send_to(sid, Command.TERMINATE, request=True)
+        self._ending.maybe_terminate()
 
     def _on_terminate(self, msg: Message) -> None:
-        if msg.request or msg.sender not in self._nodes:
-            return
-        self._server_ended(msg.sender)
-
-    def _server_ended(self, node_id: int) -> None:
-        """A server is done (acknowledged TERMINATE, or died after it): the job ends 0 with the last."""
-        self._terminated.add(node_id)
-        if set(self._server_ids()) <= self._terminated:
-            self._finish(0)
+        if not msg.request and msg.sender in self._nodes:
+            self._ending.server_ended(msg.sender)
 
     # -- failures ------------------------------------------------------------------------
     def _node_failed(self, node_id: int, reason: str, final: bool = False) -> None:
-        if self._terminate_sent_at is not None and self._nodes[node_id].role == Role.SERVER:
+        if self._ending.terminate_sent_at is not None and self._nodes[node_id].role == Role.SERVER:
             # every worker closed its store: the job's work is done and nobody needs this
             # server's state any more (killed while shutting down): no failure, no restart
             logger.warning("scheduler: %s, after every worker closed: nothing is lost; the job ends "
                            "without its acknowledgement", reason)
             self._recovering.pop(node_id, None)
-            self._server_ended(node_id)
+            self._ending.server_ended(node_id)
             return
         if not final and self.config.max_restarts:
             why_not = unrecoverable(node_id, self._nodes, self._recovering, self.restarts, self.config.max_restarts,
@@ -369,6 +357,10 @@ class Scheduler:
             if node_id in other.unacked:
                 other.unacked.discard(node_id)
                 self._admit_if_acked(other_id)
+        if self._rebuild.dead(node_id):     # died with the old scheduler: its restart replays as the others
+            self._barriers.estimate(node_id, [g for g, roles in GROUPS.items() if node.role in roles],
+                                    self._rebuild.unreported)
+        self._retry_early()
 
     def _on_node_down_ack(self, msg: Message) -> None:
         """A node acted on a NODE_DOWN (forgot the dead node's channels and rounds)."""
@@ -426,6 +418,9 @@ class Scheduler:
                     return
         free = [i for i, r in self._recovering.items()
                 if not r.replaced and r.parked is None and self._nodes[i].role == info.role]
+        if not free and any(self._nodes[i].role == info.role for i in self._rebuild.unreported):
+            self._rebuild.early.append((info, route))   # its dead self is not found dead yet
+            return
         if not free:
             self._reply(route, Command.ABORT, {
                 "reason": f"the cluster is already complete ({self._have()}) and no {role} is awaiting "
@@ -449,8 +444,7 @@ class Scheduler:
         self._reply(route, Command.ADD_NODE, {"have": self._have()})
         self._send_to(node_id, Command.NODE_TABLE, {**self._table(), "you": node_id, "restart": self.restarts,
                                                     "down": down})
-        if info.addr.startswith(("tcp://", "ipc://")):
-            self.van.watch(node_id, info.addr, self._on_connection)
+        self._watch({node_id: info})
         logger.warning("scheduler: %s registered from %s as the restart of %s (restart %d of %d); "
                        "it recovers its state", role, info.addr, node_name(node_id), self.restarts,
                        self.config.max_restarts)
@@ -470,10 +464,59 @@ class Scheduler:
             # its dead self knew which workers closed their stores: rounds missing their pushes fail
             for wid in sorted(self._closed_workers):
                 self._send_to(msg.sender, Command.WORKER_CLOSED, {"rank": self._nodes[wid].rank, "id": wid})
-        body = {"row": self._nodes[msg.sender].node(msg.sender).to_row(), "restart": self.restarts}
+        body = self._node_up(msg.sender)
         for other in self._nodes:
             if other != msg.sender and not self._gone(other) and self._reachable(other):
                 self._send_to(other, Command.NODE_UP, body)
+
+    def _node_up(self, node_id: int) -> dict[str, Any]:
+        return {"row": self._nodes[node_id].node(node_id).to_row(), "restart": self.restarts}
+
+    # -- a restarted scheduler: the job rebuilt from its live nodes (ps/rejoin.py, ps/rebuild.py)
+    def _on_report(self, body: Any, info: Member, route: bytes | None) -> None:
+        report = self._rebuild.accept(body, self.config.max_restarts, self.config.num_servers, self.config.num_workers)
+        if isinstance(report, str):
+            self._reply(route, Command.REJOIN, {"error": report})
+            return
+        if self._formed_at is None:
+            self._begin_rebuild(report)
+        node_id = report.node_id
+        if node_id not in self._rebuild.unreported:     # reported already: a repeat, answered again
+            if node_id in self._nodes and self._nodes[node_id].route == route:
+                self._reply(route, Command.REJOIN, {"have": self._have()}, recver=node_id)
+            return
+        info.rank, info.last_seen, info.incarnation = self._nodes[node_id].rank, self.clock(), report.incarnation
+        self._nodes[node_id] = info
+        self.restarts = max(self.restarts, report.incarnation)
+        self._reply(route, Command.REJOIN, {"have": self._have()}, recver=node_id)
+        for cmd, held, request in self._rebuild.reported(node_id):
+            self._send_to(node_id, cmd, held, request)
+        self._rebuild.news(node_id, report)
+        self._barriers.rejoin(node_id, report.passed, report.waiting)
+        self._ending.report(node_id, report.closed_workers, report.closed, self._nodes)
+        self._retry_early()
+        self._barriers.check_all()
+        if not self._rebuild.unreported:
+            logger.warning("scheduler: every node of the job reported in %.2fs; it goes on",
+                           self.clock() - self._formed_at)
+
+    def _begin_rebuild(self, report: Rejoin) -> None:
+        """The first report: the job as that node knows it. Registrations so far are restarts
+        of nodes found dead later; every node is watched, as at formation."""
+        self._formed_at = self.clock()
+        self._nodes = self._rebuild.begin(report, self._formed_at, self._formation.pending)
+        self._formation.forget_pending()
+        self._sync, self._ring = report.sync, report.ring
+        self._watch(self._nodes)
+        logger.warning("scheduler: a restarted scheduler: rebuilding the job (%d servers, %d workers, %s) from "
+                       "the reports of its live nodes", self.config.num_servers, self.config.num_workers,
+                       "dist_sync" if self._sync else "dist_async")
+
+    def _retry_early(self) -> None:
+        """Restarts that registered before their dead self was found dead take its place now."""
+        early, self._rebuild.early = self._rebuild.early, []
+        for member, route in early:
+            self._take_over(member, route)
 
     def _on_native_node(self, exc: Exception) -> None:
         """A native MXNet node would wait for this job forever, and the job for it: end it."""

@@ -2,11 +2,16 @@
 SIGKILLed every ~N rounds; the final weights must equal an unfaulted run's.
 
     python -m ps.bench.chaos --workers 4 --servers 2 --rounds 2000 --kill-every 100
+    python -m ps.bench.chaos --pods ...     # the scheduler in the kill set too
 
 Runs the job twice through ``python -m ps.launch``: once untouched (the reference), once with
 kills (one at a time: the next waits until the last restart is back). Gradients depend only
 on (rank, round, key), and restarted workers resume at ``kv.round``. Prints a JSON summary:
 kills, restarts, exit status, rounds completed, max |w - w_ref|, server RSS, wall times.
+
+``--pods`` runs every process of the job on its own, as a Kubernetes Job runs each index of
+its pods (started again in place when it dies, same role and rank), so the scheduler is
+one more process to kill: its restart rebuilds the job from the live nodes.
 """
 from __future__ import annotations
 
@@ -130,6 +135,71 @@ def run_job(args: argparse.Namespace, out: str, kill_every: int, rng: random.Ran
             "server_rss_kb": {r: [v[0], v[-1]] for r, v in rss.items() if v}}
 
 
+def run_pods(args: argparse.Namespace, out: str, kill_every: int, rng: random.Random) -> dict:
+    """The job as pods: each process on its own, started again in place when killed."""
+    from ps.netutil import free_port
+    port = str(free_port())
+    env = {**os.environ, "MXNET_KVSTORE_BIGARRAY_BOUND": BOUND, "PS_CONNECT_TIMEOUT": "60",
+           "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": port, "DMLC_NUM_SERVER": str(args.servers),
+           "DMLC_NUM_WORKER": str(args.workers), "PS_MAX_RESTARTS": str(args.max_restarts if kill_every else 0)}
+    pods = [("scheduler", 0)] + [("server", r) for r in range(args.servers)] + \
+        [("worker", r) for r in range(args.workers)]
+    lines: queue.SimpleQueue = queue.SimpleQueue()
+
+    def start(role: str, rank: int) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "ps"] if role != "worker" else \
+            [sys.executable, "-m", "ps.bench.chaos", "--worker-mode", out, str(args.rounds)]
+        proc = start_group(argv, {**env, "DMLC_ROLE": role, "DMLC_RANK": str(rank)}, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        threading.Thread(target=lambda: [lines.put(f"[{role} {rank}] {ln}") for ln in proc.stdout],
+                         daemon=True).start()
+        return proc
+
+    procs = {pod: start(*pod) for pod in pods}
+    started, last_round, kills, killed, ended, failed = time.time(), -1, [], set(), {}, None
+    back = True
+    next_kill = kill_every + rng.randrange(-kill_every // 3, kill_every // 3 + 1) if kill_every else None
+    log = open(os.path.join(out, "job.log"), "w")
+    while len(ended) < len(pods) and failed is None:
+        try:
+            line = lines.get(timeout=0.2)
+            log.write(line)
+            if m := re.search(r"\[worker 0\] ROUND (\d+)", line):
+                last_round = max(last_round, int(m.group(1)))
+            if "is back after" in line or "every node of the job reported" in line:
+                back = True
+        except queue.Empty:
+            pass
+        for pod, proc in procs.items():
+            code = proc.poll()
+            if code is None or pod in ended:
+                continue
+            if pod in killed:                # as a Job does: the same index started again
+                killed.discard(pod)
+                time.sleep(0.5 if pod[0] == "scheduler" else 0.0)
+                procs[pod] = start(*pod)
+                break
+            ended[pod] = code
+            if code != 0:
+                failed = f"{pod[0]} {pod[1]} exited {code}"
+        if time.time() - started > args.timeout:
+            failed = f"timeout after {args.timeout:g}s"
+        if next_kill is not None and back and last_round >= next_kill and last_round < args.rounds - 20 \
+                and len(kills) < args.max_restarts:
+            live = sorted(p for p in pods if p not in ended and procs[p].poll() is None)
+            target = rng.choice(live)
+            procs[target].send_signal(signal.SIGKILL)
+            killed.add(target)
+            kills.append({"round": last_round, "role": target[0], "rank": target[1]})
+            back = False
+            next_kill = last_round + kill_every + rng.randrange(-kill_every // 3, kill_every // 3 + 1)
+    for proc in procs.values():
+        stop_group(proc)
+    log.close()
+    return {"exit": 0 if failed is None else 1, "failure": failed, "seconds": round(time.time() - started, 1),
+            "kills": kills, "last_round": last_round}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=4)
@@ -139,6 +209,8 @@ def main() -> int:
     ap.add_argument("--max-restarts", type=int, default=40)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--pods", action="store_true",
+                    help="each process on its own, restarted in place (as Kubernetes Jobs): the scheduler is killed too")
     ap.add_argument("--worker-mode", nargs=2, metavar=("OUT", "ROUNDS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker_mode:
@@ -150,8 +222,9 @@ def main() -> int:
         ref_dir, run_dir = os.path.join(tmp, "ref"), os.path.join(tmp, "run")
         os.makedirs(ref_dir)
         os.makedirs(run_dir)
-        ref = run_job(args, ref_dir, 0, rng)
-        run = run_job(args, run_dir, args.kill_every, rng)
+        job = run_pods if args.pods else run_job
+        ref = job(args, ref_dir, 0, rng)
+        run = job(args, run_dir, args.kill_every, rng)
         diff = None
         if os.path.exists(os.path.join(ref_dir, "weights.npz")) and os.path.exists(os.path.join(run_dir, "weights.npz")):
             with np.load(os.path.join(ref_dir, "weights.npz")) as a, np.load(os.path.join(run_dir, "weights.npz")) as b:

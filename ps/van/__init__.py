@@ -35,7 +35,8 @@ def with_resend(inner: Van, config) -> Van:
         return inner
     from .reliable import ReliableVan
     timeout = config.resend_timeout / 1000.0
-    return ReliableVan(inner, timeout, give_up=max(config.heartbeat_timeout, 30 * timeout))
+    return ReliableVan(inner, timeout, give_up=max(config.heartbeat_timeout, 30 * timeout),
+                       adopt_fresh=config.is_scheduler)
 
 
 __all__ = ["Van", "create_van", "for_config", "with_resend"]

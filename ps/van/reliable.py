@@ -6,6 +6,11 @@ number. So a push is applied exactly once and a pull never overtakes the push be
 it, and the receiver keeps one counter per peer instead of ps-lite's ever-growing set.
 A message still unacknowledged after ``give_up`` seconds reports its peer as lost
 (``on_peer_lost``) instead of aborting the process after 10 tries as ps-lite does.
+
+A restarted scheduler is a new process whose peers keep their numbers: its van takes the
+first number a channel it never heard brings (``adopt_fresh``), so a live node's next
+message reaches it and it can ask the node to report (REJOIN, which travels unnumbered:
+both sides then start the channel again from 1, ps/schedlink.py).
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from .base import OnMessage, PeerLost, Van
 logger = logging.getLogger(__name__)
 
 MAX_BACKOFF = 8      # resend interval grows to at most 8 x PS_RESEND_TIMEOUT
+UNNUMBERED = (Command.ACK, Command.REJOIN)
 
 
 def _channel(msg: Message, outgoing: bool) -> Any:
@@ -33,8 +39,9 @@ def _channel(msg: Message, outgoing: bool) -> Any:
 
 class ReliableVan(Van):
     def __init__(self, inner: Van, timeout: float, give_up: float,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, adopt_fresh: bool = False):
         self.inner = inner
+        self.adopt_fresh = adopt_fresh
         self.timeout = timeout
         self.give_up = give_up
         self.clock = clock
@@ -107,7 +114,7 @@ class ReliableVan(Van):
 
     # -- sending -------------------------------------------------------------------------
     def send(self, msg: Message) -> None:
-        if msg.cmd == Command.ACK:
+        if msg.cmd in UNNUMBERED:
             self.inner.send(msg)
             return
         # own the payload: a resend must carry the bytes of the first send, not whatever
@@ -152,12 +159,12 @@ class ReliableVan(Van):
             with self._lock:
                 self._unacked.pop((peer, msg.body), None)
             return
-        if not msg.seq:                     # the peer does not run PS_RESEND
+        if not msg.seq:                     # unnumbered, or the peer does not run PS_RESEND
             self._deliver(msg)
             return
         self.inner.send(Message(Command.ACK, msg.recver, msg.source if msg.route is None else msg.sender,
                                 msg.seq, request=False, route=msg.route))
-        expected = self._expected.get(peer, 1)
+        expected = self._expected.get(peer, msg.seq if self.adopt_fresh else 1)
         if msg.seq < expected:
             self.stats["duplicates"] += 1
             return
@@ -165,13 +172,16 @@ class ReliableVan(Van):
             self.stats["reordered"] += 1
             self._held.setdefault(peer, {})[msg.seq] = msg
             return
+        # counted before it is handled: handling it may forget the channel (a restarted
+        # scheduler asking a node to report), which must then stay forgotten
+        self._expected[peer] = expected + 1
         self._deliver(msg)
-        held = self._held.get(peer)
-        expected += 1
-        while held and expected in held:
+        while True:
+            expected, held = self._expected.get(peer), self._held.get(peer)
+            if expected is None or not held or expected not in held:
+                break
+            self._expected[peer] = expected + 1
             self._deliver(held.pop(expected))
-            expected += 1
-        self._expected[peer] = expected
 
     def transport_stats(self) -> dict[str, int]:
         return {**self.inner.transport_stats(), **self.stats}

@@ -5,7 +5,6 @@ node's own announced address only has to be right for the data path.
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -17,19 +16,15 @@ from .config import Config
 from .barriers import GROUPS, Barriers
 from .ending import Ending
 from .formation import Formation
-from .membership import (Awaited, Member, Parked, Recovery, find_death, head_count, placement_warning,
-                         restart_place, unrecoverable)
+from .membership import Awaited, Member, find_death, head_count, placement_warning, unrecoverable
 from .message import SCHEDULER, Command, Message, Role, node_name
+from .readmission import ACK_WAIT, Readmission
 from .rebuild import Rebuild
 from .rejoin import KEY as REJOIN_KEY, Rejoin
 from .van import Van, for_config, with_resend
 
 logger = logging.getLogger(__name__)
 TICK = 0.2      # s between two checks of silences, barriers and recoveries
-
-# seconds a registered restart waits for the live nodes to acknowledge its dead self's death
-# (a node that never does is dead itself, or stuck: heartbeats deal with it)
-ACK_WAIT = 5.0
 
 
 
@@ -47,23 +42,21 @@ class Scheduler:
         self.port = 0
         self._lock = threading.RLock()
         self._done = threading.Event()
-        self._formation = Formation(config, self.van, clock, self._reply, self._on_pending_connection)
-        self._nodes: dict[int, Member] = {}      # id -> node after formation
-        self._ending = Ending(clock, config.num_workers, lambda i: self._nodes[i].rank, self._server_ids,
-                              self._send_to, self._finish)
-        self._closed_workers = self._ending.closed_workers
-        self._barriers = Barriers(clock, config.stall_warning, self._members, self._closed_workers, self._describe,
-                                  self._send_to)
+        self._formation = Formation(config, self.van, clock, self.reply, self._on_pending_connection)
+        self.nodes: dict[int, Member] = {}      # id -> node after formation
+        self._ending = Ending(clock, config.num_workers, lambda i: self.nodes[i].rank, self._server_ids,
+                              self.send_to, self._finish)
+        self.closed_workers = self._ending.closed_workers
+        self.barriers = Barriers(clock, config.stall_warning, self._members, self.closed_workers, self.describe,
+                                  self.send_to)
         self._sync: bool | None = None
         self._ring: list[int] = []                  # server ranks, each keeping the replica of the one before
         self._formed_at: float | None = None
-        self._down_since: dict[int, float] = {}    # node id -> when its connection dropped
-        self._recovering: dict[int, Recovery] = {}  # node id -> its awaited restart
-        self.restarts = 0                           # restarted nodes that registered
-        self._deaths = itertools.count(1)           # numbers each declared death (Recovery.death)
+        self.down_since: dict[int, float] = {}    # node id -> when its connection dropped
+        self.readmission = Readmission(self)        # dead nodes awaited, their restarts admitted
         self._fenced_routes: set[bytes | None] = set()  # processes told they no longer belong to the job
-        self._rebuild = Rebuild(clock, lambda: self._nodes, self._recovering, self._barriers, self._send_to,
-                                self._node_up, self._deaths)    # a restarted scheduler's (ps/rejoin.py)
+        self.rebuild = Rebuild(clock, lambda: self.nodes, self.readmission.recovering, self.barriers, self.send_to,
+                               self.readmission.node_up, self.readmission.deaths)    # a restarted scheduler's
 
     def __enter__(self) -> "Scheduler":
         return self
@@ -125,17 +118,17 @@ class Scheduler:
                 return
             if self._ending.overdue(now):
                 return
-            self._barriers.warn_stalled(now)
-            for node_id, rec in list(self._recovering.items()):
+            self.barriers.warn_stalled(now)
+            for node_id, rec in list(self.readmission.recovering.items()):
                 if rec.parked is not None and now - rec.parked.since > ACK_WAIT:
-                    self._admit_if_acked(node_id, force=True)
-            for node_id in [i for i in self._down_since if self._gone(i)]:
-                del self._down_since[node_id]
-            death = find_death(now, self._nodes, self._recovering, self._down_since,
-                               lambda i: not self._gone(i) and self._reachable(i), cfg.connect_timeout,
+                    self.readmission.admit_if_acked(node_id, force=True)
+            for node_id in [i for i in self.down_since if self.gone(i)]:
+                del self.down_since[node_id]
+            death = find_death(now, self.nodes, self.readmission.recovering, self.down_since,
+                               lambda i: not self.gone(i) and self.readmission.reachable(i), cfg.connect_timeout,
                                cfg.heartbeat_timeout if cfg.heartbeat_interval else 0, DISCONNECT_GRACE)
             if death is not None:
-                self._node_failed(death.node_id, death.reason, final=death.final)
+                self.node_failed(death.node_id, death.reason, final=death.final)
 
     # -- registered nodes before formation -------------------------------------------------
     def _on_pending_connection(self, watch_id: int, connected: bool) -> None:
@@ -149,46 +142,46 @@ class Scheduler:
             if node_id is not None:
                 self._on_connection(node_id, False)
 
-    def _gone(self, node_id: int) -> bool:
+    def gone(self, node_id: int) -> bool:
         return self._ending.gone(node_id)
 
     def _on_connection(self, node_id: int, connected: bool) -> None:
         with self._lock:
             if connected:
-                self._down_since.pop(node_id, None)
+                self.down_since.pop(node_id, None)
                 self._formation.handed_over(node_id)
-            elif not self._gone(node_id) and self._reachable(node_id):
-                self._down_since.setdefault(node_id, self.clock())
+            elif not self.gone(node_id) and self.readmission.reachable(node_id):
+                self.down_since.setdefault(node_id, self.clock())
 
     def _on_peer_lost(self, peer: object, msg: Message, waited: float) -> None:
         with self._lock:
-            node_id = next((i for i, n in self._nodes.items() if n.route == peer), None)
+            node_id = next((i for i, n in self.nodes.items() if n.route == peer), None)
             if node_id is None and msg.route is None:
                 node_id = msg.recver
-            if node_id in self._nodes and not self._gone(node_id) and self._reachable(node_id) \
+            if node_id in self.nodes and not self.gone(node_id) and self.readmission.reachable(node_id) \
                     and not self._done.is_set():
-                self._node_failed(node_id, f"{self._describe(node_id)} did not acknowledge messages "
+                self.node_failed(node_id, f"{self.describe(node_id)} did not acknowledge messages "
                                            f"for {waited:.1f}s (PS_RESEND); presumed dead")
 
-    def _have(self) -> str:
+    def have(self) -> str:
         """Who the formed cluster has, for messages (before, the Formation says it)."""
-        return head_count(list(self._nodes.values()), self.config.num_workers, self.config.num_servers)
+        return head_count(list(self.nodes.values()), self.config.num_workers, self.config.num_servers)
 
-    def _describe(self, node_id: int) -> str:
-        return self._nodes[node_id].describe(node_id)
+    def describe(self, node_id: int) -> str:
+        return self.nodes[node_id].describe(node_id)
 
     # -- messages ------------------------------------------------------------------------
     def _on_message(self, msg: Message) -> None:
         with self._lock:
             if self._done.is_set():
                 return
-            node = self._nodes.get(msg.sender)
+            node = self.nodes.get(msg.sender)
             if msg.cmd != Command.ADD_NODE and msg.sender > SCHEDULER and self.config.max_restarts and \
-                    (node is None or msg.sender in self._rebuild.unreported):
+                    (node is None or msg.sender in self.rebuild.unreported):
                 # a live node of a job this scheduler's dead self ran: it is asked to report
                 if self.config.resend:      # it numbers its report 1 (ps/van/reliable.py)
                     self.van.forget(msg.route)
-                self._reply(msg.route, Command.REJOIN, request=True, recver=msg.sender)
+                self.reply(msg.route, Command.REJOIN, request=True, recver=msg.sender)
                 return
             if node is not None:
                 if self._fenced(msg, node):
@@ -206,7 +199,7 @@ class Scheduler:
         (its place kept for its restart), or another incarnation than the one admitted (each
         process has its own identity, its route). Not heard: its heartbeats would keep it from
         noticing, and its route would take its restart's messages. A live one is told to stop."""
-        rec = self._recovering.get(msg.sender)
+        rec = self.readmission.recovering.get(msg.sender)
         declared = rec is not None and not rec.replaced
         if not declared and (msg.route is None or node.route is None or msg.route == node.route):
             return False
@@ -214,25 +207,25 @@ class Scheduler:
             self._fenced_routes.add(msg.route)
             why = f"it was declared dead ({rec.reason})" if declared else "its restart has taken its place"
             logger.warning("scheduler: a message from a process that was %s %s: not heard; it is told to stop",
-                           self._describe(msg.sender), why)
-            self._reply(msg.route, Command.ABORT, {
-                "reason": f"this process was {self._describe(msg.sender)}, but {why}: it must stop"})
+                           self.describe(msg.sender), why)
+            self.reply(msg.route, Command.ABORT, {
+                "reason": f"this process was {self.describe(msg.sender)}, but {why}: it must stop"})
         return True
 
-    def _reply(self, route: bytes | None, cmd: Command, body: Any = None, recver: int = 0,
+    def reply(self, route: bytes | None, cmd: Command, body: Any = None, recver: int = 0,
                request: bool = False) -> None:
         self.van.send(Message(cmd, SCHEDULER, recver, body, request=request, route=route))
 
-    def _send_to(self, node_id: int, cmd: Command, body: Any = None, request: bool = False) -> None:
-        if self._rebuild.hold(node_id, cmd, body, request):    # sent once it reports (a restarted scheduler)
+    def send_to(self, node_id: int, cmd: Command, body: Any = None, request: bool = False) -> None:
+        if self.rebuild.hold(node_id, cmd, body, request):    # sent once it reports (a restarted scheduler)
             return
-        self.van.send(Message(cmd, SCHEDULER, node_id, body, request=request, route=self._nodes[node_id].route))
+        self.van.send(Message(cmd, SCHEDULER, node_id, body, request=request, route=self.nodes[node_id].route))
 
     def _on_add_node(self, msg: Message) -> None:
         try:
             info = Member.from_registration(msg.body, msg.route)
         except ValueError as exc:
-            self._reply(msg.route, Command.ABORT, {"reason": f"bad registration: {exc}"})
+            self.reply(msg.route, Command.ABORT, {"reason": f"bad registration: {exc}"})
             return
         info.registered_at = self.clock()
         role = info.role.name.lower()
@@ -240,11 +233,11 @@ class Scheduler:
             self._on_report(msg.body[REJOIN_KEY], info, msg.route)
             return
         if self._formed_at is not None and self.config.max_restarts:
-            self._take_over(info, msg.route)
+            self.readmission.take_over(info, msg.route)
             return
         if self._formed_at is not None:
-            self._reply(msg.route, Command.ABORT, {
-                "reason": f"the cluster is already complete ({self._have()}); a {role} "
+            self.reply(msg.route, Command.ABORT, {
+                "reason": f"the cluster is already complete ({self.have()}); a {role} "
                           f"at {info.host}:{info.port} tried to join late"})
             return
         if self._formation.register(info):
@@ -260,243 +253,132 @@ class Scheduler:
         if isinstance(formed, str):
             self._abort(formed)
             return
-        self._nodes, self._sync, self._ring = formed.nodes, formed.sync, formed.ring
-        warning = placement_warning(list(self._nodes.values()))
+        self.nodes, self._sync, self._ring = formed.nodes, formed.sync, formed.ring
+        warning = placement_warning(list(self.nodes.values()))
         if warning:
             logger.warning("scheduler: %s", warning)
-        table = self._table()
-        for node_id in self._nodes:
-            self._send_to(node_id, Command.NODE_TABLE, {**table, "you": node_id})
-        self._watch(self._nodes)
+        table = self.table()
+        for node_id in self.nodes:
+            self.send_to(node_id, Command.NODE_TABLE, {**table, "you": node_id})
+        self.watch(self.nodes)
         self._formed_at = now
         logger.info("scheduler: cluster formed in %.2fs: %d servers, %d workers (%s)",
                     now - self._formation.started_at, self.config.num_servers, self.config.num_workers,
                     "dist_sync" if self._sync else "dist_async")
 
-    def _watch(self, nodes: dict[int, Member]) -> None:
+    def watch(self, nodes: dict[int, Member]) -> None:
         """Its connection tells within milliseconds that a node died (ps/van/zmq_watch.py)."""
         for node_id, info in nodes.items():
             if info.addr.startswith(("tcp://", "ipc://")):
                 self.van.watch(node_id, info.addr, self._on_connection)
 
-    def _table(self) -> dict[str, Any]:
+    def table(self) -> dict[str, Any]:
         """What every NODE_TABLE holds: the nodes, the kvstore type, the replica ring."""
-        return {"nodes": [n.node(i).to_row() for i, n in sorted(self._nodes.items())], "sync": self._sync,
+        return {"nodes": [n.node(i).to_row() for i, n in sorted(self.nodes.items())], "sync": self._sync,
                 "ring": self._ring}
 
     def _on_barrier(self, msg: Message) -> None:
         group = msg.body.get("group") if isinstance(msg.body, dict) else None
-        if group not in GROUPS or msg.sender not in self._nodes:
-            self._reply(msg.route, Command.BARRIER, {"group": group, "error": f"bad barrier request {msg.body!r}"})
+        if group not in GROUPS or msg.sender not in self.nodes:
+            self.reply(msg.route, Command.BARRIER, {"group": group, "error": f"bad barrier request {msg.body!r}"})
             return
-        self._barriers.arrive(msg.sender, group)
+        self.barriers.arrive(msg.sender, group)
 
     def _members(self, group: str) -> list[int]:
-        return [i for i, n in self._nodes.items() if n.role in GROUPS[group]]
+        return [i for i, n in self.nodes.items() if n.role in GROUPS[group]]
 
     def _server_ids(self) -> list[int]:
         return self._members("servers")
 
     def _on_heartbeat(self, msg: Message) -> None:
-        if msg.sender in self._nodes:
-            self._reply(msg.route, Command.HEARTBEAT, recver=msg.sender)
+        if msg.sender in self.nodes:
+            self.reply(msg.route, Command.HEARTBEAT, recver=msg.sender)
 
     def _on_close(self, msg: Message) -> None:
-        if msg.sender not in self._nodes or self._nodes[msg.sender].role != Role.WORKER:
+        if msg.sender not in self.nodes or self.nodes[msg.sender].role != Role.WORKER:
             return
         self._ending.close_worker(msg.sender)
-        self._barriers.check_all()
+        self.barriers.check_all()
         self._ending.maybe_terminate()
 
     def _on_terminate(self, msg: Message) -> None:
-        if not msg.request and msg.sender in self._nodes:
+        if not msg.request and msg.sender in self.nodes:
             self._ending.server_ended(msg.sender)
 
     # -- failures ------------------------------------------------------------------------
-    def _node_failed(self, node_id: int, reason: str, final: bool = False) -> None:
-        if self._ending.terminate_sent_at is not None and self._nodes[node_id].role == Role.SERVER:
+    def node_failed(self, node_id: int, reason: str, final: bool = False) -> None:
+        if self._ending.terminate_sent_at is not None and self.nodes[node_id].role == Role.SERVER:
             # every worker closed its store: the job's work is done and nobody needs this
             # server's state any more (killed while shutting down): no failure, no restart
             logger.warning("scheduler: %s, after every worker closed: nothing is lost; the job ends "
                            "without its acknowledgement", reason)
-            self._recovering.pop(node_id, None)
+            self.readmission.recovering.pop(node_id, None)
             self._ending.server_ended(node_id)
             return
         if not final and self.config.max_restarts:
-            why_not = unrecoverable(node_id, self._nodes, self._recovering, self.restarts, self.config.max_restarts,
-                                    self.config.num_servers, self._ring)
+            readmission = self.readmission
+            why_not = unrecoverable(node_id, self.nodes, readmission.recovering, readmission.restarts,
+                                    self.config.max_restarts, self.config.num_servers, self._ring)
             if why_not is None:
-                self._node_down(node_id, reason)
+                self.readmission.node_down(node_id, reason)
                 return
             reason = f"{reason}; {why_not}"
         body = {"node": node_name(node_id), "reason": reason}
-        for other in self._nodes:
-            rec = self._recovering.get(other)
-            if (rec.replaced if rec is not None else other != node_id) and other not in self._closed_workers:
-                self._send_to(other, Command.NODE_FAILED, body)
+        for other in self.nodes:
+            rec = self.readmission.recovering.get(other)
+            if (rec.replaced if rec is not None else other != node_id) and other not in self.closed_workers:
+                self.send_to(other, Command.NODE_FAILED, body)
         self._finish(1, reason)
 
-    # -- restarts (PS_MAX_RESTARTS) ---------------------------------------------------------
-    def _node_down(self, node_id: int, reason: str) -> None:
-        """A node died and may come back: everyone else waits for it instead of failing."""
-        node = self._nodes[node_id]
-        self._recovering[node_id] = Recovery(self.clock(), reason, death=next(self._deaths))
-        self._barriers.died(node_id)
-        self._down_since.pop(node_id, None)
-        if node.route is not None:
-            self.van.forget(node.route)
-        logger.warning("scheduler: %s; waiting up to %gs for its restart (PS_MAX_RESTARTS=%d, %d used)",
-                       reason, self.config.connect_timeout, self.config.max_restarts, self.restarts)
-        rec = self._recovering[node_id]
-        body = {"id": node_id, "reason": reason, "death": rec.death, "incarnation": node.incarnation}
-        for other in self._nodes:
-            if other != node_id and not self._gone(other) and self._reachable(other):
-                self._send_to(other, Command.NODE_DOWN, body)
-                rec.unacked.add(other)
-        for other_id, other in list(self._recovering.items()):     # it cannot acknowledge any more
-            if node_id in other.unacked:
-                other.unacked.discard(node_id)
-                self._admit_if_acked(other_id)
-        if self._rebuild.dead(node_id):     # died with the old scheduler: its restart replays as the others
-            self._barriers.estimate(node_id, [g for g, roles in GROUPS.items() if node.role in roles],
-                                    self._rebuild.unreported)
-        self._retry_early()
-
-    def _on_node_down_ack(self, msg: Message) -> None:
-        """A node acted on a NODE_DOWN (forgot the dead node's channels and rounds)."""
-        node_id = msg.body.get("id") if isinstance(msg.body, dict) else None
-        rec = self._recovering.get(node_id) if isinstance(node_id, int) else None
-        if rec is not None and msg.body.get("death") == rec.death:     # not a late one for an earlier death
-            rec.unacked.discard(msg.sender)
-            self._admit_if_acked(node_id)
-
-    def _admit_if_acked(self, node_id: int, force: bool = False) -> None:
-        rec = self._recovering.get(node_id)
-        if rec is None or rec.parked is None:
-            return
-        rec.unacked = {i for i in rec.unacked if not self._gone(i) and self._reachable(i)}
-        if rec.unacked and not force:
-            return
-        if rec.unacked:
-            logger.warning("scheduler: %s did not acknowledge the death of %s within %gs; its restart "
-                           "joins anyway", ", ".join(self._describe(i) for i in sorted(rec.unacked)),
-                           node_name(node_id), ACK_WAIT)
-        parked, rec.parked = rec.parked, None
-        self._admit(node_id, parked.info, parked.route)
-
+    # -- what the launcher reads (launcher/supervise.py's SchedulerView) ----------------------
     def closed_worker_ranks(self) -> set[int]:
         """The ranks of the workers that closed their store: their part of the job is over
         (thread-safe; the launcher does not start one again that then exits non-zero)."""
         with self._lock:
-            return {self._nodes[i].rank for i in self._closed_workers}
+            return {self.nodes[i].rank for i in self.closed_workers}
 
     def awaiting_restart(self) -> list[Awaited]:
         """The nodes declared dead whose restart has not registered (thread-safe)."""
         with self._lock:
             now = self.clock()
-            return [Awaited(self._nodes[i].role.name.lower(), self._nodes[i].rank, now - rec.since,
-                            now - self._nodes[i].registered_at, rec.reason)
-                    for i, rec in self._recovering.items() if not rec.replaced and rec.parked is None]
+            return [Awaited(self.nodes[i].role.name.lower(), self.nodes[i].rank, now - rec.since,
+                            now - self.nodes[i].registered_at, rec.reason)
+                    for i, rec in self.readmission.recovering.items() if not rec.replaced and rec.parked is None]
 
-    def _reachable(self, node_id: int) -> bool:
-        """Alive or restarted: a node awaiting its restart gets nothing (its restart learns
-        who is down from its node table), a restart still recovering gets news of the others,
-        and its own death is noticed like anyone's (killed while it recovers, it is awaited
-        again; before, its next restart was refused and the job ended)."""
-        rec = self._recovering.get(node_id)
-        return rec is None or rec.replaced
+    @property
+    def restarts(self) -> int:
+        """Restarted nodes that registered."""
+        return self.readmission.restarts
 
-    def _take_over(self, info: Member, route: bytes | None) -> None:
-        """A node registering after formation is the restart of a dead node of its role."""
-        role = info.role.name.lower()
-        for node_id, since in list(self._down_since.items()):   # died moments ago, not yet declared
-            if self._nodes[node_id].role == info.role and self._reachable(node_id):
-                self._node_failed(node_id, f"{self._describe(node_id)} closed its connection and a new "
-                                  f"{role} registered from {info.host}")
-                if self._done.is_set():
-                    self._reply(route, Command.ABORT, {"reason": self.error or "the job failed"})
-                    return
-        free = [i for i, r in self._recovering.items()
-                if not r.replaced and r.parked is None and self._nodes[i].role == info.role]
-        if not free and any(self._nodes[i].role == info.role for i in self._rebuild.unreported):
-            self._rebuild.early.append((info, route))   # its dead self is not found dead yet
-            return
-        if not free:
-            self._reply(route, Command.ABORT, {
-                "reason": f"the cluster is already complete ({self._have()}) and no {role} is awaiting "
-                          f"its restart; a {role} at {info.host}:{info.port} tried to join late"})
-            return
-        node_id = restart_place(info, free, self._nodes)
-        self._recovering[node_id].parked = Parked(info, route, self.clock())
-        self._admit_if_acked(node_id)
-
-    def _admit(self, node_id: int, info: Member, route: bytes | None) -> None:
-        """The restart takes the dead node's place: its id, rank and the current node table."""
-        role = info.role.name.lower()
-        old = self._nodes[node_id]
-        info.rank, info.last_seen = old.rank, self.clock()
-        self._nodes[node_id] = info
-        self._recovering[node_id].replaced = True
-        self.restarts += 1
-        info.incarnation = self.restarts            # its NODE_TABLE's "restart", which it says it is
-        self._barriers.replay(node_id)
-        down = {str(i): r.reason for i, r in self._recovering.items() if i != node_id}
-        self._reply(route, Command.ADD_NODE, {"have": self._have()})
-        self._send_to(node_id, Command.NODE_TABLE, {**self._table(), "you": node_id, "restart": self.restarts,
-                                                    "down": down})
-        self._watch({node_id: info})
-        logger.warning("scheduler: %s registered from %s as the restart of %s (restart %d of %d); "
-                       "it recovers its state", role, info.addr, node_name(node_id), self.restarts,
-                       self.config.max_restarts)
-
-    def _on_rejoined(self, msg: Message) -> None:
-        rec = self._recovering.get(msg.sender)
-        if rec is None or not rec.replaced:
-            return
-        error = msg.body.get("error") if isinstance(msg.body, dict) else None
-        if error:
-            self._node_failed(msg.sender, f"{self._describe(msg.sender)} could not recover: {error}", final=True)
-            return
-        del self._recovering[msg.sender]
-        logger.warning("scheduler: %s is back after %.1fs (restart %d of %d)", self._describe(msg.sender),
-                       self.clock() - rec.since, self.restarts, self.config.max_restarts)
-        if self._nodes[msg.sender].role == Role.SERVER:
-            # its dead self knew which workers closed their stores: rounds missing their pushes fail
-            for wid in sorted(self._closed_workers):
-                self._send_to(msg.sender, Command.WORKER_CLOSED, {"rank": self._nodes[wid].rank, "id": wid})
-        body = self._node_up(msg.sender)
-        for other in self._nodes:
-            if other != msg.sender and not self._gone(other) and self._reachable(other):
-                self._send_to(other, Command.NODE_UP, body)
-
-    def _node_up(self, node_id: int) -> dict[str, Any]:
-        return {"row": self._nodes[node_id].node(node_id).to_row(), "restart": self.restarts}
+    @property
+    def ended(self) -> bool:
+        return self._done.is_set()
 
     # -- a restarted scheduler: the job rebuilt from its live nodes (ps/rejoin.py, ps/rebuild.py)
     def _on_report(self, body: Any, info: Member, route: bytes | None) -> None:
-        report = self._rebuild.accept(body, self.config.max_restarts, self.config.num_servers, self.config.num_workers)
+        report = self.rebuild.accept(body, self.config.max_restarts, self.config.num_servers, self.config.num_workers)
         if isinstance(report, str):
-            self._reply(route, Command.REJOIN, {"error": report})
+            self.reply(route, Command.REJOIN, {"error": report})
             return
         if self._formed_at is None:
             self._begin_rebuild(report)
         node_id = report.node_id
-        if node_id not in self._rebuild.unreported:     # reported already: a repeat, answered again
-            if node_id in self._nodes and self._nodes[node_id].route == route:
-                self._reply(route, Command.REJOIN, {"have": self._have()}, recver=node_id)
+        if node_id not in self.rebuild.unreported:     # reported already: a repeat, answered again
+            if node_id in self.nodes and self.nodes[node_id].route == route:
+                self.reply(route, Command.REJOIN, {"have": self.have()}, recver=node_id)
             return
-        info.rank, info.last_seen, info.incarnation = self._nodes[node_id].rank, self.clock(), report.incarnation
-        self._nodes[node_id] = info
-        self.restarts = max(self.restarts, report.incarnation)
-        self._reply(route, Command.REJOIN, {"have": self._have()}, recver=node_id)
-        for cmd, held, request in self._rebuild.reported(node_id):
-            self._send_to(node_id, cmd, held, request)
-        self._rebuild.news(node_id, report)
-        self._barriers.rejoin(node_id, report.passed, report.waiting)
-        self._ending.report(node_id, report.closed_workers, report.closed, self._nodes)
-        self._retry_early()
-        self._barriers.check_all()
-        if not self._rebuild.unreported:
+        info.rank, info.last_seen, info.incarnation = self.nodes[node_id].rank, self.clock(), report.incarnation
+        self.nodes[node_id] = info
+        self.readmission.restarts = max(self.readmission.restarts, report.incarnation)
+        self.reply(route, Command.REJOIN, {"have": self.have()}, recver=node_id)
+        for cmd, held, request in self.rebuild.reported(node_id):
+            self.send_to(node_id, cmd, held, request)
+        self.rebuild.news(node_id, report)
+        self.barriers.rejoin(node_id, report.passed, report.waiting)
+        self._ending.report(node_id, report.closed_workers, report.closed, self.nodes)
+        self.readmission.retry_early()
+        self.barriers.check_all()
+        if not self.rebuild.unreported:
             logger.warning("scheduler: every node of the job reported in %.2fs; it goes on",
                            self.clock() - self._formed_at)
 
@@ -504,19 +386,13 @@ class Scheduler:
         """The first report: the job as that node knows it. Registrations so far are restarts
         of nodes found dead later; every node is watched, as at formation."""
         self._formed_at = self.clock()
-        self._nodes = self._rebuild.begin(report, self._formed_at, self._formation.pending)
+        self.nodes = self.rebuild.begin(report, self._formed_at, self._formation.pending)
         self._formation.forget_pending()
         self._sync, self._ring = report.sync, report.ring
-        self._watch(self._nodes)
+        self.watch(self.nodes)
         logger.warning("scheduler: a restarted scheduler: rebuilding the job (%d servers, %d workers, %s) from "
                        "the reports of its live nodes", self.config.num_servers, self.config.num_workers,
                        "dist_sync" if self._sync else "dist_async")
-
-    def _retry_early(self) -> None:
-        """Restarts that registered before their dead self was found dead take its place now."""
-        early, self._rebuild.early = self._rebuild.early, []
-        for member, route in early:
-            self._take_over(member, route)
 
     def _on_native_node(self, exc: Exception) -> None:
         """A native MXNet node would wait for this job forever, and the job for it: end it."""
@@ -525,8 +401,8 @@ class Scheduler:
                 self._abort(str(exc))
 
     def _abort(self, reason: str) -> None:
-        for info in [*self._formation.pending, *self._nodes.values()]:
-            self._reply(info.route, Command.ABORT, {"reason": reason})
+        for info in [*self._formation.pending, *self.nodes.values()]:
+            self.reply(info.route, Command.ABORT, {"reason": reason})
         self._finish(1, reason)
 
     _HANDLERS = {
@@ -535,6 +411,6 @@ class Scheduler:
         Command.HEARTBEAT: _on_heartbeat,
         Command.CLOSE: _on_close,
         Command.TERMINATE: _on_terminate,
-        Command.REJOINED: _on_rejoined,
-        Command.NODE_DOWN: _on_node_down_ack,
+        Command.REJOINED: lambda self, msg: self.readmission.on_rejoined(msg),
+        Command.NODE_DOWN: lambda self, msg: self.readmission.on_node_down_ack(msg),
     }

@@ -34,8 +34,9 @@ ALLOWED = {
     "barriers": {"membership", "message"},
     "ending": {"message"},
     "rebuild": {"barriers", "membership", "message", "rejoin"},
+    "readmission": {"barriers", "config", "membership", "message", "rebuild", "van"},
     "scheduler": {"_timing", "barriers", "config", "ending", "formation", "membership", "message", "netutil",
-                  "rebuild", "rejoin", "van"},
+                  "readmission", "rebuild", "rejoin", "van"},
     "sendqueue": {"keys", "message"},
     "worker": {"_timing", "customer", "errors", "keys", "message", "postoffice", "sendqueue"},
     # the server role: the rest of ps imports only the package (KVServer), see

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from . import local, mpi, sge, slurm, ssh, yarn
-from .process import Command, Job
+from . import kubejob, local, mpi, sge, slurm, ssh, yarn
+from .output import Output
+from .process import Command, Job, StopSignal
 from .spec import LaunchSpec
 from .supervise import Relocate
 
@@ -42,6 +43,9 @@ class Backend:
     start: Callable[[LaunchSpec, Job, list[Command]], None] = spawn_each
     # (spec, job env, launcher env) -> where --max-restarts starts a restart; None: where it ran
     relocation: Callable[[LaunchSpec, Mapping[str, str], Mapping[str, str]], Relocate] | None = None
+    # (spec, launcher env, output, stop) -> exit status: the backend runs the whole job itself,
+    # scheduler included (kubernetes: the cluster runs every process); None: the launcher does
+    run: Callable[[LaunchSpec, Mapping[str, str], Output, StopSignal | None], int] | None = None
 
 
 BACKENDS: dict[str, Backend] = {
@@ -51,4 +55,5 @@ BACKENDS: dict[str, Backend] = {
     "slurm": Backend("slurm", slurm.commands, slurm.host_count),
     "sge": Backend("sge", sge.commands, sge.host_count, describe=sge.describe, start=sge.start),
     "yarn": Backend("yarn", yarn.commands, yarn.host_count, describe=yarn.describe, start=yarn.start),
+    "kubernetes": Backend("kubernetes", kubejob.commands, kubejob.host_count, run=kubejob.run),
 }

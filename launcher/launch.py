@@ -5,7 +5,8 @@
 Everything from the first positional word on is the command, verbatim. The launcher
 starts the scheduler in this process, then servers (``<python> -m ps``) and workers (the
 command) through the chosen backend, prefixes their output, and returns the first non-zero
-exit status of the job after stopping every process of it.
+exit status of the job after stopping every process of it. ``--launcher kubernetes`` hands
+the whole job, scheduler included, to the cluster instead (launcher/kubejob.py).
 """
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from . import kubernetes
 from .backend import BACKENDS, Backend
 from .hosts import HostfileError, read_hostfile
 from .output import Output, OutputHandler
 from .process import Command, Job, StopSignal, become_subreaper
+from .secret import job_secret
 from .spec import (
     LAUNCHERS,
     LaunchSpec,
@@ -30,7 +33,6 @@ from .spec import (
     default_server_command,
     parse_env_pair,
 )
-from .secret import job_secret
 from .supervise import Restarts, supervise
 from .tracker import SchedulerRunner, job_env, scheduler_env, scheduler_ip
 
@@ -54,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env-server", action="append", default=[], metavar="NAME:VALUE", help="same, servers only")
     p.add_argument("--env-worker", action="append", default=[], metavar="NAME:VALUE", help="same, workers only")
     p.add_argument("--log-dir", help="also write each process's output to DIR/<role>-<rank>.log")
-    p.add_argument("--dry-run", action="store_true", help="print the commands that would run; start nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the commands that would run (kubernetes: the manifests); start nothing")
     p.add_argument("--timeout", type=float, help="stop the job (exit 124) after this many seconds")
     p.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v: commands, scheduler)")
     p.add_argument("--host-ip", help="address the scheduler binds and everyone connects to (default: auto)")
@@ -65,7 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-restarts", type=int, default=0, metavar="N",
                    help="start a failed server or worker again, up to N times for the whole job; servers "
                         "recover their state from a replica and the job goes on (local and ssh launchers; "
-                        "docs/reliability.md)")
+                        "kubernetes: N per pod; docs/reliability.md)")
+    k = p.add_argument_group("kubernetes", "--launcher kubernetes (docs/kubernetes.md)")
+    k.add_argument("--image", help="container image every pod runs (ps installed in it)")
+    k.add_argument("--server-image", help="image of the servers and the scheduler (default: --image)")
+    k.add_argument("--worker-image", help="image of the workers (default: --image)")
+    k.add_argument("--namespace", help="namespace of the job (default: the kubectl context's)")
+    k.add_argument("--job-name", help="name of the job's objects (default: ps-<script>-<5 random>)")
+    for role in ("server", "worker", "scheduler"):
+        k.add_argument(f"--{role}-resources", metavar="SPEC",
+                       help=f"{role} pods request and are limited to SPEC, e.g. cpu=2,memory=4Gi,nvidia.com/gpu=1")
+    k.add_argument("--detach", action="store_true", help="submit, print how to follow and delete the job, exit")
+    k.add_argument("--kube-version", metavar="X.Y",
+                   help="--dry-run: the manifests for this Kubernetes version (default: the newest)")
     p.add_argument("--no-auth", action="store_true",
                    help="no per-job signing key: servers then run no pickled MXNet optimizer (default: a job "
                         "on this machine gets a fresh key in PS_JOB_KEY_FILE; docs/security.md)")
@@ -104,12 +119,17 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str],
         raise SpecError(f"--timeout must be > 0 seconds, got {args.timeout}")
     if args.max_restarts < 0:
         raise SpecError(f"--max-restarts must be >= 0, got {args.max_restarts}")
-    if args.max_restarts and launcher not in ("local", "ssh"):
+    if args.max_restarts and launcher not in ("local", "ssh", "kubernetes"):
         raise SpecError(f"--max-restarts needs a launcher that starts each process itself (local or ssh); "
-                        f"--launcher {launcher} starts them as one job of the cluster manager")
+                        f"--launcher {launcher} starts them as one job of the cluster manager (kubernetes "
+                        "restarts each pod)")
+    kube_given = [f"--{o.replace('_', '-')}" for o in kubernetes.KUBE_ONLY if getattr(args, o) not in (None, False)]
+    if kube_given and launcher != "kubernetes":
+        raise SpecError(f"{', '.join(kube_given)}: for --launcher kubernetes only (not {launcher})")
+    kube = kubernetes.options(args, command, environ) if launcher == "kubernetes" else None
     if args.p3:
         logger.warning("--p3 (MXNet's P3 van) is not supported by ps; ignored")
-    return LaunchSpec(
+    spec = LaunchSpec(
         num_workers=args.num_workers, num_servers=num_servers, command=tuple(command),
         launcher=launcher, hosts=hosts, hostfile=args.hostfile,
         env=tuple(parse_env_pair(e, environ, "--env") for e in args.env),
@@ -120,7 +140,10 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str],
         server_command=default_server_command(command, python),
         slurm_server_nodes=args.slurm_server_nodes, slurm_worker_nodes=args.slurm_worker_nodes,
         sge_queue=args.sge_queue, yarn_queue=args.yarn_queue, auth=not args.no_auth,
-        max_restarts=args.max_restarts)
+        max_restarts=args.max_restarts, kube=kube)
+    if kube is not None:
+        kubernetes.check_env(spec)
+    return spec
 
 
 @contextlib.contextmanager
@@ -191,6 +214,9 @@ def _dry_run(spec: LaunchSpec, backend: Backend, ip: str, environ: Mapping[str, 
 
 def _run(spec: LaunchSpec, environ: dict[str, str], output: Output, stop: StopSignal | None,
          scheduler_factory: Callable[[Mapping[str, str]], Any] | None, owns_descendants: bool) -> int:
+    whole = BACKENDS[spec.launcher].run
+    if whole is not None:           # the backend runs the job, scheduler and keys included
+        return whole(spec, environ, output, stop)
     if spec.dry_run:
         return _start(spec, environ, output, stop, scheduler_factory, owns_descendants)
     with job_secret(spec, environ, spec.auth) as secret:

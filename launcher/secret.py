@@ -10,8 +10,9 @@ does: CURVE; not the default, see docs/security.md for why and what it costs).
 
 ``--launcher ssh`` hands the key to every remote shell over its ssh connection (stdin, never
 argv or the environment); the shell keeps it in a 0600 ``mktemp`` file that its watchdog
-removes when the connection closes (ssh.py). Other launchers with processes on other
-machines get a key only from the user (a file every host can read). ``--no-auth`` turns it off.
+removes when the connection closes (ssh.py). ``--launcher kubernetes`` puts a fresh key in the
+job's Secret (kubernetes.py). Other launchers with processes on other machines get a key only
+from the user (a file every host can read). ``--no-auth`` turns it off.
 """
 from __future__ import annotations
 
@@ -37,6 +38,11 @@ def all_local(spec: LaunchSpec) -> bool:
     return spec.launcher in ("ssh", "mpi") and bool(spec.hosts) and all(is_loopback(h.name) for h in spec.hosts)
 
 
+def new_key() -> str:
+    """A fresh random signing key (256 bits, URL-safe text)."""
+    return secrets.token_urlsafe(32)
+
+
 @contextlib.contextmanager
 def job_secret(spec: LaunchSpec, environ: Mapping[str, str], enabled: bool = True) -> Iterator[str | None]:
     """The path of a fresh per-job secret, or None where the job keeps what it has."""
@@ -54,7 +60,7 @@ def job_secret(spec: LaunchSpec, environ: Mapping[str, str], enabled: bool = Tru
     path = os.path.join(folder, "secret")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_urlsafe(32))
+        f.write(new_key())
     try:
         yield path
     finally:

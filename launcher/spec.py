@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from .hosts import Host
 
-LAUNCHERS = ("local", "ssh", "mpi", "slurm", "sge", "yarn")
+LAUNCHERS = ("local", "ssh", "mpi", "slurm", "sge", "yarn", "kubernetes")
 
 # Set by the launcher for every process; --env may not override them.
 RESERVED = frozenset({
@@ -24,6 +24,34 @@ _SHELL_CHARS = set(" \t\n;|&<>$`'\"(){}*?~")
 
 class SpecError(ValueError):
     """A launcher option is invalid; the message names it and the bad value."""
+
+
+Pairs = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class KubeOptions:
+    """--launcher kubernetes: what the pods run and where, checked by
+    ``launcher.kubernetes.options`` (kept here, a plain record, so spec.py imports no backend)."""
+
+    name: str                                # the job's name: every object's name starts with it
+    scheduler_image: str
+    server_image: str
+    worker_image: str
+    scheduler_resources: Pairs = ()          # (resource, quantity): requests = limits
+    server_resources: Pairs = ()
+    worker_resources: Pairs = ()
+    namespace: str | None = None             # None: the kubectl context's (a dry run: "default")
+    port: int = 9091                         # the scheduler's port (DMLC_PS_ROOT_PORT)
+    kube_version: tuple[int, int] | None = None  # --kube-version for a dry run; None: the newest
+    detach: bool = False
+
+    def image(self, role: str) -> str:
+        return {"scheduler": self.scheduler_image, "server": self.server_image}.get(role, self.worker_image)
+
+    def resources(self, role: str) -> Pairs:
+        return {"scheduler": self.scheduler_resources, "server": self.server_resources}.get(
+            role, self.worker_resources)
 
 
 @dataclass(frozen=True)
@@ -54,6 +82,7 @@ class LaunchSpec:
     auth: bool = True                        # a per-job signing key (secret.py)
     job_key: str | None = None               # the key file the launcher made for this job (ssh hands it over)
     max_restarts: int = 0                    # --max-restarts: failed servers/workers started again
+    kube: KubeOptions | None = None          # --launcher kubernetes only
 
     def role_command(self, role: str) -> tuple[str, ...]:
         return self.server_command if role == "server" else self.command

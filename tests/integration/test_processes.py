@@ -6,6 +6,7 @@ import time
 import psutil
 import pytest
 
+from ps import exitcodes
 from tests.helpers import PYTHON, cluster_env, wait_for
 
 pytestmark = pytest.mark.process
@@ -113,14 +114,14 @@ def test_missing_env_var_is_named(procs, port):
     env = cluster_env(port)
     del env["DMLC_NUM_WORKER"]
     code, _, err = procs.finish(procs.role("server", env), timeout=30)
-    assert code == 2 and "DMLC_NUM_WORKER is not set" in err
+    assert code == exitcodes.CONFIG and "DMLC_NUM_WORKER is not set" in err
     code, _, err = procs.finish(procs.role("worker", env, SCRIPT, "sync"), timeout=30)
     assert code != 0 and "ConfigError: DMLC_NUM_WORKER is not set" in err
 
 
 def test_python_m_ps_refuses_worker_role(procs, port):
     code, _, err = procs.finish(procs.start([PYTHON, "-m", "ps"], {**cluster_env(port), "DMLC_ROLE": "worker"}))
-    assert code == 2 and "training script" in err
+    assert code == exitcodes.CONFIG and "training script" in err
 
 
 def test_scheduler_port_taken_is_a_clear_error(procs, port):

@@ -14,7 +14,7 @@ ABOVE_THE_CORE = ("collective", "torch", "mxnet", "bench")
 # `import ps`; launcher modules by their full name)
 ALLOWED = {
     # the core, bottom up
-    "errors": set(), "_logging": set(), "keys": set(), "compression": set(), "childproc": set(),
+    "errors": set(), "_logging": set(), "keys": set(), "compression": set(), "childproc": set(), "exitcodes": set(),
     "_timing": {"errors"}, "config": {"errors"}, "pslite": {"errors"}, "message": {"compression", "errors", "pslite"},
     "_security": {"errors"},
     "netutil": {"config", "errors"},
@@ -63,7 +63,7 @@ ALLOWED = {
     "kvstore": {"_logging", "_timing", "compression", "config", "customer", "errors", "keys", "message",
                 "postoffice", "keyinfo", "van", "worker"},
     "testing": {"config", "errors", "kvstore", "scheduler", "server", "van"},
-    "__main__": {"_logging", "config", "errors", "mxnet_autoload", "scheduler", "server"},
+    "__main__": {"_logging", "_security", "config", "errors", "exitcodes", "mxnet_autoload", "scheduler", "server"},
     "__init__": {"config", "customer", "errors", "kvstore", "optim"},
     "launch": {"launcher.launch"},
     "mxnet_autoload": set(),

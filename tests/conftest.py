@@ -81,7 +81,8 @@ def pytest_collection_modifyitems(session, config, items):
 # tests); every other test is its own unit of work.
 ONE_AT_A_TIME = ("tests/launcher/test_launcher_batch.py", "tests/launcher/test_launcher_mpi.py",
                  "tests/launcher/test_launcher_multihost.py", "tests/launcher/test_launcher_ssh.py",
-                 "tests/launcher/test_chaos.py", "tests/bench/test_bench_smoke.py")
+                 "tests/launcher/test_chaos.py", "tests/bench/test_bench_smoke.py",
+                 "tests/launcher/test_kubernetes_e2e.py")      # its scheduler pods bind port 9091
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -6,7 +6,7 @@ ends 0 with the last one's acknowledgement, or TERMINATE_GRACE later without it.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Callable, Container
 
 from .message import Command, node_name
 
@@ -66,7 +66,7 @@ class Ending:
         self._finish(0)
         return True
 
-    def report(self, node_id: int, closed_workers: list[int], closed: bool, known: Any) -> None:
+    def report(self, node_id: int, closed_workers: list[int], closed: bool, known: Container[int]) -> None:
         """A live node's report to a restarted scheduler: the workers it knows closed, and
         (a worker) whether it closed itself, its CLOSE perhaps lost with the old scheduler."""
         self.closed_workers.update(i for i in closed_workers if i in known)

@@ -240,8 +240,6 @@ class Postoffice:
             self.closed_workers.add(int(msg.body.get("id", 0)))
         if cmd in self.handlers and cmd not in (Command.NODE_FAILED, Command.ABORT):
             self.handlers[cmd](msg)
-        elif cmd == Command.REJOIN:
-            pass                                # the link's (above)
         elif cmd == Command.NODE_TABLE:
             # here, on the I/O thread: a NODE_DOWN or NODE_UP right behind the table must
             # change this, not be overwritten when the main thread adopts the table
@@ -275,7 +273,7 @@ class Postoffice:
             self._stall_at = time.monotonic()
             self._stalls_named.add(msg.sender)
             logger.warning("%s %d (%s) is waiting: %s", self.role.name.lower(), self.rank, self, body.get("text"))
-        elif cmd != Command.HEARTBEAT:
+        elif cmd not in (Command.HEARTBEAT, Command.REJOIN):     # the link's (above)
             logger.debug("%s: ignoring %r", self, msg)
 
     # -- restarts (PS_MAX_RESTARTS) -------------------------------------------------------

@@ -69,6 +69,7 @@ class Cluster:
         self._late = {name: time.monotonic() + delay for name, delay in (publish_late or {}).items()}
         self.hosts = workdir / "hosts"
         self.hosts.write_text("127.0.0.1 localhost\n")
+        self._hosts_text = ""
         self._pending: list[tuple[float, str, int]] = []
 
     # -- names ---------------------------------------------------------------------------
@@ -88,6 +89,9 @@ class Cluster:
             names = [host] + ([f"{host}.{sub}", f"{host}.{sub}.{self.namespace}.svc"] if sub else [])
             lines.append(f"{pod.ip} {' '.join(names)}")
         text = "\n".join(lines) + "\n"
+        if text == self._hosts_text:
+            return
+        self._hosts_text = text
         with open(self.hosts, "r+") as fh:      # in place: the bind mounts see the same file
             fh.seek(0)
             fh.write(text)

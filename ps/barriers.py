@@ -79,6 +79,11 @@ class Barriers:
             logger.warning("scheduler: the stalled barrier '%s' went on after %.0fs", group,
                            self.clock() - barrier.since)
 
+    def forget(self, group: str) -> None:
+        """Drop ``group``'s open barrier unanswered: its waiters were told why they stop
+        waiting (a deadlock verdict), and arrive again next time."""
+        self._open.pop(group, None)
+
     def check_all(self) -> None:
         for group in list(self._open):
             self.check(group)

@@ -137,6 +137,11 @@ VARIABLES: tuple[Var, ...] = (
     Var("PS_STALL_WARNING", "stall_warning", _float, 60.0,
         "seconds a sync round or barrier may wait for some workers before the server (or the "
         "scheduler) and the waiting workers log which ranks, hosts and keys it waits for; 0 = off"),
+    Var("PS_DEADLOCK_CHECK", "deadlock_check", _float, 1.0,
+        "seconds a worker of a Horovod-style job (ps.torch, ps.mxnet's Horovod API) waits on a "
+        "collective before it asks the scheduler whether the workers' waits can still end; when "
+        "they cannot (the ranks disagree on shapes, names, operations or order), every worker "
+        "raises MismatchError within about 3 such periods and the job goes on; 0 = never ask"),
     Var("PS_MAX_RESTARTS", "max_restarts", lambda n, r: _int(n, r, 0), 0,
         "restarts of dead servers and workers the job allows (python -m ps.launch --max-restarts "
         "sets it for every process); > 0: instead of ending the job, everyone waits up to "
@@ -270,6 +275,7 @@ class Config:
     connect_timeout: float = 120.0
     request_timeout: float = 0.0
     stall_warning: float = 60.0
+    deadlock_check: float = 1.0
     max_restarts: int = 0
     send_window: int = 8 << 20
     send_lowat: int = 128 << 10

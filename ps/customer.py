@@ -29,6 +29,7 @@ class StallWatch(NamedTuple):
     lacks a push) is named by the waiting worker itself."""
     after: float                        # seconds; 0: never
     noticed: Callable[[], float]        # time.monotonic() of the last STALL this worker was sent
+    waits: Any = None                   # PS_DEADLOCK_CHECK's reporter (ps/waitreport.py), if on
 
 
 NO_WATCH = StallWatch(0.0, lambda: 0.0)
@@ -36,7 +37,7 @@ NO_WATCH = StallWatch(0.0, lambda: 0.0)
 
 class Request:
     __slots__ = ("ts", "remaining", "out", "starts", "error", "event", "what", "pending", "callbacks", "sent", "got",
-                 "left", "since", "warned")
+                 "left", "since", "warned", "key", "seq")
 
     def __init__(self, ts: int, remaining: int, out: np.ndarray | None, starts: dict[int, int], what: str,
                  keep: bool = False):
@@ -55,6 +56,8 @@ class Request:
         self.got: dict[int, dict[int, int]] = {}    # server -> {offset: elements} of the chunks it answered
         self.since = time.monotonic()
         self.warned = False
+        self.key: int | None = None         # the server key and this worker's push number there
+        self.seq = 0                        # (a pull: its last push's), for PS_DEADLOCK_CHECK
 
     def restart(self, server: int) -> list[tuple[Any, Any]]:
         """``server`` restarted before answering: forget its partial answer; what to resend."""
@@ -67,6 +70,15 @@ class Request:
         # postpones the deadline (nothing for a request already answered, the usual case)
         if not self.event.is_set():
             deadline.paused()
+        try:
+            self._wait(deadline, failure, watch)
+        finally:
+            if watch.waits is not None and time.monotonic() - self.since >= watch.waits.after:
+                watch.waits.ended(self)
+        if self.error is not None:
+            raise self.error
+
+    def _wait(self, deadline: Deadline, failure: Callable[[], PSError | None], watch: StallWatch) -> None:
         while not self.event.wait(deadline.remaining(POLL)):
             held = deadline.paused()
             exc = failure()
@@ -83,8 +95,8 @@ class Request:
                                    "waits for: is that server stopped or overloaded? (PS_STALL_WARNING=%gs; request %d, "
                                    "%d elements or acks to come)",
                                    self.what, self._servers(), waited, watch.after, self.ts, self.remaining)
-        if self.error is not None:
-            raise self.error
+            if watch.waits is not None:
+                watch.waits.waiting(self, waited)
 
     def _servers(self) -> str:
         return ", ".join(node_name(i) for i in sorted(self.pending)) or "-"
@@ -178,6 +190,12 @@ class Customer:
         req.error = exc
         req.event.set()
         _run_callbacks(req, callbacks)
+
+    def fail_pending(self, exc: PSError) -> None:
+        """End every request outstanding now with ``exc``; later ones go out as usual (a
+        deadlock verdict: the rounds they waited on were dropped)."""
+        for req in self.pending():
+            self.fail(req, exc)
 
     def fail_all(self, exc: PSError) -> None:
         with self._lock:

@@ -88,6 +88,9 @@ class KeyTable:
     def add(self, info: KeyInfo) -> None:
         self._infos[info.name] = info
 
+    def infos(self) -> list[KeyInfo]:
+        return list(self._infos.values())
+
 
 def dense(info: KeyInfo, value: Any, what: str) -> np.ndarray:
     """One contiguous array for ``info``; a list (one per device) is summed first."""

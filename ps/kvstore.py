@@ -29,6 +29,7 @@ from .postoffice import Postoffice
 from .keyinfo import (KeyInfo, KeyTable, RowSparse, dense, int_keyed, is_rows, key_labels, member_ranks, pairs,
                       receiver, row_sparse, unique_rows)
 from .van import Van
+from .waitreport import WaitReporter
 from .worker import KVWorker
 
 logger = logging.getLogger(__name__)
@@ -81,6 +82,8 @@ class KVStore:
         self._closed = False
         self._round = 0
         self._timeline: Recorder | None = None
+        self._members: dict[int, tuple[int, ...]] = {}     # server key -> its only pushers (init's members)
+        self._waits: WaitReporter | None = None
         try:
             self._po.start({"sync": self._sync})
             if self._po.restarted:
@@ -228,6 +231,8 @@ class KVStore:
         sender = 0 if group is None else group[0]
         for info, arr in infos:
             self._keys.add(info)
+            if group is not None:
+                self._members[info.key] = tuple(group)
         if group is not None and self.rank == sender:
             self._worker.command("set_members", {"keys": [info.key for info, _ in infos], "ranks": group})
         for info, arr in infos:
@@ -273,7 +278,8 @@ class KVStore:
         # this worker's last requests end first (a refused one is its own handle's to report)
         self._worker.wait_all(Deadline(self._timeout if timeout is None else timeout), errors=False)
         self._worker.command("join", {"rank": self.rank})
-        self._po.barrier("workers", deadline=Deadline(timeout), what="every worker to join (kv.join)")
+        self._po.barrier("workers", deadline=Deadline(timeout), what="every worker to join (kv.join)",
+                         watched=False)
         answers = self._worker.command("leave", {"rank": self.rank})
         skipped: dict[int, int] = {}
         for answer in answers.values():
@@ -281,7 +287,7 @@ class KVStore:
                 skipped[int(key)] = max(skipped.get(int(key), 0), int(rounds))
         self._worker.skip_rounds(skipped)
         # nobody pushes before every worker left the join on every server
-        self._po.barrier("workers", what="every worker to leave the join (kv.join)")
+        self._po.barrier("workers", what="every worker to leave the join (kv.join)", watched=False)
         return Joined(int(answers[min(answers)]["last"]), skipped)
 
     def push(self, key: Any, value: Any, priority: int = 0, block: bool = False) -> Handle | None:
@@ -378,6 +384,31 @@ class KVStore:
             return handle
         self._worker.flush()
         return handle.wait()
+
+    def check_deadlocks(self, describe: Callable[[str], str] | None = None) -> WaitReporter | None:
+        """Have the scheduler judge this worker's long waits (PS_DEADLOCK_CHECK, ps/waits.py):
+        when every worker waits for a round another will never push, each wait raises
+        MismatchError on every worker, and the job goes on. For callers whose every push is
+        made by the thread that then waits for it, in the same order on every worker
+        (Horovod's collectives): a push another thread of this process makes later is not
+        foreseen. ``describe(key name)``: how an error names a key. Returns the reporter (its
+        ``listeners`` hear each verdict), None when PS_DEADLOCK_CHECK is 0 or the store is async."""
+        after = self._po.config.deadlock_check
+        if not after or not self._sync:
+            return None
+        if self._waits is None:
+            names = describe or (lambda name: f"key {name!r}")
+            by_key = {}
+
+            def what(key: int, text: str) -> str:
+                if key not in by_key:
+                    by_key.update((info.key, info.name) for info in self._keys.infos())
+                name = by_key.get(key)
+                return text if name is None else names(name)
+            self._waits = WaitReporter(self._po, self._worker, after, what, lambda key: self._members.get(key, ()))
+            self._worker.watch_waits(self._waits)
+            self._po.waits = self._waits
+        return self._waits
 
     def record(self, timeline: Recorder | None) -> None:
         """Show this worker's requests on ``timeline`` (a :class:`Recorder`: Horovod's

@@ -65,6 +65,8 @@ class Command(enum.IntEnum):
     FETCH = 18        # restarted server -> its backup: the replica of my state (replies: snapshot parts)
     CREDIT = 19       # server -> worker: I received a message of ``body`` payload bytes (PS_SEND_WINDOW)
     REJOIN = 20       # restarted scheduler -> node: report to me (request); your report is taken (reply)
+    BLOCKED = 21      # worker -> scheduler: what it has waited for too long (PS_DEADLOCK_CHECK); back: a deadlock verdict
+    DROP_ROUNDS = 22  # scheduler -> servers: drop every open sync round (a deadlock verdict); back: the keys' closed rounds
 
 
 class Flag:

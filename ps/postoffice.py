@@ -22,6 +22,7 @@ from .message import SCHEDULER, Command, Flag, Message, Node, Role, id_to_rank, 
 from .rejoin import KEY as REJOIN_KEY, Rejoin
 from .schedlink import SchedulerLink
 from .van import Van, for_config, with_resend
+from .waits import BARRIER
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class Postoffice:
         self.nodes: dict[int, Node] = {}
         self.failure: PSError | None = None
         self._stall_at = 0.0            # time.monotonic() of the last STALL a server or the scheduler sent
+        self.waits: Any = None          # PS_DEADLOCK_CHECK's reporter of long waits (ps/waitreport.py), if on
         self._stalls_named: set[int] = set()    # who has named a stall this node waits in, not yet over
         self.handlers: dict[Command, Handler] = {}
         self._cond = threading.Condition()
@@ -416,12 +418,16 @@ class Postoffice:
 
     # -- barrier -------------------------------------------------------------------------
     def barrier(self, group: str = "workers", timeout: float | None = None,
-                deadline: Deadline | None = None, what: str | None = None) -> None:
-        """Block until every member of ``group`` ("all", "workers", "servers") arrives."""
+                deadline: Deadline | None = None, what: str | None = None, watched: bool = True) -> None:
+        """Block until every member of ``group`` ("all", "workers", "servers") arrives.
+        ``watched``: a long wait at a barrier of every worker is reported to ``waits``
+        (PS_DEADLOCK_CHECK; not kv.join's, whose workers wait for the others to finish)."""
         deadline = deadline or Deadline(timeout if timeout is not None else self.config.request_timeout)
         event, result = threading.Event(), []
         self._barriers[group] = (event, result)
         deadline.paused()                   # this process's own pause is no one's delay
+        waits = self.waits if watched and group == "workers" else None
+        since = time.monotonic()
         try:
             self.send(Message(Command.BARRIER, recver=SCHEDULER, body={"group": group}))
             while not event.wait(deadline.remaining(POLL)):
@@ -429,13 +435,27 @@ class Postoffice:
                 if self.failure is not None:
                     raise self.failure
                 deadline.check(what or f"a barrier of all {group} (group '{group}')")
+                if waits is not None:
+                    waits.barrier(self.passed.get(group, 0) + 1, time.monotonic() - since)
         finally:
             self._barriers.pop(group, None)
+            if waits is not None and time.monotonic() - since >= waits.after:
+                waits.ended(BARRIER)
         if self.failure is not None:
             raise self.failure
+        if result and isinstance(result[0], PSError):
+            raise result[0]
         if result and result[0]:
             raise PeerLostError(result[0])
         self.passed[group] = self.passed.get(group, 0) + 1
+
+    def break_barrier(self, group: str, exc: PSError) -> None:
+        """End this node's wait at ``group``'s barrier with ``exc`` (a deadlock verdict: the
+        scheduler forgot that barrier)."""
+        entry = self._barriers.get(group)
+        if entry is not None:
+            entry[1].append(exc)
+            entry[0].set()
 
     # -- a restarted scheduler (PS_MAX_RESTARTS; ps/rejoin.py, ps/schedlink.py) -----------
     def _report(self) -> dict[str, Any]:

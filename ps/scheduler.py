@@ -22,6 +22,7 @@ from .readmission import ACK_WAIT, Readmission
 from .rebuild import Rebuild
 from .rejoin import KEY as REJOIN_KEY, Rejoin
 from .van import Van, for_config, with_resend
+from .waitjudge import WaitJudge
 
 logger = logging.getLogger(__name__)
 TICK = 0.2      # s between two checks of silences, barriers and recoveries
@@ -55,6 +56,8 @@ class Scheduler:
         self.down_since: dict[int, float] = {}    # node id -> when its connection dropped
         self.readmission = Readmission(self)        # dead nodes awaited, their restarts admitted
         self._fenced_routes: set[bytes | None] = set()  # processes told they no longer belong to the job
+        self.waits = WaitJudge(clock, config.deadlock_check, self._blocked_candidates, self._server_ids,
+                               self.send_to, self.barriers.forget)     # PS_DEADLOCK_CHECK (ps/waits.py)
         self.rebuild = Rebuild(clock, lambda: self.nodes, self.readmission.recovering, self.barriers, self.send_to,
                                self.readmission.node_up, self.readmission.deaths)    # a restarted scheduler's
 
@@ -119,6 +122,7 @@ class Scheduler:
             if self._ending.overdue(now):
                 return
             self.barriers.warn_stalled(now)
+            self.waits.tick(now)
             for node_id, rec in list(self.readmission.recovering.items()):
                 if rec.parked is not None and now - rec.parked.since > ACK_WAIT:
                     self.readmission.admit_if_acked(node_id, force=True)
@@ -290,6 +294,13 @@ class Scheduler:
     def _server_ids(self) -> list[int]:
         return self._members("servers")
 
+    def _blocked_candidates(self) -> list[int]:
+        """The workers a deadlock verdict needs a report from: every live one; none while a
+        dead node is awaited (its restart may yet push what the others wait for)."""
+        if self.readmission.recovering:
+            return []
+        return [i for i in self._members("workers") if i not in self.closed_workers]
+
     def _on_heartbeat(self, msg: Message) -> None:
         if msg.sender in self.nodes:
             self.reply(msg.route, Command.HEARTBEAT, recver=msg.sender)
@@ -413,4 +424,6 @@ class Scheduler:
         Command.TERMINATE: _on_terminate,
         Command.REJOINED: lambda self, msg: self.readmission.on_rejoined(msg),
         Command.NODE_DOWN: lambda self, msg: self.readmission.on_node_down_ack(msg),
+        Command.BLOCKED: lambda self, msg: self.waits.report(msg.sender, msg.body),
+        Command.DROP_ROUNDS: lambda self, msg: self.waits.dropped(msg.sender, msg.body),
     }

@@ -37,6 +37,7 @@ class KVWorker:
         self._watch = StallWatch(po.config.stall_warning, lambda: po.stall_noticed)
         self._push_seq: dict[int, int] = {}    # key -> pushes so far (Entry.seq)
         self._seq_start = 0                    # a restarted worker that resumed: its round
+        self._pushes = 0                       # pushes made (PS_DEADLOCK_CHECK: has this worker moved?)
         self._outbox: dict[int, Batch] = {}   # server id -> what waits to leave for it
         window = po.config.send_window
         self._queue = SendQueue(window, po.config.send_lowat) if window else None   # PS_SEND_WINDOW: by priority instead
@@ -70,7 +71,8 @@ class KVWorker:
         itemsize = DTYPES[code].itemsize
         pushpull = op & PUSHPULL == PUSHPULL
         with self._lock:
-            seq = self._next_seq(op, key)
+            seq = req.seq = self._next_seq(op, key)
+            req.key = key
             for s in slices:
                 sid = server_id(s.server)
                 if value is None:
@@ -96,7 +98,28 @@ class KVWorker:
         if not op & Op.PUSH:
             return done
         seq = self._push_seq[key] = done + 1
+        self._pushes += 1
         return seq
+
+    def push_counts(self) -> tuple[dict[int, int], int]:
+        """Per key, the pushes made so far (sync rounds this worker is in), and a number that
+        changes with every push (PS_DEADLOCK_CHECK's reports)."""
+        with self._lock:
+            return dict(self._push_seq), self._pushes
+
+    def restart_rounds(self, closed: dict[int, int]) -> None:
+        """The servers dropped every open round (a deadlock verdict): number the next push of
+        each of these keys after the ``closed[key]`` rounds that did close."""
+        with self._lock:
+            self._push_seq.update(closed)
+
+    def fail_pending(self, exc: PSError) -> None:
+        """End every outstanding request with ``exc``; the worker goes on (a deadlock verdict)."""
+        self.customer.fail_pending(exc)
+
+    def watch_waits(self, waits: Any) -> None:
+        """Report this worker's long waits to ``waits`` (ps/waitreport.py) from now on."""
+        self._watch = self._watch._replace(waits=waits)
 
     def skip_rounds(self, rounds: dict[int, int]) -> None:
         """The servers closed ``rounds[key]`` rounds of each key without this worker (it had
@@ -135,7 +158,8 @@ class KVWorker:
                                             {sid: lo * row_len for sid, _, lo, _ in parts}, what)
         per_chunk = max(1, CHUNK_BYTES // (row_len * DTYPES[code].itemsize))
         with self._lock:
-            seq = self._next_seq(op, key)
+            seq = req.seq = self._next_seq(op, key)
+            req.key = key
             for sid, first, lo, hi in parts:
                 ids = (rows[lo:hi] - first).astype(ROW_ID)
                 n = hi - lo

@@ -10,8 +10,8 @@ the module that happens to hold a name today.
 from __future__ import annotations
 
 from .job import Job, absent, nccl_built, predivide_factor, verified
-from .names import tensor_key, timeline_bar
+from .names import tensor_key, timeline_bar, variant
 from .ops import GATHERED, Adasum, Average, Max, Min, Product, ReduceOp, Sum, fingerprint, reduce_op
 
 __all__ = ["GATHERED", "Adasum", "Average", "Job", "Max", "Min", "Product", "ReduceOp", "Sum", "absent", "fingerprint",
-           "nccl_built", "predivide_factor", "reduce_op", "tensor_key", "timeline_bar", "verified"]
+           "nccl_built", "predivide_factor", "reduce_op", "tensor_key", "timeline_bar", "variant", "verified"]

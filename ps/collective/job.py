@@ -21,7 +21,7 @@ from ..config import value_of
 from ..errors import CollectiveError, MismatchError, PSError
 from ..kvstore import KVStore
 from . import selfstart
-from .names import base_name, group_key, label, timeline_bar
+from .names import base_name, described, group_key, label, timeline_bar
 from .ops import fingerprint
 from .timeline import Timeline
 
@@ -32,15 +32,18 @@ CHECKED = 61                # keys checked one by one in a first-use check (the 
 MEETING = "meeting"         # the key a group's members meet on (first uses of names, barriers)
 
 
-def verified(checks: Any, pending: Any) -> None:
+def verified(checks: Any, pending: Any, job: "Job | None" = None) -> None:
     """Run ``checks``; if one fails, abandon the calls in ``pending`` (``Handle.abandon``: a
-    round the workers disagree on never closes, and nothing should wait for it) and raise."""
+    round the workers disagree on never closes, and nothing should wait for it) and raise,
+    a MismatchError once every worker of ``job`` raised it (``Job.disagreed``)."""
     try:
         for check in checks:
             check()
     except PSError as exc:
         for handle in pending:
             handle.abandon(exc)
+        if isinstance(exc, MismatchError) and job is not None:
+            raise job.disagreed(exc) from None
         raise
 
 
@@ -80,6 +83,9 @@ class Job:
         self._groups: dict[int, tuple[int, ...]] = {}   # group id -> its ranks (Horovod's process sets)
         self._group_ids = itertools.count(1)            # never reused: a group's keys keep its ranks
         self._timeline: Timeline | None = None
+        self._checking: dict[str, str] = {}             # check key -> what its last check was of
+        self._suspect: set[str] = set()                 # names seen before a deadlock verdict
+        self._waits: Any = None                         # the store's deadlock reporter (ps/waitreport.py)
 
     def init(self, kvstore: str = "dist_sync") -> None:
         """Join the job (idempotent)."""
@@ -102,7 +108,35 @@ class Job:
                 "the step the others are in: the job must start again (a dead server is recovered; a dead "
                 "worker is not)")
         self._store = kv
+        waits = self._waits = kv.check_deadlocks(self._described)
+        if waits is not None:
+            waits.listeners.append(self._after_deadlock)
         self._timeline_from_env()
+
+    def _described(self, key: Any) -> str:
+        """How a deadlock's MismatchError names what a rank waits for (PS_DEADLOCK_CHECK)."""
+        checking = self._checking.get(key)
+        if checking is not None:
+            return f"the check of its first {checking}"
+        if isinstance(key, str) and key.startswith(f"{self.api}.agree."):
+            return "an agreement of every worker (add_process_set)"
+        if isinstance(key, str) and key.endswith(f"/{MEETING}"):
+            return f"a meeting of process set {key.partition('/')[0][len('set'):]} (a barrier, or new tensors)"
+        return described(key, self.names)
+
+    def disagreed(self, error: MismatchError) -> MismatchError:
+        """``error``, which a check raises on every worker alike, to raise once every worker
+        has: meanwhile the servers drop the rounds the disagreement left open (ps/waitreport.py),
+        which would otherwise mix into later calls of their keys. As it is without
+        PS_DEADLOCK_CHECK."""
+        waits = self._waits
+        return error if waits is None else waits.realign(error)
+
+    def _after_deadlock(self, _error: Exception) -> None:
+        """A deadlock verdict (every worker hears it, I/O thread): every name seen so far is
+        checked again at its next use, on every worker alike (a worker that made a key in the
+        call that disagreed would otherwise skip the check the others make)."""
+        self._suspect = set(self._keys)
 
     # -- Horovod's timeline -----------------------------------------------------------------
     def _timeline_from_env(self) -> None:
@@ -253,7 +287,7 @@ class Job:
         every one of them alike."""
         mine = np.array([1.0, fingerprint(text)], np.float64)
         if not np.array_equal(self._store.pushpull(key, mine), mine * count):
-            raise MismatchError(what)
+            raise self.disagreed(MismatchError(what))
 
     def ensure_keys(self, items: list[KeySpec], group: int = 0, joinable: bool = False) -> Callable[[], None]:
         """Make the keys not seen yet, and check that every worker asks for the same names,
@@ -269,11 +303,21 @@ class Job:
         checks them too (``verify`` has nothing left to do). ``joinable``: sums that go on
         without workers in ``join`` (KVStore.declare)."""
         new = [(name, tuple(shape), np.dtype(dtype)) for name, shape, dtype in items if name not in self._keys]
+        again = [(name, tuple(shape), np.dtype(dtype)) for name, shape, dtype in items if name in self._suspect]
         kv = self._store
         verify = _nothing
-        if kv is not None and new and group:
-            kv.init([name for name, _, _ in new], [np.zeros(int(np.prod(shape)), dtype) for _, shape, dtype in new],
-                    members=self._groups[group])
+        if again:
+            self._suspect.difference_update(name for name, _, _ in again)
+            if not group:
+                verify = self.start_check(again + new)
+                again = []
+        if kv is not None and (new or again) and group:
+            if new:
+                kv.init([name for name, _, _ in new], [np.zeros(int(np.prod(shape)), dtype) for _, shape, dtype in new],
+                        members=self._groups[group])
+                # made now, even if the meeting fails: a later call must not make them again
+                self._keys.update((name, (shape, dtype)) for name, shape, dtype in new)
+            new = again + new
             self.meet(group, repr([(n, s, str(d)) for n, s, d in new]),
                       f"the members of process set {group} ask for different new tensors (rank {kv.rank}: "
                       f"{', '.join(label(n) for n, _, _ in new[:3])}{', ...' if len(new) > 3 else ''}): every "
@@ -283,7 +327,8 @@ class Job:
                 kv.declare(name, (int(np.prod(shape)),), dtype, joinable=joinable)
             # keys the other workers made while this one was in join were checked without it
             fresh = [item for item in new if kv.server_key(item[0]) not in self._excused]
-            verify = self.start_check(fresh) if fresh else _nothing
+            if fresh and verify is _nothing:
+                verify = self.start_check(fresh)
         for name, shape, dtype in new:
             self._keys[name] = (shape, dtype)
         return verify
@@ -310,6 +355,7 @@ class Job:
         mine = np.zeros(3 + CHECKED, np.float64)
         mine[:3] = 1.0, len(items), fingerprint(repr([(n, s, str(d)) for n, s, d in items]))
         prints = [fingerprint(f"{n}{s}{d}") for n, s, d in items[:CHECKED]]
+        self._checking[probe] = described(items[0][0], self.names)
         mine[3:3 + len(prints)] = prints
         if probe not in self._checks:
             kv.declare(probe, mine.shape, mine.dtype, joinable=True)
@@ -322,17 +368,7 @@ class Job:
             n = total[0]                # the workers that took part (those in join did not)
             if np.array_equal(total, mine * n):
                 return
-            if total[1] != mine[1] * n:
-                raise MismatchError(f"rank {kv.rank} asks for {len(items)} new tensors, but the workers disagree "
-                                    "on how many (every worker must register the same parameters / names in the "
-                                    "same order)")
-            for (name, shape, dtype), got, own in zip(items, total[3:], mine[3:]):
-                if got != own * n:
-                    raise MismatchError(f"tensor {label(name)} differs across workers: rank {kv.rank} has shape "
-                                        f"{tuple(shape)} and dtype {dtype}, another worker has a different shape, "
-                                        "dtype or order")
-            raise MismatchError(f"the {len(items)} tensors of rank {kv.rank} differ from another worker's "
-                                "(names, shapes, dtypes or order)")
+            raise self.disagreed(MismatchError(_difference(items, total, mine, n, kv.rank)))
         return verify
 
     def join(self) -> int:
@@ -349,12 +385,26 @@ class Job:
         if self._store is not None:
             self._store.close()             # waits for the calls in flight: their bars end first
         self.stop_timeline()
-        self._store, self._alone = None, False
+        self._store, self._alone, self._waits = None, False, None
         self._keys.clear()
         self._checks.clear()
+        self._checking.clear()
+        self._suspect.clear()
         self._excused.clear()
         self._groups.clear()
         self._group_ids = itertools.count(1)
+
+
+def _difference(items: list[KeySpec], total: np.ndarray, mine: np.ndarray, n: float, rank: int) -> str:
+    """What a first-use check's sum (``total``, of ``n`` workers) says differs from ``mine``."""
+    if total[1] != mine[1] * n:
+        return (f"rank {rank} asks for {len(items)} new tensors, but the workers disagree on how many (every worker "
+                "must register the same parameters / names in the same order)")
+    for (name, shape, dtype), got, own in zip(items, total[3:], mine[3:]):
+        if got != own * n:
+            return (f"tensor {label(name)} differs across workers: rank {rank} has shape {tuple(shape)} and dtype "
+                    f"{dtype}, another worker has a different shape, dtype or order")
+    return f"the {len(items)} tensors of rank {rank} differ from another worker's (names, shapes, dtypes or order)"
 
 
 def _nothing() -> None:

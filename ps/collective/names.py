@@ -15,6 +15,7 @@ import numpy as np
 from .timeline import Bar
 
 GROUP_PREFIX = "set"        # a group's keys: "set<id>/<name>", apart from every other group's
+VARIANT = "~"               # a reduction's key name: "<name>~sum~pre0.5" (``variant``)
 # Horovod's operations, as the first part of a key's name says (a timeline shows only these)
 OPERATIONS = ("allreduce", "broadcast", "allgather", "alltoall", "reducescatter", "sparse", "broadcast_object",
               "allgather_object")
@@ -23,6 +24,21 @@ OPERATIONS = ("allreduce", "broadcast", "allgather", "alltoall", "reducescatter"
 def group_key(gid: int, key: str) -> str:
     """The key a group's collective uses for ``key`` (group 0: every worker, the key itself)."""
     return f"{GROUP_PREFIX}{gid}/{key}" if gid else key
+
+
+def variant(reduce: str, prescale: float = 1.0, postscale: float = 1.0) -> str:
+    """What a reduction's key adds to its name besides shape and dtype: how its result is
+    made (the op, the scale factors), unless Horovod's default (Average, no scaling). Two
+    workers that ask for the same tensor reduced differently then wait on two keys, which
+    PS_DEADLOCK_CHECK names, instead of summing into one and each scaling it its own way."""
+    tag = "" if reduce == "Average" else f"{VARIANT}{reduce.lower()}"
+    tag += f"{VARIANT}pre{prescale!r}" if prescale != 1.0 else ""
+    return tag + (f"{VARIANT}post{postscale!r}" if postscale != 1.0 else "")
+
+
+def plain(base: str) -> str:
+    """A key's name without its ``variant``."""
+    return base.partition(VARIANT)[0]
 
 
 def tensor_key(name: str, shape: tuple[int, ...], dtype: Any) -> str:
@@ -45,6 +61,29 @@ def label(key: str) -> str:
     return _plain_label(key) + (f" in process set {gid}" if gid else "")
 
 
+def described(key: Any, names: str = "") -> str:
+    """A key in a deadlock's MismatchError: ``allreduce of 'w' (shape (3, 4), float32)``;
+    a key not made by ``tensor_key`` as it is. ``names``: what the adapter's keys start with."""
+    if not isinstance(key, str):
+        return f"key {key!r}"
+    bare, gid = _split_group(key)
+    if names and bare.startswith(names):
+        bare = bare[len(names):]
+    base = base_name(bare)
+    where = f" in process set {gid}" if gid else ""
+    if base == bare:
+        return f"{key!r}{where}"
+    shape_text, _, dtype = bare[len(base) + 1:].partition(":")
+    inner = base.partition(".")[2]
+    if base.startswith("allreduce.") and inner.partition(".")[0] in OPERATIONS:
+        base = inner                # ps.torch's broadcast and gathers are sums: named by what they are
+    shape = tuple(int(d) for d in shape_text.split("x") if d)
+    how = base.partition(VARIANT)[2].replace(VARIANT, ", ")
+    kind, _, rest = plain(base).partition(".")
+    what = f"the gradient of {rest[len('grad.'):]!r}" if rest.startswith("grad.") else f"{kind} of {rest!r}"
+    return f"{what} (shape {shape}, {np.dtype(dtype).name}{', ' + how if how else ''}){where}"
+
+
 def timeline_bar(key: Any, api: str, names: str = "") -> Bar | None:
     """How Horovod's timeline shows a request on ``key`` of adapter ``api`` (whose tensor keys
     start with ``names``): the tensor's row (``allreduce.w``; ``broadcast.w`` for a broadcast
@@ -56,7 +95,7 @@ def timeline_bar(key: Any, api: str, names: str = "") -> Bar | None:
     check = f"{api}.check."
     negotiate = key.startswith(check)
     key, gid = _split_group(key[len(check):] if negotiate else key)
-    base = base_name(key)
+    base = plain(base_name(key))
     if not base.startswith(names):
         return None
     base = base[len(names):]
@@ -79,7 +118,7 @@ def _split_group(key: str) -> tuple[str, str | None]:
 
 
 def _plain_label(key: str) -> str:
-    kind, _, rest = base_name(key).partition(".")
+    kind, _, rest = plain(base_name(key)).partition(".")
     if rest.startswith("grad."):
         return f"{rest[len('grad.'):]!r} (a parameter's gradient)"
     return f"{rest!r} ({kind})"

@@ -20,7 +20,7 @@ import mxnet as mx
 import numpy as np
 
 from ..collective import (GATHERED, Average, Job, ReduceOp, Sum, objects, ops, process_sets, reduce_op, tensor_key,
-                          verified)
+                          variant, verified)
 from ..collective.process_sets import Scope, check_root, check_root_votes, root_vote
 from ..errors import MismatchError
 
@@ -51,7 +51,7 @@ def sums(names: list[str], arrays: list[np.ndarray], where: Scope | None = None)
     verify = job.ensure_keys([(k, a.shape, a.dtype) for k, a in zip(keys, arrays)], where.group)
     outs = [np.empty(a.shape, a.dtype) for a in arrays]
     handles = [kv.pushpull(k, a.reshape(-1), out=o.reshape(-1), block=False) for k, a, o in zip(keys, arrays, outs)]
-    verified([verify], handles)
+    verified([verify], handles, job)
     for h in handles:
         h.wait()
     return outs
@@ -84,8 +84,9 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, name: str
     ``i``-th tensor travels under ``name.i``."""
     where = sets.scope(process_set)
     arrays = [_array(t, f"allreduce of {name!r}") for t in tensors]
-    results = _reduced(_named("allreduce", name), arrays, _reduce_op(op, average), prescale_factor, postscale_factor,
-                       where)
+    reduce = _reduce_op(op, average)
+    how = variant(reduce.name, prescale_factor, postscale_factor)
+    results = _reduced(_named("allreduce", name) + how, arrays, reduce, prescale_factor, postscale_factor, where)
     return [_like(r, t) for r, t in zip(results, tensors)]
 
 
@@ -183,8 +184,8 @@ def _table(base: str, values: list[int], a: np.ndarray, where: Scope, what: str 
     row = ops.table_row(values, f"{a.shape[1:]}{a.dtype}")
     (table,) = sums([f"{base}.table"], [ops.table_share(row, where.rank, where.size)], where)
     if ops.differing(table, row):
-        raise MismatchError(f"{what or base}: the workers' tensors differ past the first dimension or in dtype "
-                            f"(rank {where.rank} has shape {a.shape} and dtype {a.dtype})")
+        raise job.disagreed(MismatchError(f"{what or base}: the workers' tensors differ past the first dimension or "
+                                          f"in dtype (rank {where.rank} has shape {a.shape} and dtype {a.dtype})"))
     return table
 
 

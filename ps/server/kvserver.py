@@ -57,6 +57,7 @@ class KVServer:
         self.po.on(Command.DATA, self._on_data)
         self.po.on(Command.SERVER_CMD, self._on_command)
         self.po.on(Command.WORKER_CLOSED, self._on_worker_closed)
+        self.po.on(Command.DROP_ROUNDS, self._on_drop_rounds)
         self.po.on(Command.TERMINATE, self._on_terminate)
         self.po.add_failure_listener(self._on_failure)
         self.replication = Replication(self.po, lambda: self.name, self.store, self.sender)
@@ -339,6 +340,16 @@ class KVServer:
     # -- lifecycle messages ---------------------------------------------------------------
     def _on_worker_closed(self, msg: Message) -> None:
         self.outbox.send(self.store.worker_closed(msg.body["id"]))
+
+    def _on_drop_rounds(self, msg: Message) -> None:
+        """The scheduler found the workers deadlocked (ps/waits.py): drop the rounds they left
+        open, then say which keys had one, before any worker hears the verdict and pushes again."""
+        closed = self.store.drop_open()
+        if closed:
+            logger.warning("%s: dropped the open rounds of %d keys (the workers' waits were deadlocked)",
+                           self.name, len(closed))
+        self.po.send(Message(Command.DROP_ROUNDS, recver=SCHEDULER, request=False, route=msg.route,
+                             body={"verdict": msg.body.get("verdict"), "closed": [[k, n] for k, n in closed.items()]}))
 
     def _on_terminate(self, msg: Message) -> None:
         self.po.send(Message(Command.TERMINATE, recver=SCHEDULER, request=False, route=msg.route))

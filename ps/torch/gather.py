@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..collective import Average, Sum, objects, ops
+from ..collective import Average, Sum, objects, ops, variant
 from ..errors import CollectiveError, MismatchError
 from . import runtime
 from .compression import Compression
@@ -76,9 +76,10 @@ def _checked(table: np.ndarray, row: list[float], what: str, tensor: torch.Tenso
     """``table``, once every member's fingerprint (its last column) matches ours."""
     differ = [where.ranks[r] for r in ops.differing(table, row)]
     if differ:
-        raise MismatchError(f"{what}: rank {runtime.rank()} has a tensor of shape {tuple(tensor.shape)} and dtype "
-                            f"{tensor.dtype}, but rank {differ[0]} has another shape past the first dimension or "
-                            "another dtype (only the first dimension may differ between workers)")
+        raise runtime.job.disagreed(MismatchError(
+            f"{what}: rank {runtime.rank()} has a tensor of shape {tuple(tensor.shape)} and dtype {tensor.dtype}, but "
+            f"rank {differ[0]} has another shape past the first dimension or another dtype (only the first dimension "
+            "may differ between workers)"))
     return table
 
 
@@ -260,7 +261,9 @@ def reduce_gathered(tensor: torch.Tensor, op: Any, name: str | None, prescale: f
     """Min, Max or Product over the workers: gather every rank's tensor, reduce here. Scaled in
     the tensor's dtype before and after, as the sums are (Horovod's rule, ps/collective/ops.py)."""
     sent = scaled(tensor.detach(), prescale)
-    handle = _gather(sent.reshape(1, *sent.shape), name, where, f"allreduce.{op.name.lower()}")
+    scaling = variant("Average", prescale, postscale)
+    handle = _gather(sent.reshape(1, *sent.shape), f"{name or 'noname'}{scaling}" if scaling else name, where,
+                     f"allreduce.{op.name.lower()}")
 
     def finish(every: torch.Tensor) -> torch.Tensor:
         wide = every.float() if every.dtype == torch.bfloat16 else every      # numpy has no bfloat16

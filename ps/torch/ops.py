@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..collective import (GATHERED, Adasum, Average, Max, Min, Product, ReduceOp, Sum, objects, tensor_key,
-                          verified)
+                          variant, verified)
 from ..collective.process_sets import check_root, check_root_votes, root_vote
 from ..errors import MismatchError
 from . import runtime
@@ -42,7 +42,8 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
         return hold("allreduce", name, reduce_gathered(tensor, reduce, name, prescale_factor, postscale_factor,
                                                        _target, where))
     return hold("allreduce", name, sum_async(tensor, name, reduce, prescale_factor, postscale_factor, compression,
-                                             _target, where=where, joinable=True))
+                                             _target, where=where, joinable=True,
+                                             variant=variant(reduce.name, prescale_factor, postscale_factor)))
 
 
 class _Allreduce(torch.autograd.Function):
@@ -229,7 +230,7 @@ def broadcast_parameters(params: Any, root_rank: int = 0, process_set: Any = Non
         result = np.empty_like(flat)
         pending.append((t, result, kv.pushpull(key, send, out=result, block=False)))
     checks = _same_root(root_rank, "parameters", "broadcast_parameters", where)
-    verified((verify, *checks), [handle for _, _, handle in pending])
+    verified((verify, *checks), [handle for _, _, handle in pending], runtime.job)
     for t, result, handle in pending:
         handle.wait()
     for t, result, _ in pending:
@@ -271,8 +272,9 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
         _make_state(optimizer)
         layout = _layout(optimizer)
     if theirs != layout:
-        raise MismatchError(f"rank {runtime.rank()}'s optimizer state differs in layout from rank {root_rank}'s "
-                            "(different optimizers, or parameters that only some workers have trained?)")
+        raise runtime.job.disagreed(MismatchError(
+            f"rank {runtime.rank()}'s optimizer state differs in layout from rank {root_rank}'s (different "
+            "optimizers, or parameters that only some workers have trained?)"))
     params = [p for group in optimizer.param_groups for p in group["params"]]
     states = [(i, optimizer.state[p]) for i, p in enumerate(params) if p in optimizer.state]
     broadcast_parameters([(f"optstate.{i}.{k}", v) for i, st in states for k, v in sorted(st.items())

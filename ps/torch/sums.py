@@ -171,7 +171,7 @@ class Handle:
 
     def wait(self) -> torch.Tensor:
         if self._value is None:
-            collective.verified(self._checks, [self])
+            collective.verified(self._checks, [self], runtime.job)
             if self._pending is not None:
                 self._pending.wait()
             # scaled in the wire's dtype (a bfloat16 sum arrives as float32), then cast
@@ -186,10 +186,11 @@ class Handle:
 def sum_async(tensor: torch.Tensor, name: str | None, reduce: ReduceOp, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, compression: Any = Compression.none,
               target: torch.Tensor | None = None, checks: tuple[Callable[[], None], ...] = (),
-              where: Scope | None = None, joinable: bool = False) -> Handle:
+              where: Scope | None = None, joinable: bool = False, variant: str = "") -> Handle:
     """Start summing (``Average``: averaging) ``tensor`` over every worker (of ``where``, a
     process set's Scope): one pushpull. As Horovod's: prescale, compress, sum, average and
-    postscale, decompress. ``joinable`` (allreduce): workers in ``hvd.join()`` add zeros."""
+    postscale, decompress. ``joinable`` (allreduce): workers in ``hvd.join()`` add zeros.
+    ``variant``: how the result is made, in the key (``names.variant``)."""
     sent, ctx = compression.compress(scaled(tensor.detach(), prescale_factor))
     flat = as_array(sent, f"allreduce of {name!r}" if name else "allreduce")
     out = torch.empty_like(sent)
@@ -199,7 +200,7 @@ def sum_async(tensor: torch.Tensor, name: str | None, reduce: ReduceOp, prescale
     # unnamed: one key per shape and dtype, reused call after call (a new key per call would
     # cost a check each time and grow the servers), in the callers' common order
     where = where or scope()
-    key = where.key(tensor_key(f"allreduce.{name}" if name is not None else "allreduce.noname", tuple(sent.shape),
+    key = where.key(tensor_key(f"allreduce.{name if name is not None else 'noname'}{variant}", tuple(sent.shape),
                                flat.dtype))
     verify = ensure_keys([(key, tuple(sent.shape), flat.dtype)], where, joinable)
     result = np.empty_like(flat)

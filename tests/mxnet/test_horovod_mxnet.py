@@ -77,6 +77,15 @@ def test_bad_input_is_named_alone():
     assert "E2" not in res.stdout
 
 
+def two_workers(procs, code, servers=2):
+    """``python -c code`` as two workers under the launcher; their stdout and stderr (exit 0)."""
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", str(servers), "--launcher", "local", PYTHON,
+                            "-c", code], cluster_env(0))
+    code, out, err = procs.finish(launcher, timeout=100)
+    assert code == 0, out + err
+    return out, err
+
+
 @pytest.mark.timeout(120)
 def test_workers_that_disagree_on_a_tensor_get_its_name_not_a_hang(procs):
     """Rank 1 allreduces 'a' with another shape: without the check, each rank's key would wait
@@ -86,15 +95,31 @@ def test_workers_that_disagree_on_a_tensor_get_its_name_not_a_hang(procs):
             "print('SUM', hvd.allreduce(mx.nd.ones((2,)), average=False, name='ok').asnumpy().tolist())\n"
             "try:\n    hvd.allreduce(mx.nd.ones((3 + hvd.rank(),)), name='a')\n"
             "except ValueError as e:\n    print('ERR', hvd.rank(), e)\n")
-    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "1", "--launcher", "local", PYTHON, "-c",
-                            code], cluster_env(0))
-    code, out, err = procs.finish(launcher, timeout=90)
-    assert code == 0, out + err
+    out, err = two_workers(procs, code, servers=1)
     assert out.count("SUM [2.0, 2.0]") == 2, out + err
     for rank in (0, 1):
         assert f"ERR {rank} tensor 'allreduce.a' (hvd) differs across workers" in out, out + err
     # the pushpulls of 'a' can never complete: dropped, so the exit does not wait them out
     assert "closing with requests still outstanding" not in err, err
+
+
+@pytest.mark.timeout(120)
+def test_ranks_that_reuse_a_key_against_a_new_one_raise_everywhere_and_go_on(procs):
+    """Issue #52's reproducer in MXNet's terms: rank 0's (17,17,17) key was seen before, rank 1's
+    (18,18,18) is new; no check runs for rank 0, and each waits for a round the other never
+    pushes. The deadlock check (PS_DEADLOCK_CHECK) ends both waits, then both go on."""
+    code = ("import time, ps.mxnet as hvd, mxnet as mx\n"
+            "hvd.init(); r = hvd.rank()\n"
+            "hvd.allreduce(mx.nd.ones((17, 17, 17)))\n"
+            "t = time.monotonic()\n"
+            "try:\n    hvd.allreduce(mx.nd.ones((17, 17, 17) if r == 0 else (18, 18, 18)))\n"
+            "except ValueError as e:\n    print('ERR', r, type(e).__name__, round(time.monotonic() - t, 1), flush=True)\n"
+            "print('SUM', r, hvd.allreduce(mx.nd.ones((18, 18, 18)) * r, average=False).asnumpy().max(), flush=True)\n")
+    out, err = two_workers(procs, code)
+    for rank in (0, 1):
+        (line,) = [ln[ln.index("ERR"):] for ln in out.splitlines() if f"ERR {rank} " in ln]
+        assert line.split()[2] == "MismatchError" and float(line.split()[3]) < 5.0, out + err
+        assert f"SUM {rank} 1.0" in out, out + err
 
 
 @pytest.mark.timeout(200)
@@ -112,7 +137,8 @@ def test_horovods_mxnet_collectives_on_three_workers(procs, tmp_path):
     events = json.loads(timeline.read_text())       # stop_timeline() closed it: plain JSON
     rows = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name" and e["pid"]}
     spans = sorted((rows[e["pid"]], e["name"]) for e in events if e.get("ph") == "X")
-    assert spans == [("allreduce.v", "ALLREDUCE")] * 3 + [("allreduce.v", "NEGOTIATE_ALLREDUCE")], spans
+    # the average and the sum of 'v' are two keys (an op is part of a reduction's key): two first uses
+    assert spans == [("allreduce.v", "ALLREDUCE")] * 3 + [("allreduce.v", "NEGOTIATE_ALLREDUCE")] * 2, spans
     got = sorted(results(out), key=lambda g: g["rank"])
     assert [g["rank"] for g in got] == [0, 1, 2], out + err
     assert "closing with requests still outstanding" not in err, err

@@ -49,3 +49,20 @@ def test_a_pull_waiting_on_the_round_counts_as_waiting():
     clock.now += 1
     (stall,) = s.stalls(1.0, [W0, W1])
     assert stall.missing == (W1,) and stall.waiting == (W0,)
+
+
+def test_a_deadlock_verdict_drops_the_open_rounds_and_says_how_many_closed():
+    s = Store(2, sync=True)
+    for key in (3, 5):
+        s.handle(W0, Entry(1, Op.INIT, key, 0, 4, 4, F32), np.zeros(4, np.float32))
+    assert push(s, W0, 2) == [] and push(s, W1, 2)           # key 3: round 1 closes
+    assert push(s, W0, 3) == []                              # round 2: only W0 (W1 went to key 5)
+    assert push(s, W1, 3, key=5) == []
+    assert s.drop_open() == {3: 1, 5: 0}
+    assert s.stalls(0.0, [W0, W1]) == [] and s.drop_open() == {}
+    # the next pushes make a fresh round 2 of key 3, with nothing of the dropped one in it
+    assert push(s, W0, 4) == []
+    replies = push(s, W1, 4, op=Op.PUSH | Op.PULL)
+    assert sorted(r.dest for r in replies) == [W0, W1]       # the round closed with these two pushes
+    (summed,) = [r.data for r in replies if r.data is not None]
+    np.testing.assert_array_equal(summed, np.full(4, 2.0, np.float32))

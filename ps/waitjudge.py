@@ -36,6 +36,7 @@ class _Verdict(NamedTuple):
     servers: set[int]           # that have not answered yet
     closed: dict[int, int]      # key -> its rounds closed, as the servers answered
     since: float
+    nodes: list[int] | None     # who hears it (None: every live worker)
 
 
 class WaitJudge:
@@ -49,7 +50,9 @@ class WaitJudge:
         self._workers, self._servers, self._send, self._forget_barrier = workers, servers, send, forget_barrier
         self._held: dict[int, _Held] = {}
         self._verdict: _Verdict | None = None
-        self._resets: set[int] = set()      # workers that raised a check's MismatchError and wait for the rest
+        # workers that raised a check's MismatchError and wait for the rest: node -> (rank, the
+        # ranks of its process set, None for every worker)
+        self._resets: dict[int, tuple[int, frozenset[int] | None]] = {}
         self._numbers = itertools.count(1)
         self.verdicts = 0                   # carried out (for tests and the logs)
 
@@ -57,8 +60,9 @@ class WaitJudge:
         if not isinstance(body, dict) or self._verdict is not None:
             return
         if "reset" in body:
-            self._resets.add(node_id)
-            self._judge()
+            members = body.get("members")
+            self._resets[node_id] = (int(body.get("rank", -1)), None if members is None else frozenset(members))
+            self._realign(self._resets[node_id][1])
             return
         if body.get("over"):
             held = self._held.get(node_id)
@@ -78,9 +82,6 @@ class WaitJudge:
     def _judge(self) -> None:
         live = self._workers()
         now = self.clock()
-        if live and self._resets.issuperset(live):
-            self._start(None, now)          # every worker raised a check's MismatchError: realign them
-            return
         reports = {}
         for node_id in live:
             held = self._held.get(node_id)
@@ -95,13 +96,26 @@ class WaitJudge:
         logger.warning("scheduler: %s", text)
         self._start(text, now)
 
-    def _start(self, text: str | None, now: float) -> None:
-        """Have the servers drop their open rounds; the workers hear ``text`` (None: a
-        realignment they asked for) once they did."""
+    def _realign(self, members: frozenset[int] | None) -> None:
+        """Every worker (of a process set: ``members``, ranks) raised a check's MismatchError
+        and waits: drop the open rounds (of the set's keys), then let them go."""
+        live = self._workers()
+        ranks = {node: rank for node, (rank, group) in self._resets.items() if group == members}
+        needed = set(ranks.values()) >= members if members is not None else set(ranks) >= set(live)
+        if live and needed:
+            nodes = [node for node in ranks if members is None or ranks[node] in members]
+            self._start(None, self.clock(), members, nodes)
+
+    def _start(self, text: str | None, now: float, members: frozenset[int] | None = None,
+               nodes: list[int] | None = None) -> None:
+        """Have the servers drop their open rounds (of the keys only ``members`` push, if
+        given); ``nodes`` (default: every live worker) hear ``text`` (None: a realignment they
+        asked for) once they did."""
         servers = set(self._servers())
-        self._verdict = _Verdict(next(self._numbers), text, servers, {}, now)
+        self._verdict = _Verdict(next(self._numbers), text, servers, {}, now, nodes)
+        body = {"verdict": self._verdict.number, "members": None if members is None else sorted(members)}
         for server in servers:
-            self._send(server, Command.DROP_ROUNDS, {"verdict": self._verdict.number}, request=True)
+            self._send(server, Command.DROP_ROUNDS, body, request=True)
         if not servers:
             self._carry_out()
 
@@ -126,10 +140,15 @@ class WaitJudge:
 
     def _carry_out(self) -> None:
         verdict, self._verdict = self._verdict, None
-        self._held.clear()
-        self._resets.clear()
-        self._forget_barrier("workers")
         body = {"verdict": verdict.text, "closed": [[k, n] for k, n in verdict.closed.items()]}
-        for node_id in self._workers():
+        told = self._workers() if verdict.nodes is None else verdict.nodes
+        for node_id in told:
+            self._resets.pop(node_id, None)
+            self._held.pop(node_id, None)
+        if verdict.nodes is None:
+            self._held.clear()
+            self._resets.clear()
+            self._forget_barrier("workers")
+        for node_id in told:
             self._send(node_id, Command.BLOCKED, body)
         self.verdicts += verdict.text is not None

@@ -62,10 +62,11 @@ class WaitReporter:
         if waited >= self.after:
             self._add(BARRIER, Awaited(BARRIER, entered, "a barrier of every worker (hvd.barrier)"))
 
-    def realign(self, error: MismatchError) -> MismatchError:
-        """A check found the workers disagreeing (every worker raises ``error``'s kind at the
-        same call): wait until every worker got here, while the servers drop the rounds the
-        disagreement left open, so that none of them mixes into a later call. Returns
+    def realign(self, error: MismatchError, members: tuple[int, ...] | None = None) -> MismatchError:
+        """A check found the workers disagreeing (every worker, or every one of ``members``,
+        the ranks of a process set, raises ``error``'s kind at the same call): wait until each
+        got here, while the servers drop the rounds the disagreement left open (of the set's
+        keys alone), so that none of them mixes into a later call. Returns
         ``error`` to raise. A worker that does not come here is no reason to wait for good:
         this wait is reported like any other (a verdict ends it), and it gives up after
         ``REALIGN_WAIT`` seconds, saying so."""
@@ -77,7 +78,7 @@ class WaitReporter:
             number = self._resets
             done = self._realigned = threading.Event()
             self._reset_error = error
-        self._send({"rank": self.po.rank, "reset": number})
+        self._send({"rank": self.po.rank, "reset": number, "members": None if members is None else list(members)})
         since = time.monotonic()
         try:
             while not done.wait(POLL):
@@ -89,7 +90,8 @@ class WaitReporter:
                                    "rounds the disagreement left open may still be open", self.po.rank, REALIGN_WAIT)
                     break
                 if waited >= self.after:
-                    self._add(RESET, Awaited(RESET, number, "the others to raise the same MismatchError"))
+                    self._add(RESET, Awaited(RESET, number, "the others to raise the same MismatchError",
+                                             tuple(members or ())))
         finally:
             self.ended(RESET)
         return error

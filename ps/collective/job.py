@@ -32,10 +32,10 @@ CHECKED = 61                # keys checked one by one in a first-use check (the 
 MEETING = "meeting"         # the key a group's members meet on (first uses of names, barriers)
 
 
-def verified(checks: Any, pending: Any, job: "Job | None" = None) -> None:
+def verified(checks: Any, pending: Any, job: "Job | None" = None, group: int = 0) -> None:
     """Run ``checks``; if one fails, abandon the calls in ``pending`` (``Handle.abandon``: a
     round the workers disagree on never closes, and nothing should wait for it) and raise,
-    a MismatchError once every worker of ``job`` raised it (``Job.disagreed``)."""
+    a MismatchError once every worker of ``job`` (of its ``group``) raised it (``Job.disagreed``)."""
     try:
         for check in checks:
             check()
@@ -43,7 +43,7 @@ def verified(checks: Any, pending: Any, job: "Job | None" = None) -> None:
         for handle in pending:
             handle.abandon(exc)
         if isinstance(exc, MismatchError) and job is not None:
-            raise job.disagreed(exc) from None
+            raise job.disagreed(exc, group) from None
         raise
 
 
@@ -124,13 +124,15 @@ class Job:
             return f"a meeting of process set {key.partition('/')[0][len('set'):]} (a barrier, or new tensors)"
         return described(key, self.names)
 
-    def disagreed(self, error: MismatchError) -> MismatchError:
-        """``error``, which a check raises on every worker alike, to raise once every worker
-        has: meanwhile the servers drop the rounds the disagreement left open (ps/waitreport.py),
-        which would otherwise mix into later calls of their keys. As it is without
-        PS_DEADLOCK_CHECK."""
+    def disagreed(self, error: MismatchError, group: int = 0) -> MismatchError:
+        """``error``, which a check raises on every worker (of ``group``) alike, to raise once
+        each has: meanwhile the servers drop the rounds the disagreement left open (those of the
+        group's keys; ps/waitreport.py), which would otherwise mix into later calls of their
+        keys. As it is without PS_DEADLOCK_CHECK."""
         waits = self._waits
-        return error if waits is None else waits.realign(error)
+        if waits is None:
+            return error
+        return waits.realign(error, self._groups[group] if group in self._groups else None)
 
     def _after_deadlock(self, _error: Exception) -> None:
         """A deadlock verdict (every worker hears it, I/O thread): every name seen so far is
@@ -273,7 +275,7 @@ class Job:
         one pushpull of two numbers on the group's own key. Raises MismatchError (``what``)
         on every member alike if they do not."""
         if self._store is not None:
-            self._all_say(group_key(gid, MEETING), text, len(self._groups[gid]), what)
+            self._all_say(group_key(gid, MEETING), text, len(self._groups[gid]), what, gid)
 
     def _agree(self, text: str, what: str) -> None:
         """Every worker says ``text``, or MismatchError(``what``) on every worker. A collective."""
@@ -281,13 +283,13 @@ class Job:
         self._store.declare(probe, (2,), np.float64)
         self._all_say(probe, text, self._store.num_workers, what)
 
-    def _all_say(self, key: str, text: str, count: int, what: str) -> None:
+    def _all_say(self, key: str, text: str, count: int, what: str, group: int = 0) -> None:
         """One pushpull of (1, fingerprint of ``text``) on ``key``: the sum is ``count`` x ours
         iff ``count`` workers came and all said ``text``; else MismatchError(``what``), on
         every one of them alike."""
         mine = np.array([1.0, fingerprint(text)], np.float64)
         if not np.array_equal(self._store.pushpull(key, mine), mine * count):
-            raise self.disagreed(MismatchError(what))
+            raise self.disagreed(MismatchError(what), group)
 
     def ensure_keys(self, items: list[KeySpec], group: int = 0, joinable: bool = False) -> Callable[[], None]:
         """Make the keys not seen yet, and check that every worker asks for the same names,

@@ -51,7 +51,7 @@ def sums(names: list[str], arrays: list[np.ndarray], where: Scope | None = None)
     verify = job.ensure_keys([(k, a.shape, a.dtype) for k, a in zip(keys, arrays)], where.group)
     outs = [np.empty(a.shape, a.dtype) for a in arrays]
     handles = [kv.pushpull(k, a.reshape(-1), out=o.reshape(-1), block=False) for k, a, o in zip(keys, arrays, outs)]
-    verified([verify], handles, job)
+    verified([verify], handles, job, where.group)
     for h in handles:
         h.wait()
     return outs
@@ -185,7 +185,7 @@ def _table(base: str, values: list[int], a: np.ndarray, where: Scope, what: str 
     (table,) = sums([f"{base}.table"], [ops.table_share(row, where.rank, where.size)], where)
     if ops.differing(table, row):
         raise job.disagreed(MismatchError(f"{what or base}: the workers' tensors differ past the first dimension or "
-                                          f"in dtype (rank {where.rank} has shape {a.shape} and dtype {a.dtype})"))
+                                          f"in dtype (rank {where.rank} has shape {a.shape} and dtype {a.dtype})"), where.group)
     return table
 
 

@@ -344,7 +344,8 @@ class KVServer:
     def _on_drop_rounds(self, msg: Message) -> None:
         """The scheduler found the workers deadlocked (ps/waits.py): drop the rounds they left
         open, then say which keys had one, before any worker hears the verdict and pushes again."""
-        closed = self.store.drop_open()
+        ranks = msg.body.get("members")
+        closed = self.store.drop_open(None if ranks is None else frozenset(worker_id(int(r)) for r in ranks))
         if closed:
             logger.warning("%s: dropped the open rounds of %d keys (the workers' waits were deadlocked)",
                            self.name, len(closed))

@@ -382,13 +382,16 @@ class Store:
         ks.rounds = keep
         return replies
 
-    def drop_open(self) -> dict[int, int]:
+    def drop_open(self, workers: frozenset[int] | None = None) -> dict[int, int]:
         """Forget every open sync round, unanswered (a deadlock verdict: the workers' waits
-        can never end, and each fails its own requests). Returns, per key that had one, its
+        can never end, and each fails its own requests); ``workers``: only the rounds of the
+        keys just these workers push (a process set's). Returns, per key that had one, its
         rounds closed so far, from which its workers number their next pushes. A round a
         chunk of which went into the value already (every worker had pushed it) is kept."""
         closed = {}
         for ks in self.keys.values():
+            if workers is not None and self.quorum.members.get(ks.key) != workers:
+                continue
             keep = [rnd for rnd in ks.rounds if rnd.started]
             if len(keep) < len(ks.rounds):
                 ks.rounds = keep

@@ -79,7 +79,7 @@ def _checked(table: np.ndarray, row: list[float], what: str, tensor: torch.Tenso
         raise runtime.job.disagreed(MismatchError(
             f"{what}: rank {runtime.rank()} has a tensor of shape {tuple(tensor.shape)} and dtype {tensor.dtype}, but "
             f"rank {differ[0]} has another shape past the first dimension or another dtype (only the first dimension "
-            "may differ between workers)"))
+            "may differ between workers)"), where.group)
     return table
 
 

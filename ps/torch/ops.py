@@ -230,7 +230,7 @@ def broadcast_parameters(params: Any, root_rank: int = 0, process_set: Any = Non
         result = np.empty_like(flat)
         pending.append((t, result, kv.pushpull(key, send, out=result, block=False)))
     checks = _same_root(root_rank, "parameters", "broadcast_parameters", where)
-    verified((verify, *checks), [handle for _, _, handle in pending], runtime.job)
+    verified((verify, *checks), [handle for _, _, handle in pending], runtime.job, where.group)
     for t, result, handle in pending:
         handle.wait()
     for t, result, _ in pending:

@@ -137,8 +137,9 @@ class Handle:
 
     def __init__(self, pending: Any, result: np.ndarray, out: torch.Tensor, scale: float,
                  compression: Any = Compression.none, ctx: Any = None, target: torch.Tensor | None = None,
-                 checks: tuple[Callable[[], None], ...] = ()):
+                 checks: tuple[Callable[[], None], ...] = (), group: int = 0):
         self._pending, self._result, self._out, self._scale = pending, result, out, scale
+        self._group = group                 # the process set whose workers' checks these are
         self._compression, self._ctx, self._target, self._checks = compression, ctx, target, checks
         self._value: torch.Tensor | None = None
 
@@ -171,7 +172,7 @@ class Handle:
 
     def wait(self) -> torch.Tensor:
         if self._value is None:
-            collective.verified(self._checks, [self], runtime.job)
+            collective.verified(self._checks, [self], runtime.job, self._group)
             if self._pending is not None:
                 self._pending.wait()
             # scaled in the wire's dtype (a bfloat16 sum arrives as float32), then cast
@@ -206,7 +207,7 @@ def sum_async(tensor: torch.Tensor, name: str | None, reduce: ReduceOp, prescale
     result = np.empty_like(flat)
     pending = kv.pushpull(key, flat, out=result, block=False)
     scale = postscale_factor / where.size if reduce is Average else postscale_factor
-    return Handle(pending, result, out, scale, compression, ctx, target, (verify, *checks))
+    return Handle(pending, result, out, scale, compression, ctx, target, (verify, *checks), where.group)
 
 
 def differentiable(tensor: Any) -> bool:

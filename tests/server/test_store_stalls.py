@@ -66,3 +66,14 @@ def test_a_deadlock_verdict_drops_the_open_rounds_and_says_how_many_closed():
     assert sorted(r.dest for r in replies) == [W0, W1]       # the round closed with these two pushes
     (summed,) = [r.data for r in replies if r.data is not None]
     np.testing.assert_array_equal(summed, np.full(4, 2.0, np.float32))
+
+
+def test_a_process_sets_realignment_drops_only_the_rounds_of_its_keys():
+    s = Store(3, sync=True)
+    for key in (3, 5):
+        s.handle(W0, Entry(1, Op.INIT, key, 0, 4, 4, F32), np.zeros(4, np.float32))
+    s.set_members([5], [W0, W1])
+    push(s, W0, 2)                  # key 3 (every worker): open, W2 is computing
+    push(s, W0, 3, key=5)           # key 5 (the set): open, W1 went elsewhere
+    assert s.drop_open(frozenset([W0, W1])) == {5: 0}
+    assert [st.key for st in s.stalls(0.0, [W0, W1, W2])] == [3]

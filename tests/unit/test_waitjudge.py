@@ -83,3 +83,18 @@ def test_workers_that_all_raised_a_checks_mismatch_are_realigned_without_a_verdi
         c.judge.dropped(server, {"verdict": number, "closed": []})
     assert [(n, body["verdict"]) for n, _, body in c.sent] == [(9, None), (11, None)]
     assert c.judge.verdicts == 0
+
+
+def test_a_process_sets_members_are_realigned_alone_and_only_its_keys_rounds_dropped():
+    c = Cluster()
+    c.workers = [9, 11, 13]                                  # rank 2 (node 13) is in no set
+    c.judge.report(9, {"rank": 0, "reset": 1, "members": [0, 1]})
+    assert c.sent == []
+    c.judge.report(11, {"rank": 1, "reset": 1, "members": [0, 1]})
+    (drop, _) = [body for _, cmd, body in c.sent if cmd == Command.DROP_ROUNDS]
+    assert drop["members"] == [0, 1]
+    c.sent.clear()
+    for server in SERVERS:
+        c.judge.dropped(server, {"verdict": drop["verdict"], "closed": []})
+    assert [n for n, cmd, _ in c.sent if cmd == Command.BLOCKED] == [9, 11]
+    assert c.forgotten == []                                 # rank 2 may be at a barrier: left alone

@@ -18,8 +18,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ..config import value_of
-from ..errors import CollectiveError, MismatchError, PSError
-from ..kvstore import KVStore
+from ..errors import CollectiveError, MismatchError, PSError, PSTimeoutError
+from ..kvstore import CLOSE_WAIT, KVStore
 from . import selfstart
 from .names import base_name, group_key, label, timeline_bar
 from .ops import fingerprint
@@ -72,6 +72,7 @@ class Job:
         self.api = api                     # "ps.torch": named in the error for a missing init()
         self.names = names                 # what the adapter's tensor keys start with ("hvd.")
         self._store: KVStore | None = None
+        self._kept: KVStore | None = None   # the store of a session shut down, for the next init()
         self._alone = False
         self._keys: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
         self._probes = itertools.count()
@@ -82,8 +83,16 @@ class Job:
         self._timeline: Timeline | None = None
 
     def init(self, kvstore: str = "dist_sync") -> None:
-        """Join the job (idempotent)."""
+        """Join the job (idempotent). After ``shutdown()`` this process joins again through the
+        store that session kept: the same cluster, the same rank."""
         if self._store is not None or self._alone:
+            return
+        if self._kept is not None:
+            if self._kept.type != kvstore:
+                raise ValueError(f"{self.api}.init(kvstore={kvstore!r}) after shutdown(): this process's job runs "
+                                 f"{self._kept.type!r} (the servers keep the mode they started with)")
+            self._store, self._kept = self._kept, None
+            self._timeline_from_env()
             return
         selfstart.start()           # under mpirun/srun without ps.launch: make the rendezvous here
         if "DMLC_PS_ROOT_URI" not in os.environ:
@@ -346,15 +355,41 @@ class Job:
         return joined.last
 
     def shutdown(self) -> None:
-        if self._store is not None:
-            self._store.close()             # waits for the calls in flight: their bars end first
-        self.stop_timeline()
-        self._store, self._alone = None, False
-        self._keys.clear()
-        self._checks.clear()
-        self._excused.clear()
+        """End this session: its calls in flight are answered, the timeline is closed, the
+        groups are gone. The store stays connected until the process exits, for the next
+        ``init()``: the scheduler and servers end once every worker has left, so a store
+        closed here could not join again, and Horovod lets a process init after shutdown.
+        Only a store whose calls are not answered in time is closed (a round some worker
+        never joins would otherwise answer a later call of the next session)."""
+        kept = self._kept if self._store is None else _settled(self._store)
+        self.stop_timeline()                # the store still attached: it stops recording
+        self._store, self._kept, self._alone = None, kept, False
         self._groups.clear()
-        self._group_ids = itertools.count(1)
+        if self._kept is None:              # a new store starts from nothing
+            self._keys.clear()
+            self._checks.clear()
+            self._excused.clear()
+            self._group_ids = itertools.count(1)
+
+    def kept(self) -> bool:
+        """A session was shut down and its store waits for the next ``init()``."""
+        return self._kept is not None
+
+
+def _settled(kv: KVStore) -> KVStore | None:
+    """``kv`` once every call in flight is answered; None (``kv`` closed) if they are not in
+    PS_REQUEST_TIMEOUT (CLOSE_WAIT without one). A call that failed was reported to its
+    caller; a store that failed says so again at the first call of the next session."""
+    try:
+        kv.wait_all(kv.config.request_timeout or CLOSE_WAIT)
+    except PSTimeoutError as exc:
+        logger.warning("shutdown: calls still in flight after %gs (%s): the store is closed, and a later init() "
+                       "joins anew", kv.config.request_timeout or CLOSE_WAIT, exc)
+        kv.close()
+        return None
+    except PSError:
+        pass
+    return kv
 
 
 def _nothing() -> None:

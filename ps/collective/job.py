@@ -358,14 +358,14 @@ class Job:
         """End this session: its calls in flight are answered, the timeline is closed, the
         groups are gone. The store stays connected until the process exits, for the next
         ``init()``: the scheduler and servers end once every worker has left, so a store
-        closed here could not join again, and Horovod lets a process init after shutdown.
-        Only a store whose calls are not answered in time is closed (a round some worker
-        never joins would otherwise answer a later call of the next session)."""
-        kept = self._kept if self._store is None else _settled(self._store)
+        closed here could not join again, and Horovod lets a process init after shutdown."""
+        if self._store is not None:
+            _settle(self._store)
+        kept = self._store or self._kept
         self.stop_timeline()                # the store still attached: it stops recording
         self._store, self._kept, self._alone = None, kept, False
         self._groups.clear()
-        if self._kept is None:              # a new store starts from nothing
+        if kept is None:                    # alone: nothing to keep
             self._keys.clear()
             self._checks.clear()
             self._excused.clear()
@@ -376,20 +376,19 @@ class Job:
         return self._kept is not None
 
 
-def _settled(kv: KVStore) -> KVStore | None:
-    """``kv`` once every call in flight is answered; None (``kv`` closed) if they are not in
-    PS_REQUEST_TIMEOUT (CLOSE_WAIT without one). A call that failed was reported to its
-    caller; a store that failed says so again at the first call of the next session."""
+def _settle(kv: KVStore) -> None:
+    """Wait until every call in flight is answered, PS_REQUEST_TIMEOUT at most (CLOSE_WAIT
+    without one). A call still open then (a round some worker never joined) is named and left
+    to finish when it can: closing the store instead would leave the next ``init()`` no job to
+    join. A call that failed was reported to its caller; a store that failed says so again at
+    the first call of the next session."""
     try:
         kv.wait_all(kv.config.request_timeout or CLOSE_WAIT)
     except PSTimeoutError as exc:
-        logger.warning("shutdown: calls still in flight after %gs (%s): the store is closed, and a later init() "
-                       "joins anew", kv.config.request_timeout or CLOSE_WAIT, exc)
-        kv.close()
-        return None
+        logger.warning("shutdown: a call is still in flight after %gs and is left to finish later: %s",
+                       kv.config.request_timeout or CLOSE_WAIT, exc)
     except PSError:
         pass
-    return kv
 
 
 def _nothing() -> None:

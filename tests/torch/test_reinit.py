@@ -50,3 +50,22 @@ def test_init_after_shutdown_joins_again_under_a_bare_mpirun():
                           env=env, capture_output=True, text=True, timeout=150, cwd=str(ROOT))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     check(results(proc.stdout))
+
+
+@pytest.mark.timeout(200)
+def test_a_call_left_in_flight_at_shutdown_is_named_and_the_next_init_still_joins(procs):
+    """Rank 0 starts an allreduce no other rank makes: shutdown() waits PS_REQUEST_TIMEOUT for
+    it, names it, and keeps the store, so the next session's numbers still come out right."""
+    code = ("import os, time, torch, ps.torch as hvd\n"
+            "hvd.init()\n"
+            "if hvd.rank() == 0:\n    hvd.allreduce_async(torch.ones(2), name='orphan')\n"
+            "hvd.shutdown()\n"
+            "hvd.init()\n"
+            "if hvd.rank() == 1:\n    time.sleep(4)\n"       # its next call waits 3s at most: let rank 0 settle
+            "s = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), name='x', op=hvd.Sum).item()\n"
+            "os.write(1, f'RESULT {{\"rank\": {hvd.rank()}, \"sum\": {s}}}\\n'.encode())\n")
+    out = launch(procs, code, script="-c", PS_REQUEST_TIMEOUT="3")
+    assert sorted((g["rank"], g["sum"]) for g in results(out)) == [(0, 3.0), (1, 3.0)], out
+    named = [ln for ln in out.splitlines() if "shutdown: a call is still in flight after 3s and is left to finish "
+             "later: pushpull of key" in ln]
+    assert len(named) == 1 and named[0].startswith("[worker 0]") and "allreduce.orphan" in named[0], out

@@ -361,7 +361,7 @@ class Job:
         closed here could not join again, and Horovod lets a process init after shutdown."""
         if self._store is not None:
             _settle(self._store)
-        kept = self._store or self._kept
+        kept = self._store if self._store is not None else self._kept
         self.stop_timeline()                # the store still attached: it stops recording
         self._store, self._kept, self._alone = None, kept, False
         self._groups.clear()

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ps import netutil
+from ps import horovod
 from ps.config import value_of
 from ps.mxnet_autoload import MXNET_AUTOLOAD
 
@@ -52,8 +53,9 @@ def inherited_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 def job_env(spec: LaunchSpec, root_uri: str, root_port: int | str,
             environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Variables every process of the job gets (dmlc tracker's base env), and the MXNet
-    autoload hook first on PYTHONPATH unless PS_MXNET_AUTOLOAD=0 (docs/mxnet.md)."""
+    """Variables every process of the job gets (dmlc tracker's base env), and first on
+    PYTHONPATH the MXNet autoload hook unless PS_MXNET_AUTOLOAD=0 (docs/mxnet.md) and ps's
+    ``horovod`` package as PS_HOROVOD says (docs/torch.md)."""
     env = {
         "DMLC_NUM_WORKER": str(spec.num_workers),
         "DMLC_NUM_SERVER": str(spec.num_servers),
@@ -65,8 +67,10 @@ def job_env(spec: LaunchSpec, root_uri: str, root_port: int | str,
     if spec.max_restarts:
         env["PS_MAX_RESTARTS"] = str(spec.max_restarts)
     environ = {} if environ is None else environ
-    if value_of("PS_MXNET_AUTOLOAD", environ):
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (MXNET_AUTOLOAD, environ.get("PYTHONPATH")) if p)
+    first = ([MXNET_AUTOLOAD] if value_of("PS_MXNET_AUTOLOAD", environ) else []) + \
+        ([horovod.HOROVOD_PATH] if horovod.wanted(environ) else [])
+    if first:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (*first, environ.get("PYTHONPATH")) if p)
     return env
 
 

@@ -61,6 +61,16 @@ def _bytes(name: str, raw: str) -> int:
     return int(value * scale)
 
 
+def _auto_bool(name: str, raw: str) -> str:
+    """``auto``, or a bool written as ``1``/``0``: what a feature ps decides by itself unless told."""
+    if raw.strip().lower() == "auto":
+        return "auto"
+    try:
+        return "1" if _bool(name, raw) else "0"
+    except ConfigError:
+        raise ConfigError(f"{name} must be auto, 1 or 0, got {raw!r}") from None
+
+
 def _role(name: str, raw: str) -> str:
     if raw not in ROLES:
         raise ConfigError(f"{name} must be one of {', '.join(ROLES)}, got {raw!r}")
@@ -178,6 +188,10 @@ VARIABLES: tuple[Var, ...] = (
         "python -m ps.launch: 1 puts ps's import hook on its processes' PYTHONPATH, so a script's "
         "plain `import mxnet` gets ps's dist_* kvstores (no line changed); 0: off (import ps.mxnet "
         "yourself)"),
+    Var("PS_HOROVOD", "horovod", _auto_bool, "auto",
+        "python -m ps.launch: 1 puts ps's `horovod` package (python -m ps.horovod --path) on its "
+        "processes' PYTHONPATH, so `import horovod.torch as hvd` gets ps.torch (no line changed); auto: "
+        "only when the launcher's Python finds no installed Horovod; 0: never"),
     Var("HOROVOD_TIMELINE", "timeline", _str, None,
         "ps.torch / ps.mxnet (Horovod's API): rank 0 writes a chrome://tracing file of its "
         "collectives here from init() on (hvd.start_timeline does the same at run time)"),
@@ -285,6 +299,7 @@ class Config:
     allow_pickle: bool = True
     mxnet_engine: bool = True
     mxnet_autoload: bool = True
+    horovod: str = "auto"
     mxnet_engine_type: str | None = None
     timeline: str | None = None
     timeline_mark_cycles: bool = False

@@ -18,8 +18,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ..config import value_of
-from ..errors import CollectiveError, MismatchError, PSError
-from ..kvstore import KVStore
+from ..errors import CollectiveError, MismatchError, PSError, PSTimeoutError
+from ..kvstore import CLOSE_WAIT, KVStore
 from . import selfstart
 from .names import base_name, described, group_key, label, timeline_bar
 from .ops import fingerprint
@@ -75,6 +75,7 @@ class Job:
         self.api = api                     # "ps.torch": named in the error for a missing init()
         self.names = names                 # what the adapter's tensor keys start with ("hvd.")
         self._store: KVStore | None = None
+        self._kept: KVStore | None = None   # the store of a session shut down, for the next init()
         self._alone = False
         self._keys: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
         self._probes = itertools.count()
@@ -88,8 +89,16 @@ class Job:
         self._waits: Any = None                         # the store's deadlock reporter (ps/waitreport.py)
 
     def init(self, kvstore: str = "dist_sync") -> None:
-        """Join the job (idempotent)."""
+        """Join the job (idempotent). After ``shutdown()`` this process joins again through the
+        store that session kept: the same cluster, the same rank."""
         if self._store is not None or self._alone:
+            return
+        if self._kept is not None:
+            if self._kept.type != kvstore:
+                raise ValueError(f"{self.api}.init(kvstore={kvstore!r}) after shutdown(): this process's job runs "
+                                 f"{self._kept.type!r} (the servers keep the mode they started with)")
+            self._store, self._kept = self._kept, None
+            self._timeline_from_env()
             return
         selfstart.start()           # under mpirun/srun without ps.launch: make the rendezvous here
         if "DMLC_PS_ROOT_URI" not in os.environ:
@@ -384,17 +393,42 @@ class Job:
         return joined.last
 
     def shutdown(self) -> None:
+        """End this session: its calls in flight are answered, the timeline is closed, the
+        groups are gone. The store stays connected until the process exits, for the next
+        ``init()``: the scheduler and servers end once every worker has left, so a store
+        closed here could not join again, and Horovod lets a process init after shutdown."""
         if self._store is not None:
-            self._store.close()             # waits for the calls in flight: their bars end first
-        self.stop_timeline()
-        self._store, self._alone, self._waits = None, False, None
-        self._keys.clear()
-        self._checks.clear()
-        self._checking.clear()
-        self._suspect.clear()
-        self._excused.clear()
+            _settle(self._store)
+        kept = self._store if self._store is not None else self._kept
+        self.stop_timeline()                # the store still attached: it stops recording
+        self._store, self._kept, self._alone = None, kept, False
         self._groups.clear()
-        self._group_ids = itertools.count(1)
+        if kept is None:                    # alone: nothing to keep
+            self._keys.clear()
+            self._checks.clear()
+            self._checking.clear()
+            self._suspect.clear()
+            self._excused.clear()
+            self._group_ids = itertools.count(1)
+
+    def kept(self) -> bool:
+        """A session was shut down and its store waits for the next ``init()``."""
+        return self._kept is not None
+
+
+def _settle(kv: KVStore) -> None:
+    """Wait until every call in flight is answered, PS_REQUEST_TIMEOUT at most (CLOSE_WAIT
+    without one). A call still open then (a round some worker never joined) is named and left
+    to finish when it can: closing the store instead would leave the next ``init()`` no job to
+    join. A call that failed was reported to its caller; a store that failed says so again at
+    the first call of the next session."""
+    try:
+        kv.wait_all(kv.config.request_timeout or CLOSE_WAIT)
+    except PSTimeoutError as exc:
+        logger.warning("shutdown: a call is still in flight after %gs and is left to finish later: %s",
+                       kv.config.request_timeout or CLOSE_WAIT, exc)
+    except PSError:
+        pass
 
 
 def _difference(items: list[KeySpec], total: np.ndarray, mine: np.ndarray, n: float, rank: int) -> str:

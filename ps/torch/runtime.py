@@ -58,6 +58,8 @@ ddl_built = ccl_built = cuda_built = rocm_built = absent
 
 
 def shutdown() -> None:
+    """Leave the job until the next ``init()`` (the store stays connected for it: Job.shutdown)."""
     global server_optimizer
     job.shutdown()
-    server_optimizer = False
+    if not job.kept():          # a kept store's servers still run the ServerOptimizer
+        server_optimizer = False

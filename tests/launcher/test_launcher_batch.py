@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from ps.horovod import HOROVOD_PATH
 from ps.mxnet_autoload import MXNET_AUTOLOAD
 
 from .launch_util import PY, ROOT, bash, poll_for, worker_cmd
@@ -53,7 +54,7 @@ def test_sge_qsub_argv_env_and_job(launch, tmp_path):
             "-v", ",".join(names), f"{logs}/{role}.sh"]
         got = recs[role]["env"]
         assert {k: got[k] for k in names if k not in ("PATH", "PS_TEST_JOB")} == {
-            "PYTHONPATH": f"{MXNET_AUTOLOAD}:{ROOT}", "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1",
+            "PYTHONPATH": f"{MXNET_AUTOLOAD}:{HOROVOD_PATH}:{ROOT}", "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1",
             "DMLC_PS_ROOT_URI": "127.0.0.1",
             "DMLC_PS_ROOT_PORT": port, "DMLC_JOB_CLUSTER": "sge", "PYTHONUNBUFFERED": "1", "DMLC_ROLE": role,
             **({"W_ONLY": "x y"} if role == "worker" else {})}
@@ -90,7 +91,7 @@ def test_yarn_argv_env_and_job(launch, tmp_path):
     recs = by_role(records(env["FAKE_RECORD"], "yarn"), "-appname", lambda n: n[3:])
     client = "org.apache.hadoop.yarn.applications.distributedshell.Client"
     for role, n in (("server", 1), ("worker", 2)):
-        shell_env = {"PYTHONPATH": f"{MXNET_AUTOLOAD}:{ROOT}", "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1",
+        shell_env = {"PYTHONPATH": f"{MXNET_AUTOLOAD}:{HOROVOD_PATH}:{ROOT}", "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1",
                      "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": port, "DMLC_JOB_CLUSTER": "yarn",
                      "PYTHONUNBUFFERED": "1", "DMLC_ROLE": role, "PS_TEST_JOB": job.marker,
                      **({"S_ONLY": "1"} if role == "server" else {})}

@@ -12,6 +12,7 @@ import time
 import psutil
 import pytest
 
+from ps.horovod import HOROVOD_PATH
 from ps.mxnet_autoload import MXNET_AUTOLOAD
 
 from .launch_util import PY, ROOT, marked_pids, poll_for, worker_cmd
@@ -162,7 +163,8 @@ def test_timeout_and_dry_run(launch):
     assert poll_for(lambda: not marked_pids(job.marker), 5)
     dry = launch(["-n", "1", "--dry-run", PY, "train.py", "--lr", "0.1"], env={"PYTHONUNBUFFERED": "1"})
     assert dry.wait(15) == 0
-    pythonpath = shlex.quote("PYTHONPATH=" + os.pathsep.join(p for p in (MXNET_AUTOLOAD, os.environ.get("PYTHONPATH")) if p))
+    pythonpath = shlex.quote("PYTHONPATH=" + os.pathsep.join(
+        p for p in (MXNET_AUTOLOAD, HOROVOD_PATH, os.environ.get("PYTHONPATH")) if p))
     assert dry.matching("[worker 0] ") == [(
         f"[worker 0] env DMLC_NUM_WORKER=1 DMLC_NUM_SERVER=1 DMLC_PS_ROOT_URI=127.0.0.1 "
         f"'DMLC_PS_ROOT_PORT=<port>' DMLC_JOB_CLUSTER=local {pythonpath} DMLC_ROLE=worker DMLC_TASK_ID=1 "

@@ -210,3 +210,23 @@ def test_an_ndarray_travels_as_plain_data_in_an_object():
     back = objects.loads(objects.dumps(sent, job, "x"), job, "x")
     assert isinstance(back["w"], mx.nd.NDArray) and back["w"].dtype == np.int32
     assert back["w"].asnumpy().tolist() == [[1, 2]] and back["step"] == 3
+
+
+@pytest.mark.timeout(200)
+def test_init_after_shutdown_joins_again(procs):
+    """Horovod lets a process init after shutdown: each session's numbers are its own, every
+    rank keeps its rank (the store waits for the next init: ps/collective/job.py)."""
+    script = str(ROOT / "tests" / "mxnet" / "hvd_reinit.py")
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local", PYTHON, script],
+                           cluster_env(0))
+    code, out, err = procs.finish(launcher, timeout=150)
+    assert code == 0, out + err
+    got = sorted(results(out), key=lambda g: g["who"][0][0])
+    assert len(got) == 2, out + err
+    for r, g in enumerate(got):
+        assert g["who"] == [[r, 2, True]] * 3, g
+        assert g["sum"] == [[3.0], [6.0], [9.0]], g
+        assert g["bcast"] == [[0.0], [11.0], [2.0]], g
+        assert g["gather"] == [[float(i)] * 3 for i in range(3)], g
+        assert g["step"] == [[-1.5 * (i + 1)] * 2 for i in range(3)], g
+        assert g["after"] == [False] * 3, g

@@ -117,6 +117,20 @@ ALLOWED = {
     "torch.elastic": {"torch.ops", "torch.runtime"},
     "torch": {"collective", "errors", "torch.compression", "torch.elastic", "torch.gather", "torch.ops", "torch.optimizer", "torch.process_sets",
               "torch.runtime", "torch.server_optimizer", "torch.sync_batch_norm"},
+    # zero-edit Horovod scripts: the launcher reads ps.horovod (no framework import); the
+    # `horovod` package it puts on PYTHONPATH (site/horovod) is the adapters under Horovod's names
+    "horovod": {"config"}, "horovod.__main__": {"exitcodes", "horovod"},
+    "horovod.site.horovod": set(),
+    "horovod.site.horovod.torch": {"torch", "horovod.site.horovod.torch.elastic"},
+    "horovod.site.horovod.torch.mpi_ops": {"torch"},
+    "horovod.site.horovod.torch.elastic": {"torch.elastic"},
+    "horovod.site.horovod.torch.elastic.sampler": {"torch.elastic"},
+    "horovod.site.horovod.torch.elastic.state": {"torch.elastic"},
+    "horovod.site.horovod.mxnet": {"mxnet"},
+    "horovod.site.horovod.common": set(), "horovod.site.horovod.common.exceptions": {"errors"},
+    "horovod.site.horovod.common.util": set(),
+    "horovod.site.horovod.runner": set(), "horovod.site.horovod.runner.util": set(),
+    "horovod.site.horovod.runner.util.threads": set(),
     # benchmarks: drive real processes; only their workers import ps
     "bench": set(), "bench.measure": set(), "bench.report": set(),
     "bench.cluster": {"launcher.process", "netutil"},

@@ -1,0 +1,2 @@
+"""``horovod.torch.elastic.state``, where Horovod defines ``TorchState``."""
+from ps.torch.elastic import TorchState  # noqa: F401

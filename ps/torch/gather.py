@@ -34,6 +34,10 @@ class Deferred:
     def done(self) -> bool:
         return self._ready or self._inner is None or self._inner.done()
 
+    @property
+    def waited(self) -> bool:
+        return self._ready
+
     def wait(self) -> Any:
         if not self._ready:
             self._value = self._finish(None if self._inner is None else self._inner.wait())
@@ -154,6 +158,10 @@ class _Gathering:
         if self._error is not None:
             raise self._error
         return self._rows.wait()
+
+    @property
+    def waited(self) -> bool:
+        return self._rows is not None and self._rows.waited
 
 
 def _gather(tensor: torch.Tensor, name: str | None, where: Scope, kind: str = "allgather") -> Any:

@@ -10,6 +10,7 @@ these sums.
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -87,29 +88,41 @@ def ensure_keys(items: list[tuple[str, tuple[int, ...], np.dtype]], where: Scope
 
 
 # -- names in flight ---------------------------------------------------------------------
-class _InFlight:
+class InFlight:
     """The operations of each name still in flight. Held strongly: a script may drop the
     handle of an ``allreduce_async`` it never synchronizes, and the name stays taken until
     the operation is done, as in Horovod. Done entries go at the next sweep (names with a
     step number in them must not pile up), swept when the table has doubled since the last."""
 
     def __init__(self) -> None:
-        self.ops: dict[tuple[str, str], Any] = {}
+        self.ops: dict[tuple[str, str], tuple[Any, float]] = {}    # -> (handle, when it started)
         self.sweep_at = 64
 
     def busy(self, key: tuple[str, str]) -> bool:
+        """In flight: not done, or done within a ``CYCLE`` of its start and not synchronized
+        (Horovod's call cannot end before its background cycle; ps's may end before the
+        script's next line, and a script may count on the name being taken then)."""
         held = self.ops.get(key)
-        return held is not None and not held.done()
+        if held is None:
+            return False
+        handle, started = held
+        return not handle.done() or (not waited(handle) and time.monotonic() - started < CYCLE)
 
     def add(self, key: tuple[str, str], handle: Any) -> None:
-        self.ops[key] = handle
+        self.ops[key] = (handle, time.monotonic())
         if len(self.ops) >= self.sweep_at:
-            for done in [k for k, h in self.ops.items() if h.done()]:
+            for done in [k for k, (h, _) in self.ops.items() if h.done()]:
                 del self.ops[done]
             self.sweep_at = max(64, 2 * len(self.ops))
 
 
-_inflight = _InFlight()
+_inflight = InFlight()
+CYCLE = 0.01        # s an unsynchronized call's name stays taken at least (Horovod's cycle is 1-5 ms)
+
+
+def waited(handle: Any) -> bool:
+    """The script has its result (``synchronize``, or a blocking call's own wait)."""
+    return bool(getattr(handle, "waited", True))
 
 
 def claim(kind: str, name: str | None) -> None:
@@ -145,6 +158,10 @@ class Handle:
 
     def done(self) -> bool:
         return self._value is not None or self._pending is None or self._pending.done
+
+    @property
+    def waited(self) -> bool:
+        return self._value is not None
 
     def abandon(self, exc: PSError) -> None:
         """Stop waiting for the sum (``ps.Handle.abandon``): a grouped call's other member
@@ -230,6 +247,10 @@ class Group:
 
     def done(self) -> bool:
         return all(h.done() for h in self._handles)
+
+    @property
+    def waited(self) -> bool:
+        return all(waited(h) for h in self._handles)
 
     def wait(self) -> list[torch.Tensor]:
         try:

@@ -79,8 +79,11 @@ class FakeCluster:
                             env=env, marker=marker)
 
     def calls(self):
+        """Every call recorded so far, in the order they started. A call's file is claimed
+        (created empty) when it starts and written in one go once it has its stdin: an empty
+        one is a call still starting, left out until it is written."""
         files = sorted(self.record.glob("kubectl.*.json"), key=lambda p: int(p.name.split(".")[1]))
-        return [json.loads(p.read_text()) for p in files]
+        return [json.loads(text) for text in (p.read_text() for p in files) if text]
 
     def verbs(self):
         return [c["argv"][2] if c["argv"][:1] == ["--namespace"] else c["argv"][0] for c in self.calls()]

@@ -74,9 +74,7 @@ def described(key: Any, names: str = "") -> str:
     if base == bare:
         return f"{key!r}{where}"
     shape_text, _, dtype = bare[len(base) + 1:].partition(":")
-    inner = base.partition(".")[2]
-    if base.startswith("allreduce.") and inner.partition(".")[0] in OPERATIONS:
-        base = inner                # ps.torch's broadcast and gathers are sums: named by what they are
+    base = _as_operation(base)
     shape = tuple(int(d) for d in shape_text.split("x") if d)
     how = base.partition(VARIANT)[2].replace(VARIANT, ", ")
     kind, _, rest = plain(base).partition(".")
@@ -99,13 +97,18 @@ def timeline_bar(key: Any, api: str, names: str = "") -> Bar | None:
     if not base.startswith(names):
         return None
     base = base[len(names):]
-    inner = base.partition(".")[2]
-    if base.startswith("allreduce.") and inner.partition(".")[0] in OPERATIONS:
-        base = inner                # ps.torch's broadcast and gathers are sums: named by what they are
+    base = _as_operation(base)
     kind = base.partition(".")[0]
     if kind not in OPERATIONS or base == kind or base.startswith("broadcast.root"):
         return None
     return Bar(base + (f" (process set {gid})" if gid else ""), ("NEGOTIATE_" if negotiate else "") + kind.upper())
+
+
+def _as_operation(base: str) -> str:
+    """ps.torch's broadcast and gathers are sums (``allreduce.broadcast.w``): named by what
+    they are (``broadcast.w``)."""
+    inner = base.partition(".")[2]
+    return inner if base.startswith("allreduce.") and inner.partition(".")[0] in OPERATIONS else base
 
 
 def _split_group(key: str) -> tuple[str, str | None]:

@@ -75,6 +75,11 @@ def expected(step, size, i, members):
     return total / len(members) if step["op"] == "Average" else total
 
 
+def right(out, want):
+    """A result against what every rank must get (None: this rank expects none)."""
+    return want is not None and out.shape == want.shape and bool(torch.allclose(out.double(), want, rtol=1e-6))
+
+
 def call(step, rank, i, subset):
     """Run ``step``; its result (None where this rank takes no part)."""
     t = value(step, rank, i)
@@ -125,8 +130,7 @@ def main():
                 break
             members = subset.ranks if step["kind"] == "set" else list(range(size))
             want = expected(step, size, i, members) if rank in members else None
-            good = None if out is None else bool(torch.allclose(out.double(), want, rtol=1e-6)) \
-                if want is not None and out.shape == want.shape else False if out is not None else None
+            good = None if out is None else right(out, want)
             got["steps"].append([i, None if out is None else float(out.double().sum()), good])
         # every rank meets here, whatever happened in the run: a rank that skipped a call
         # learns of it here (the run's error), and meets the others at its next try

@@ -20,6 +20,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from ps.config import value_of
+from ps.errors import ConfigError
+
 from . import kubernetes
 from .backend import BACKENDS, Backend
 from .hosts import HostfileError, read_hostfile
@@ -69,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start a failed server or worker again, up to N times for the whole job; servers "
                         "recover their state from a replica and the job goes on (local and ssh launchers; "
                         "kubernetes: N per pod; docs/reliability.md)")
+    p.add_argument("--dashboard", metavar="[HOST:]PORT",
+                   help="serve a live dashboard of the job at http://HOST:PORT/ (HOST default 127.0.0.1; "
+                        "port 0: any free one; the URL is printed): the nodes, rates, stalls and events in a "
+                        "browser, /metrics for Prometheus (docs/dashboard.md)")
     k = p.add_argument_group("kubernetes", "--launcher kubernetes (docs/kubernetes.md)")
     k.add_argument("--image", help="container image every pod runs (ps installed in it)")
     k.add_argument("--server-image", help="image of the servers and the scheduler (default: --image)")
@@ -129,10 +136,18 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str],
     kube = kubernetes.options(args, command, environ) if launcher == "kubernetes" else None
     if args.p3:
         logger.warning("--p3 (MXNet's P3 van) is not supported by ps; ignored")
+    if args.dashboard is not None:
+        try:
+            value_of("PS_DASHBOARD", {"PS_DASHBOARD": args.dashboard})
+        except ConfigError as exc:
+            raise SpecError(f"--dashboard: {exc}") from None
+    env = tuple(parse_env_pair(e, environ, "--env") for e in args.env)
+    if args.dashboard is not None and launcher == "kubernetes":     # the scheduler's pod reads it
+        env += (("PS_DASHBOARD", args.dashboard),)
     spec = LaunchSpec(
         num_workers=args.num_workers, num_servers=num_servers, command=tuple(command),
         launcher=launcher, hosts=hosts, hostfile=args.hostfile,
-        env=tuple(parse_env_pair(e, environ, "--env") for e in args.env),
+        env=env,
         env_server=tuple(parse_env_pair(e, environ, "--env-server") for e in args.env_server),
         env_worker=tuple(parse_env_pair(e, environ, "--env-worker") for e in args.env_worker),
         sync_dst_dir=args.sync_dst_dir, log_dir=args.log_dir, dry_run=args.dry_run,
@@ -140,7 +155,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str],
         server_command=default_server_command(command, python),
         slurm_server_nodes=args.slurm_server_nodes, slurm_worker_nodes=args.slurm_worker_nodes,
         sge_queue=args.sge_queue, yarn_queue=args.yarn_queue, auth=not args.no_auth,
-        max_restarts=args.max_restarts, kube=kube)
+        max_restarts=args.max_restarts, kube=kube, dashboard=args.dashboard)
     if kube is not None:
         kubernetes.check_env(spec)
     return spec
@@ -239,6 +254,10 @@ def _start(spec: LaunchSpec, environ: dict[str, str], output: Output, stop: Stop
         logger.error("%s", exc)
         return 1
     logger.info("%s", _summary(spec, backend, ip, runner.port))
+    dashboard = getattr(runner.sched, "dashboard", None)    # a custom factory's may have none
+    if dashboard is not None:
+        logger.info("dashboard: %s (the job's nodes, rates, stalls and events, live; /metrics for "
+                       "Prometheus)", dashboard.url)
     job = Job(output, owns_descendants=owns_descendants)
     env = job_env(spec, ip, runner.port, environ)
     try:

@@ -82,6 +82,7 @@ class LaunchSpec:
     auth: bool = True                        # a per-job signing key (secret.py)
     job_key: str | None = None               # the key file the launcher made for this job (ssh hands it over)
     max_restarts: int = 0                    # --max-restarts: failed servers/workers started again
+    dashboard: str | None = None             # --dashboard [HOST:]PORT: the scheduler's PS_DASHBOARD
     kube: KubeOptions | None = None          # --launcher kubernetes only
 
     def role_command(self, role: str) -> tuple[str, ...]:

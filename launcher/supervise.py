@@ -164,7 +164,7 @@ def supervise(job: Job, sched: SchedulerView | None = None, stop: StopSignal | N
                 break
             restarts.stop_unreachable(job, sched)
             idle = not job.running   # looked at before poll(), so poll() hands out what this saw end
-            code = _first_failure(restarts.take(job, _after_the_work(job, job.poll(), sched), sched))
+            code = _first_failure(restarts.take(job, _after_the_work(job, job.poll(), sched), sched), sched)
             if code:
                 failed = True
                 break
@@ -258,10 +258,13 @@ def _per_role(ends: list[Ended]) -> list[Ended]:
     return out
 
 
-def _first_failure(ended: list[tuple[str, int]]) -> int:
+def _first_failure(ended: list[tuple[str, int]], sched: SchedulerView | None = None) -> int:
     for name, status in ended:
         if status:
             logger.error("%s exited with status %d: stopping the job", name, status)
+            failed = getattr(sched, "process_failed", None)     # a test's stub may lack it
+            if failed is not None:
+                failed(name, f"{name} {_how(status)}")
             return status
         logger.debug("%s exited with status 0", name)
     return 0

@@ -133,6 +133,8 @@ def scheduler_env(spec: LaunchSpec, ip: str, environ: Mapping[str, str]) -> dict
                 "DMLC_NUM_SERVER": str(spec.num_servers), "DMLC_NUM_WORKER": str(spec.num_workers)})
     if spec.max_restarts:
         env["PS_MAX_RESTARTS"] = str(spec.max_restarts)
+    if spec.dashboard is not None:
+        env["PS_DASHBOARD"] = spec.dashboard
     return env
 
 
@@ -197,6 +199,13 @@ class SchedulerRunner:
         """``Scheduler.awaiting_restart``: dead nodes whose restart has not registered."""
         awaiting = getattr(self.sched, "awaiting_restart", None)   # a custom factory may lack it
         return awaiting() if awaiting is not None else []
+
+    def process_failed(self, name: str, why: str) -> None:
+        """The launcher saw ``name`` (``worker 1``) end the job (its dashboard shows it dead)."""
+        failed = getattr(self.sched, "process_failed", None)    # a custom factory may lack it
+        role, _, rank = name.partition(" ")
+        if failed is not None and rank.isdigit():
+            failed(role, int(rank), why)
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the scheduler now (idempotent) and wait for its thread."""

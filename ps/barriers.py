@@ -105,6 +105,12 @@ class Barriers:
             for node_id in barrier.arrived:
                 self._send(node_id, Command.STALL, {"text": f"scheduler: {text}"})
 
+    def stalled(self, now: float) -> list[tuple[str, list[int], list[int], float]]:
+        """The barriers warned about (PS_STALL_WARNING) and still open: (group, the ids it
+        waits for, the ids that arrived, seconds open), for the dashboard."""
+        return [(group, [i for i in self._members(group) if i not in b.arrived], sorted(b.arrived), now - b.since)
+                for group, b in self._open.items() if b.warned]
+
     def died(self, node_id: int) -> None:
         """A node died: its restart asks again (answered at once if its dead self passed the
         barrier); completed on the dead arrival, the answer would reach a restart not yet waiting."""

@@ -93,6 +93,27 @@ def _str(name: str, raw: str) -> str | None:
     return raw.strip() or None
 
 
+class Listen(NamedTuple):
+    host: str
+    port: int       # 0: any free port
+
+
+def _listen(name: str, raw: str) -> Listen | None:
+    """``[HOST:]PORT`` to listen on; the host defaults to 127.0.0.1 (this machine only)."""
+    text = raw.strip()
+    if not text:
+        return None
+    host, sep, port = text.rpartition(":")
+    if sep and not host:
+        raise ConfigError(f"{name} must be [HOST:]PORT (e.g. 8787 or 0.0.0.0:8787), got {raw!r}")
+    try:
+        number = _int(name, port, 0, 65535)
+    except ConfigError:
+        raise ConfigError(f"{name} must be [HOST:]PORT with a port from 0 to 65535 (e.g. 8787 or "
+                          f"0.0.0.0:8787), got {raw!r}") from None
+    return Listen(host.strip("[]") or "127.0.0.1", number)
+
+
 @dataclass(frozen=True)
 class Var:
     """One environment variable: where it lands in Config and how it is parsed."""
@@ -172,6 +193,13 @@ VARIABLES: tuple[Var, ...] = (
         "1: a server also listens on an ipc:// twin that workers on its machine use instead of TCP; "
         "0: a server offers no twin and a worker uses none (TCP to its own machine too: to test or "
         "measure the network path on one machine)"),
+    Var("PS_DASHBOARD", "dashboard", _listen, None,
+        "[HOST:]PORT: the scheduler serves a live dashboard of the job there (/ in a browser, "
+        "/metrics for Prometheus, /api/... as JSON; docs/dashboard.md); HOST defaults to 127.0.0.1; "
+        "port 0 picks a free one (python -m ps.launch --dashboard sets it)"),
+    Var("PS_DASHBOARD_LINGER", "dashboard_linger", _float, 0.0,
+        "seconds the dashboard stays up after the job ended, so its last state (who died, why) can "
+        "still be read; the scheduler's process waits that long before it exits"),
     Var("PS_SECRET_FILE", "secret_file", _str, None,
         "file holding a shared secret: authenticate and encrypt all traffic (CURVE)"),
     Var("PS_JOB_KEY_FILE", "job_key_file", _str, None,
@@ -294,6 +322,8 @@ class Config:
     send_window: int = 8 << 20
     send_lowat: int = 128 << 10
     local_ipc: bool = True
+    dashboard: Listen | None = None
+    dashboard_linger: float = 0.0
     secret_file: str | None = None
     job_key_file: str | None = None
     allow_pickle: bool = True

@@ -16,6 +16,7 @@ import numpy as np
 from ._timing import POLL, Deadline
 from .errors import CollectiveError, PeerLostError, PSError, PSTimeoutError, RemoteError
 from .message import Message, Op, node_name
+from .nodestats import Histogram
 
 logger = logging.getLogger(__name__)
 # a server's error kinds raised as ps's own exception classes (the rest: RemoteError)
@@ -109,6 +110,7 @@ class Customer:
         self._ts = itertools.count(1)
         self._lock = threading.Lock()
         self.failure: PSError | None = None
+        self.latency = Histogram()              # answered requests' round trips (the dashboard)
 
     def new_request(self, remaining: int, out: np.ndarray | None, starts: dict[int, int],
                     what: str) -> Request:
@@ -132,6 +134,10 @@ class Customer:
     def pending(self) -> list[Request]:
         with self._lock:
             return list(self._requests.values())
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._requests)
 
     def on_reply(self, msg: Message) -> None:
         arrays = iter(msg.frames)
@@ -176,6 +182,8 @@ class Customer:
         with self._lock:
             self._requests.pop(req.ts, None)
             callbacks, req.callbacks = req.callbacks, None
+        if req.error is None:
+            self.latency.observe(time.monotonic() - req.since)
         req.event.set()
         _run_callbacks(req, callbacks)
 

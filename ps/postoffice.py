@@ -19,6 +19,7 @@ from ._timing import POLL, Deadline
 from .config import Config
 from .errors import ClosedError, PeerLostError, ProtocolError, PSError, PSTimeoutError
 from .message import SCHEDULER, Command, Flag, Message, Node, Role, id_to_rank, node_name, payload_bytes
+from .nodestats import NodeStats, StallClock
 from .rejoin import KEY as REJOIN_KEY, Rejoin
 from .schedlink import SchedulerLink
 from .van import Van, for_config, with_resend
@@ -64,6 +65,9 @@ class Postoffice:
         self._stall_at = 0.0            # time.monotonic() of the last STALL a server or the scheduler sent
         self.waits: Any = None          # PS_DEADLOCK_CHECK's reporter of long waits (ps/waitreport.py), if on
         self._stalls_named: set[int] = set()    # who has named a stall this node waits in, not yet over
+        self.stalled = StallClock()         # seconds this node spent in a named stall (a server: its rounds')
+        self.stats = NodeStats(self.transport_stats)    # what its heartbeats report (the dashboard)
+        self.stats.add(lambda: {"stalled_seconds": self.stalled.seconds()})
         self.handlers: dict[Command, Handler] = {}
         self._cond = threading.Condition()
         self._table: dict[str, Any] | None = None
@@ -78,7 +82,7 @@ class Postoffice:
         self._peers: dict[int, str] = {}    # node id -> address of the data connection to it
         self._control: dict[int, bool] = {}  # node id -> whether credits to it have a connection of their own
         self.link = SchedulerLink(config, self.van, clock, lambda: f"{self.role.name.lower()} {self.rank} ({self!r})",
-                                  self._report, self.fail, self._over)
+                                  self._report, self.fail, self._over, self.stats.report)
         self._registration: dict[str, Any] = {}
         self.passed: dict[str, int] = {}    # group -> barriers this node passed (a rejoin reports them)
         self.closed_workers: set[int] = set()   # a server: the workers the scheduler said closed
@@ -271,9 +275,11 @@ class Postoffice:
             body = msg.body if isinstance(msg.body, dict) else {"text": msg.body}
             if body.get("over"):            # the namer's own log says it went on
                 self._stalls_named.discard(msg.sender)
+                self.stalled.set(bool(self._stalls_named))
                 return
             self._stall_at = time.monotonic()
             self._stalls_named.add(msg.sender)
+            self.stalled.set(True)
             logger.warning("%s %d (%s) is waiting: %s", self.role.name.lower(), self.rank, self, body.get("text"))
         elif cmd not in (Command.HEARTBEAT, Command.REJOIN):     # the link's (above)
             logger.debug("%s: ignoring %r", self, msg)
@@ -293,6 +299,7 @@ class Postoffice:
     def _on_node_down(self, body: dict[str, Any]) -> None:
         node_id = int(body["id"])
         self._stalls_named.discard(node_id)     # its restart names its stalls anew
+        self.stalled.set(bool(self._stalls_named))
         self.down[node_id] = body["reason"]
         if isinstance(body.get("incarnation"), int):
             self.dead_incarnation[node_id] = body["incarnation"]

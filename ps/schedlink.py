@@ -26,10 +26,11 @@ logger = logging.getLogger("ps.postoffice")     # the node's own lines, where op
 
 class SchedulerLink:
     def __init__(self, config: Config, van: Van, clock: Callable[[], float], name: Callable[[], str],
-                 report: Callable[[], dict[str, Any]], fail: Callable[[PSError], None], over: Callable[[], bool]):
+                 report: Callable[[], dict[str, Any]], fail: Callable[[PSError], None], over: Callable[[], bool],
+                 beat: Callable[[], dict[str, Any]] = dict):
         """``name()`` names the node in log lines; ``report()`` is its registration with its
         rejoin report; ``fail(exc)`` ends it; ``over()``: its part of the job is over (the
-        scheduler may then go first)."""
+        scheduler may then go first); ``beat()`` what each heartbeat carries (ps/nodestats.py)."""
         self.config = config
         self.van = van
         self.clock = clock
@@ -37,6 +38,7 @@ class SchedulerLink:
         self._report = report
         self._fail = fail
         self._over = over
+        self._beat = beat
         self.address = ""
         self.last_contact = clock()
         self.down_since: float | None = None    # its connection closed (van.watch)
@@ -122,7 +124,7 @@ class SchedulerLink:
             if interval and self.clock() >= next_beat:
                 next_beat = self.clock() + interval
                 try:
-                    self.van.send(Message(Command.HEARTBEAT, self._node_id, SCHEDULER))
+                    self.van.send(Message(Command.HEARTBEAT, self._node_id, SCHEDULER, self._beat()))
                 except PSError:
                     return
             silent = self.clock() - self.last_contact

@@ -13,9 +13,11 @@ from typing import Any, Callable
 from . import netutil
 from ._timing import DISCONNECT_GRACE, PauseWatch
 from .config import Config
+from .errors import ConfigError
 from .barriers import GROUPS, Barriers
 from .ending import Ending
 from .formation import Formation
+from .jobview import BarrierStall, JobFacts, JobView, NodeFacts
 from .membership import Awaited, Member, find_death, head_count, placement_warning, unrecoverable
 from .message import SCHEDULER, Command, Message, Role, node_name
 from .readmission import ACK_WAIT, Readmission
@@ -58,6 +60,9 @@ class Scheduler:
         self._fenced_routes: set[bytes | None] = set()  # processes told they no longer belong to the job
         self.waits = WaitJudge(clock, config.deadlock_check, self._blocked_candidates, self._server_ids,
                                self.send_to, self.barriers.forget)     # PS_DEADLOCK_CHECK (ps/waits.py)
+        self.view = JobView(clock)                  # the dashboard's picture of the job (PS_DASHBOARD)
+        self.dashboard: Any = None                  # its HTTP server (ps/dashboard), if PS_DASHBOARD
+        self.failed: dict[int, str] = {}            # node id -> why its death ended the job
         self.rebuild = Rebuild(clock, lambda: self.nodes, self.readmission.recovering, self.barriers, self.send_to,
                                self.readmission.node_up, self.readmission.deaths)    # a restarted scheduler's
 
@@ -77,6 +82,19 @@ class Scheduler:
         self._formation.begin()
         logger.info("scheduler listening on %s, expecting %d servers and %d workers",
                     address, cfg.num_servers, cfg.num_workers)
+        if cfg.dashboard is not None:
+            try:
+                from .dashboard import Dashboard    # prometheus_client only where it is asked for
+            except ImportError as exc:
+                self.van.stop(linger=0)
+                raise ConfigError(f"PS_DASHBOARD (--dashboard) needs the package {exc.name}: "
+                                  "pip install 'ps[dashboard]'") from None
+            try:
+                self.dashboard = Dashboard(cfg, self.view, self.facts)
+            except BaseException:
+                self.van.stop(linger=0)
+                raise
+            logger.info("scheduler: dashboard at %s", self.dashboard.url)
         return self.port
 
     def run(self, timeout: float | None = None) -> int:
@@ -95,6 +113,12 @@ class Scheduler:
         """Stop now (Ctrl-C, or the launcher ending the job): not itself an error to report."""
         self._finish(1, "the scheduler was stopped", quiet=True)
         self.van.stop(linger=0.5)
+        if self.dashboard is not None:
+            linger = self.config.dashboard_linger
+            if linger:
+                logger.info("scheduler: the job ended; its dashboard stays up for %gs (PS_DASHBOARD_LINGER)", linger)
+                time.sleep(linger)
+            self.dashboard.close()
 
     def _finish(self, code: int, error: str | None = None, quiet: bool = False) -> None:
         with self._lock:
@@ -102,6 +126,8 @@ class Scheduler:
                 return
             self.exit_code, self.error = code, error
             self._done.set()
+            if self.dashboard is not None:
+                self.view.observe(self._facts())
         if quiet:
             logger.info("scheduler: %s", error)
         elif error and code:
@@ -133,6 +159,8 @@ class Scheduler:
                                cfg.heartbeat_timeout if cfg.heartbeat_interval else 0, DISCONNECT_GRACE)
             if death is not None:
                 self.node_failed(death.node_id, death.reason, final=death.final)
+            if self.dashboard is not None:
+                self.view.observe(self._facts())
 
     # -- registered nodes before formation -------------------------------------------------
     def _on_pending_connection(self, watch_id: int, connected: bool) -> None:
@@ -304,6 +332,8 @@ class Scheduler:
     def _on_heartbeat(self, msg: Message) -> None:
         if msg.sender in self.nodes:
             self.reply(msg.route, Command.HEARTBEAT, recver=msg.sender)
+            if self.dashboard is not None and msg.body is not None:
+                self.view.report(msg.sender, msg.body)
 
     def _on_close(self, msg: Message) -> None:
         if msg.sender not in self.nodes or self.nodes[msg.sender].role != Role.WORKER:
@@ -335,11 +365,21 @@ class Scheduler:
                 return
             reason = f"{reason}; {why_not}"
         body = {"node": node_name(node_id), "reason": reason}
+        self.failed[node_id] = reason
         for other in self.nodes:
             rec = self.readmission.recovering.get(other)
             if (rec.replaced if rec is not None else other != node_id) and other not in self.closed_workers:
                 self.send_to(other, Command.NODE_FAILED, body)
         self._finish(1, reason)
+
+    def process_failed(self, role: str, rank: int, why: str) -> None:
+        """The launcher saw a node's process end the job before this scheduler did (its exit
+        status came first): the job ends for that reason, the node counted dead."""
+        with self._lock:
+            node_id = next((i for i, n in self.nodes.items() if n.role.name.lower() == role and n.rank == rank), None)
+            if node_id is not None and not self._done.is_set():
+                self.failed[node_id] = why
+            self._finish(1, why, quiet=True)
 
     # -- what the launcher reads (launcher/supervise.py's SchedulerView) ----------------------
     def closed_worker_ranks(self) -> set[int]:
@@ -355,6 +395,32 @@ class Scheduler:
             return [Awaited(self.nodes[i].role.name.lower(), self.nodes[i].rank, now - rec.since,
                             now - self.nodes[i].registered_at, rec.reason)
                     for i, rec in self.readmission.recovering.items() if not rec.replaced and rec.parked is None]
+
+    def facts(self) -> JobFacts:
+        """The job as the dashboard shows it (thread-safe)."""
+        with self._lock:
+            return self._facts()
+
+    def _facts(self) -> JobFacts:
+        now, wall = self.clock(), time.time()
+        formed = self._formed_at is not None
+        nodes = []
+        for node_id, node in sorted(self.nodes.items()):
+            rec = self.readmission.recovering.get(node_id)
+            reason = self.failed.get(node_id) or (rec.reason if rec is not None else None)
+            state = ("dead" if node_id in self.failed or (rec is not None and not rec.replaced) else
+                     "restarting" if rec is not None else "closed" if node_id in self.closed_workers else
+                     "ended" if self._done.is_set() else "alive")
+            nodes.append(NodeFacts(node_id, node_name(node_id), node.role.name.lower(), node.rank, node.host,
+                                   node.hostname, node.pid, wall - (now - node.registered_at), node.incarnation,
+                                   state, reason))
+        stalls = tuple(BarrierStall(group, tuple(map(self.describe, missing)), tuple(map(self.describe, arrived)),
+                                    seconds) for group, missing, arrived, seconds in self.barriers.stalled(now))
+        cfg = self.config
+        return JobFacts("ended" if self._done.is_set() else "running" if formed else "forming",
+                        ("dist_sync" if self._sync else "dist_async") if formed else None, cfg.num_workers,
+                        cfg.num_servers, self.readmission.restarts, cfg.heartbeat_interval, tuple(nodes), stalls,
+                        (self.exit_code, self.error or "") if self.exit_code is not None else None)
 
     @property
     def restarts(self) -> int:

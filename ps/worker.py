@@ -20,6 +20,7 @@ from .customer import Customer, Handle, Request, StallWatch
 from .errors import PSError, RemoteError
 from .keys import CHUNK_BYTES, Slice, chunks
 from .message import DTYPES, ROW_ID, Batch, Command, Entry, Flag, Message, Op, Rows, node_name, server_id
+from .nodestats import latency
 from .postoffice import Postoffice
 from .sendqueue import SendQueue
 
@@ -55,6 +56,7 @@ class KVWorker:
         po.on(Command.CREDIT, self._on_credit)
         po.add_failure_listener(self.customer.fail_all)
         po.add_node_listener(self._on_node)
+        po.stats.add(self._report)
 
     def request(self, op: int, key: int, slices: tuple[Slice, ...], code: int, value: np.ndarray | None,
                 out: np.ndarray | None, what: str,
@@ -100,6 +102,12 @@ class KVWorker:
         seq = self._push_seq[key] = done + 1
         self._pushes += 1
         return seq
+
+    def _report(self) -> dict[str, Any]:
+        """Its part of the heartbeat's report: requests out, round trips, and its step (the
+        pushes of its most-pushed key: a training step pushes every key once)."""
+        step = max(self._push_seq.values(), default=0)
+        return {"in_flight": self.customer.in_flight, "step": step, **latency(self.customer.latency)}
 
     def push_counts(self) -> tuple[dict[int, int], int]:
         """Per key, the pushes made so far (sync rounds this worker is in), and a number that

@@ -18,6 +18,7 @@ from .._timing import PauseWatch
 from ..config import Config
 from ..errors import PSError
 from ..message import SCHEDULER, Command, Message, Op, entry_has_data, id_to_rank, namespace_of, node_name, worker_id
+from ..nodestats import stall_list
 from ..postoffice import Postoffice
 from ..van import Van
 from .bufguard import BufferGuard
@@ -47,6 +48,8 @@ class KVServer:
         self._stopped = threading.Event()
         self._joined = threading.Event()
         self._stalls: dict[tuple[int, int], Stall] = {}   # (key, round) -> as last warned
+        self._stall_opened: dict[tuple[int, int], float] = {}   # (key, round) -> when its first push came
+        self.po.stats.add(self._report)
         self._checks = PauseWatch(STALL_CHECK)    # the stall checks as the I/O thread runs them (run())
         # requests that came before this server could answer them (I/O thread): a restart's,
         # before its state is back from the replica; any server's, before it has its node table
@@ -179,6 +182,9 @@ class KVServer:
         found = self.store.stalls(after, self.po.worker_ids)
         new = [s for s in found if (s.key, s.round) not in self._stalls and s.missing]
         self._stalls.update(((s.key, s.round), s) for s in new)
+        now = time.monotonic()
+        self._stall_opened.update(((s.key, s.round), now - s.waited) for s in new)
+        self.po.stalled.set(bool(self._stalls))
         groups: dict[tuple[int, tuple[int, ...]], list[Stall]] = {}
         for stall in new:
             groups.setdefault((stall.round, stall.missing), []).append(stall)
@@ -200,12 +206,27 @@ class KVServer:
             return
         for s in over:
             del self._stalls[(s.key, s.round)]
+            self._stall_opened.pop((s.key, s.round), None)
+        self.po.stalled.set(bool(self._stalls))
         text = f"{self.name}: the stalled sync round {max(s.round for s in over)} of {_keys(over)} went on"
         logger.warning("%s", text)
         still = {w for s in self._stalls.values() for w in s.waiting}    # named by a round still stalled
         for worker in sorted({w for s in over for w in s.waiting} - still):
             self.po.send(Message(Command.STALL, recver=worker, body={"text": text, "over": True}, request=False,
                                  route=self.sender.routes.get(worker)))
+
+    def _report(self) -> dict[str, Any]:
+        """Its part of the heartbeat's report (heartbeat thread): rounds closed, and the
+        stalls it warned about that are not over, grouped as its warnings group them."""
+        now = time.monotonic()
+        groups: dict[tuple[int, tuple[int, ...]], dict[str, Any]] = {}
+        for (key, rnd), stall in list(self._stalls.items()):
+            group = groups.setdefault((rnd, stall.missing), {
+                "round": rnd, "keys": [], "missing": [id_to_rank(w) for w in stall.missing],
+                "waiting": sorted({id_to_rank(w) for w in stall.waiting}), "seconds": 0.0})
+            group["keys"].append(key)
+            group["seconds"] = max(group["seconds"], now - self._stall_opened.get((key, rnd), now))
+        return {"rounds_closed": self.store.rounds_closed, "stalls": stall_list(list(groups.values()))}
 
     def _describe(self, worker: int) -> str:
         node = self.po.nodes.get(worker)

@@ -62,6 +62,7 @@ class Store:
         # who must push to a round: every worker, a key's members (a Horovod process set),
         # less the workers in Horovod's join; and the workers that closed their store
         self.quorum = Quorum(num_workers)
+        self.rounds_closed = 0             # sync rounds closed, all keys (the dashboard)
         # the sums of a round into the value, and the replies that read it (keep_before:
         # the value before a key's latest round is kept for restarted workers)
         self.values = Values(self.opts, self.guard, chunk_bytes, keep_before)
@@ -279,6 +280,7 @@ class Store:
                              else quorum.round_full(ks.key, ks.rounds[0])):
             rnd = ks.rounds.pop(0)
             ks.closed += 1
+            self.rounds_closed += 1
             if not plain and quorum.joins.joined:
                 self._excuse(ks, rnd)
             values.close(ks, rnd, self.journal)

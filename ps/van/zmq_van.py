@@ -46,6 +46,8 @@ class ZmqVan(Van):
         self._verbose = verbose
         self._bytes_sent = 0         # meta and data frames, without zmq's routing frames
         self._bytes_received = 0
+        self._messages_sent = 0
+        self._messages_received = 0
         self._drop = drop
         self._ctx: zmq.Context | None = None
         self._router: zmq.Socket | None = None
@@ -180,7 +182,8 @@ class ZmqVan(Van):
     # -- sending -------------------------------------------------------------------------
     def transport_stats(self) -> dict[str, int]:
         """Bytes of ps messages this van sent and received (meta and data frames)."""
-        stats = {"bytes_sent": self._bytes_sent, "bytes_received": self._bytes_received}
+        stats = {"bytes_sent": self._bytes_sent, "bytes_received": self._bytes_received,
+                 "messages_sent": self._messages_sent, "messages_received": self._messages_received}
         if self._stale:
             stats["stale"] = self._stale
         return stats
@@ -295,6 +298,7 @@ class ZmqVan(Van):
             _dropped(msg)
             return
         self._bytes_sent += nbytes
+        self._messages_sent += 1
         if msg.on_sent is not None:
             msg.on_sent(tracker)
         if self._verbose >= 2:
@@ -399,6 +403,7 @@ class ZmqVan(Van):
                 return
             route = frames[0].bytes if is_router else None
             self._bytes_received += sum(len(f) for f in frames) - (len(frames[0]) if is_router else 0)
+            self._messages_received += 1
             try:
                 msg = decode(frames[1:] if is_router else frames, route)
             except NativeNodeError as exc:

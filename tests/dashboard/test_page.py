@@ -11,6 +11,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -407,3 +408,28 @@ def test_a_forming_job_with_no_history_yet(driver, standin):
     assert driver.find_element(By.ID, "events").text == "no events yet"
     time.sleep(1.5)                       # a redraw or two of the empty charts
     check_console(console)
+
+
+# ---------------------------------------------------------------- a real job
+
+
+def test_the_page_watches_a_real_job_and_names_a_stopped_worker(driver, job, tmp_path):
+    """python -m ps.launch --dashboard: every node's row, live numbers, and a worker stopped
+    with SIGSTOP named as what the servers' rounds wait for (PS_STALL_WARNING=1)."""
+    j = job("--env", "PS_STALL_WARNING:1")
+    console = Console(driver)
+    check_page(driver, j.url, expect_nodes=["worker-0", "worker-1", "server-0", "server-1"])
+    stopped = j.pid(1)
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        check_stall(driver, "worker 1")
+        wait(driver, 10, "worker 1 never showed as silent",
+             lambda d: cell(d, "worker-1", "state") == "silent")
+        save_screenshots(driver, tmp_path)
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    wait(driver, 20, "the stall did not clear once worker 1 went on",
+         lambda d: "no stalls" in d.find_element(By.ID, "stalls").text)
+    assert "went on" in driver.find_element(By.ID, "events").text
+    check_console(console)
+    assert j.stop() == 0

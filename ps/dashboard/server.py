@@ -165,6 +165,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     timeout = TIMEOUT
     server_version = "ps-dashboard"
     sys_version = ""
+    error_message_format = "%(code)d %(message)s: %(explain)s\n"
+    error_content_type = "text/plain; charset=utf-8"
 
     def do_GET(self) -> None:
         self._answer(body=True)

@@ -36,5 +36,5 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v -i "warning" || true
 # torch 2.13.0: a CPU build (here it is on this machine's package index; any newer release
 # resolves to a CUDA build of several GB)
-.venv/bin/python -m pip install -q -e '.[test,mxnet,bench,demo,torch]' 'torch==2.13.0' 2>&1 | grep -v -i "warning" || true
+.venv/bin/python -m pip install -q -e '.[test,mxnet,bench,demo,torch,dashboard]' 'torch==2.13.0' 2>&1 | grep -v -i "warning" || true
 exec .venv/bin/python -m pytest -n 2 "$@"

@@ -18,7 +18,10 @@ NODES = [("server", 0), ("server", 1), ("worker", 0), ("worker", 1)]
 
 
 def stepping(samples) -> bool:
-    return all((node_value(samples, "ps_node_step", "worker", r) or 0) > 2 for r in (0, 1))
+    """Both workers past step 2, and every node has reported (its first report comes one
+    heartbeat interval after it joined)."""
+    return all((node_value(samples, "ps_node_step", "worker", r) or 0) > 2 for r in (0, 1)) and \
+        all(node_value(samples, "ps_node_resident_memory_bytes", role, rank) for role, rank in NODES)
 
 
 def test_every_node_is_there_with_its_labels_and_its_counters_grow(job):

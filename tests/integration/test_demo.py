@@ -1,12 +1,14 @@
 """The README's first command: `bash examples/demo.sh` trains a network with 2 workers x 2
 servers through the launcher's zero-edit path, shows progress, and compares with one process."""
+import json
 import os
 import re
 import subprocess
+import urllib.request
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, read_until
 
 pytestmark = pytest.mark.process
 
@@ -33,3 +35,20 @@ def test_the_demo_trains_with_progress_and_a_summary():
     moved = float(re.search(r"(\d+\.\d+) MB moved per step by each worker", out).group(1))
     assert 0.13 < moved < 0.2, out                        # 2 x 17,258 float32 and a little meta
     assert re.search(r"^\[launcher\] worker 1 +exit 0 after \d+\.\ds$", out, re.MULTILINE), out
+
+
+@pytest.mark.timeout(300)
+def test_the_demo_with_a_dashboard_prints_a_url_that_shows_the_job(procs):
+    """`bash examples/demo.sh --dashboard`: the URL it prints answers while the job trains."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "PYTHONPATH"))}
+    proc = procs.start(["bash", "examples/demo.sh", "--dashboard=127.0.0.1:0", "--epochs", "8"], env,
+                       stderr=subprocess.STDOUT)
+    line = read_until(proc, lambda ln: ln.startswith("[launcher] dashboard: http://"), 240, "the dashboard's URL")
+    url = line.split()[2]
+    read_until(proc, lambda ln: "epoch 1/8" in ln, 120, "the first epoch")
+    with urllib.request.urlopen(url + "api/nodes", timeout=10) as r:
+        nodes = json.loads(r.read())
+    assert sorted((n["role"], n["rank"]) for n in nodes) == [("server", 0), ("server", 1), ("worker", 0),
+                                                             ("worker", 1)]
+    code, out, _ = procs.finish(proc, 240)
+    assert code == 0, out

@@ -289,7 +289,8 @@ class JobView:
                "step": last.get("step") if node.role == "worker" else None,
                "rounds_closed": last.get("rounds_closed") if node.role == "server" else None,
                "cpu_percent": None, "bytes_in_per_s": None, "bytes_out_per_s": None}
-        if rep is not None and rep.before is not None and rep.at > rep.before_at:
+        if state == "alive" and rep is not None and rep.before is not None and rep.at > rep.before_at:
+            # (a silent node's last rates would be stale: unknown instead)
             dt = rep.at - rep.before_at
             row["cpu_percent"] = 100 * _delta(last.get("cpu_seconds", 0), rep.before.get("cpu_seconds")) / dt
             row["bytes_in_per_s"] = _delta(last.get("bytes_received", 0), rep.before.get("bytes_received")) / dt

@@ -71,6 +71,13 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def _host_of(header: str) -> str:
+    """The name in a Host header, without its port (``[::1]:8787`` -> ``::1``)."""
+    if header.startswith("["):
+        return header[1:header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
 class Dashboard:
     """Listens at once (a port in use fails the scheduler's start, before any node is
     started); ``url`` is what to open; ``close()`` stops it."""
@@ -80,6 +87,7 @@ class Dashboard:
         assert listen is not None
         self.token = token_of(read_secret(config.secret_file)) if config.secret_file else None
         self.view, self.facts = view, facts
+        self.loopback_only = _loopback(listen.host)
         self.metrics = registry(view, facts)
         self.files = _static()
         family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
@@ -111,8 +119,12 @@ class Dashboard:
         self.httpd.server_close()
 
     def allowed(self, handler: http.server.BaseHTTPRequestHandler, query: dict[str, list[str]]) -> str | None:
-        """None if the request may see the job; else why not. The token may come in the
+        """None if the request may see the job; else why not. Bound to this machine only, it
+        answers only requests addressed to it by a loopback name (a web page whose own name was
+        made to resolve to 127.0.0.1, DNS rebinding, cannot read it). The token may come in the
         query, a bearer header, or the cookie the page got."""
+        if self.loopback_only and not _loopback(_host_of(handler.headers.get("Host", ""))):
+            return "this dashboard answers only requests for 127.0.0.1 or localhost (the Host header)"
         if self.token is None:
             return None
         offered = query.get("token", [None])[0]

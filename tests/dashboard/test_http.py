@@ -140,6 +140,13 @@ def test_with_a_secret_every_request_needs_the_token(tmp_path):
         d.close()
 
 
+def test_bound_to_this_machine_it_answers_only_requests_addressed_to_it(dash):
+    """A page elsewhere whose name resolves to 127.0.0.1 (DNS rebinding) cannot read it."""
+    assert status(raw(dash.port, b"GET /api/job HTTP/1.0\r\nHost: evil.example:%d\r\n\r\n" % dash.port)) == 401
+    for host in (b"localhost", b"127.0.0.1", b"[::1]"):
+        assert status(raw(dash.port, b"GET /api/job HTTP/1.0\r\nHost: %s:%d\r\n\r\n" % (host, dash.port))) == 200
+
+
 def test_listening_beyond_this_machine_without_a_secret_warns(caplog):
     caplog.set_level(logging.WARNING, "ps.scheduler")
     d = dashboard("0.0.0.0:0")          # bound only: the test sends nothing beyond loopback

@@ -319,3 +319,12 @@ def test_job_conditions():
     assert condition(job, "Failed")["reason"] == "PodFailurePolicy"
     assert condition(job, "Complete") is None and condition(None, "Failed") is None
     assert condition({"status": {"conditions": [{"type": "Complete", "status": "False"}]}}, "Complete") is None
+
+
+def test_dashboard_reaches_the_scheduler_pod():
+    """--dashboard on Kubernetes: the scheduler's pod gets PS_DASHBOARD (reached with kubectl
+    port-forward); a bad address is refused before anything is made."""
+    jobs = by_kind(k8s.manifests(job_of("-n", "1", "--dashboard", "8787", "--job-name", "ps-a", "python", "t.py")), "Job")
+    assert env_of(jobs["ps-a-scheduler"])["PS_DASHBOARD"] == "8787"
+    with pytest.raises(SpecError, match=r"--dashboard: PS_DASHBOARD must be \[HOST:\]PORT.*'x:y'"):
+        spec_of(*BASE, "-n", "1", "--dashboard", "x:y", "python", "t.py")

@@ -70,3 +70,17 @@ def test_manager_rank_reads_mpirun_and_srun_variables():
     assert manager_rank(batch_shell) is None and manager_rank({}) is None
     with pytest.raises(ConfigError, match="OMPI_COMM_WORLD_SIZE must be >= 1"):
         manager_rank({**ompi, "OMPI_COMM_WORLD_SIZE": "0"})
+
+
+@pytest.mark.parametrize("raw, host, port", [("8787", "127.0.0.1", 8787), ("0.0.0.0:80", "0.0.0.0", 80),
+                                             ("[::1]:9000", "::1", 9000), ("host.example:0", "host.example", 0)])
+def test_dashboard_address_defaults_to_this_machine(raw, host, port):
+    listen = Config.from_env({**BASE, "PS_DASHBOARD": raw}).dashboard
+    assert (listen.host, listen.port) == (host, port)
+    assert Config.from_env(BASE).dashboard is None
+
+
+@pytest.mark.parametrize("raw", ["x", "host:", ":80", "70000", "h:-1"])
+def test_a_bad_dashboard_address_names_the_value(raw):
+    with pytest.raises(ConfigError, match=rf"PS_DASHBOARD must be \[HOST:\]PORT.*{raw!r}"):
+        Config.from_env({**BASE, "PS_DASHBOARD": raw})

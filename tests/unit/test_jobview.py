@@ -107,8 +107,12 @@ def test_a_node_that_stops_reporting_shows_as_silent():
     view.report(9, report(1, 1))
     clock.now += 10
     view.report(11, report(1, 1))
-    rows = {n["id"]: n["state"] for n in view.state(facts(*NODES))["nodes"]}
-    assert rows == {8: "silent", 9: "silent", 11: "alive"}
+    view.report(9, report(1, 1))        # two reports: rates, while it reports
+    rows = {n["id"]: n for n in view.state(facts(*NODES))["nodes"]}
+    assert {i: n["state"] for i, n in rows.items()} == {8: "silent", 9: "alive", 11: "alive"}
+    clock.now += 10
+    rows = {n["id"]: n for n in view.state(facts(*NODES))["nodes"]}
+    assert rows[9]["state"] == "silent" and rows[9]["bytes_out_per_s"] is None     # not its last, stale rate
 
 
 def test_server_stalls_are_named_then_go_on():

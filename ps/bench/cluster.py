@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from launcher.process import killpg, start_group, stop_group
@@ -28,6 +29,9 @@ PYTHON = sys.executable
 
 class BenchError(RuntimeError):
     pass
+
+
+ROOT = str(Path(__file__).resolve().parents[2])     # the checkout (or site-packages) this ps runs from
 
 
 def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -50,7 +54,8 @@ class Cluster:
         self.wrap = wrap or []           # e.g. py-spy record ... -- (ps servers only)
         self.port = free_port()
         self.logdir = tempfile.mkdtemp(prefix=f"ps-bench-{impl}-")
-        self.env = base_env({"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(self.port),
+        here = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))   # this ps (ps-b: its own)
+        self.env = base_env({"PYTHONPATH": here, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(self.port),
                              "DMLC_NUM_SERVER": str(servers), "DMLC_NUM_WORKER": str(workers),
                              "DMLC_NODE_HOST": "127.0.0.1", "PS_CONNECT_TIMEOUT": str(int(timeout)),
                              **(env or {})})
@@ -65,7 +70,10 @@ class Cluster:
     def _spawn(self, role: str, argv: list[str], index: int, pipes: bool = False) -> subprocess.Popen:
         log = os.path.join(self.logdir, f"{role}{index}.log")
         with open(log, "w") as fh:
-            proc = start_group(argv, {**self.env, "DMLC_ROLE": role}, stderr=fh,
+            # run in the job's own directory: ``python -m`` puts the working directory first on
+            # sys.path, and run from a checkout it would import that checkout's ps on both
+            # sides of an --ab comparison
+            proc = start_group(argv, {**self.env, "DMLC_ROLE": role}, stderr=fh, cwd=self.logdir,
                                stdout=subprocess.PIPE if pipes else fh,
                                stdin=subprocess.PIPE if pipes else subprocess.DEVNULL, text=pipes)
         self._logs[proc.pid] = log

@@ -24,14 +24,14 @@ def sign(payload: bytes, key: bytes) -> bytes:
 def load_optimizer(payload: bytes, signature: bytes, key: bytes) -> Any:
     if not hmac.compare_digest(sign(payload, key), bytes(signature)):
         raise PermissionError("the pickled optimizer's signature does not match this cluster's secret")
-    mx = _import_mxnet()
+    mx = import_mxnet()
     opt = pickle.loads(payload)          # noqa: S301 - signed by a cluster member, operator opted in
     if not isinstance(opt, mx.optimizer.Optimizer):
         raise TypeError(f"expected an mx.optimizer.Optimizer, got {type(opt).__name__}")
     return opt
 
 
-def _import_mxnet() -> Any:
+def import_mxnet() -> Any:
     role = os.environ.pop("DMLC_ROLE", None)    # mxnet's import would otherwise run a native server
     try:
         import mxnet
@@ -47,7 +47,7 @@ class MXNetUpdater:
     elementwise = False     # MXNet's updater takes whole arrays
 
     def __init__(self, optimizer: Any):
-        self.mx = _import_mxnet()
+        self.mx = import_mxnet()
         self.optimizer = optimizer
         self._updater = self.mx.optimizer.get_updater(optimizer)
 

@@ -9,6 +9,7 @@ ps/server/bufguard.py.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -49,6 +50,8 @@ class KVServer:
         self._joined = threading.Event()
         self._stalls: dict[tuple[int, int], Stall] = {}   # (key, round) -> as last warned
         self._stall_opened: dict[tuple[int, int], float] = {}   # (key, round) -> when its first push came
+        self._held: list[Message] | None = None     # server commands waiting for mxnet's import
+        self._import_tried = False
         self.po.stats.add(self._report)
         self._checks = PauseWatch(STALL_CHECK)    # the stall checks as the I/O thread runs them (run())
         # requests that came before this server could answer them (I/O thread): a restart's,
@@ -235,7 +238,7 @@ class KVServer:
 
     # -- commands ------------------------------------------------------------------------
     def _on_command(self, msg: Message) -> None:
-        if self._early_or(msg):
+        if self._early_or(msg) or self._importing(msg):
             return
         body = msg.body if isinstance(msg.body, dict) else {}
         reply: dict[str, Any] = {"id": body.get("id")}
@@ -267,6 +270,36 @@ class KVServer:
             reply["error"] = [type(exc).__name__, f"{self.name}: {exc}"]
         self.outbox.send_message(Message(Command.SERVER_CMD, recver=msg.sender, body=reply, request=False,
                                          route=msg.route))
+
+    def _importing(self, msg: Message) -> bool:
+        """A pickled MXNet optimizer needs mxnet, whose import takes seconds (more on a busy
+        machine). On this I/O thread it would hold back everything the server sends, its
+        heartbeats too, and the scheduler would find it silent: mxnet is imported on a thread of
+        its own, and server commands wait in order until it is in (pushes cannot come: their
+        workers wait for the optimizer's answer first)."""
+        if self._held is not None:
+            self._held.append(msg)
+            return True
+        body = msg.body if isinstance(msg.body, dict) else {}
+        if body.get("cmd") != "set_optimizer_pickle" or "mxnet" in sys.modules or self._import_tried or \
+                not self.po.config.allow_pickle:
+            return False
+        self._held, self._import_tried = [msg], True
+        threading.Thread(target=self._import_mxnet, name="ps-import-mxnet", daemon=True).start()
+        return True
+
+    def _import_mxnet(self) -> None:
+        from ..optim import pickled
+        try:
+            pickled.import_mxnet()
+        except Exception:       # noqa: BLE001 - the command's own import then fails and says why
+            logger.debug("%s: importing mxnet failed", self.name, exc_info=True)
+        self.po.call_soon(self._release_held)
+
+    def _release_held(self) -> None:
+        held, self._held = self._held or [], None
+        for msg in held:
+            self._on_command(msg)
 
     def _set_optimizer(self, store: Store, body: dict[str, Any]) -> None:
         opt, ns = optim.from_spec(body["spec"]), namespace_of(body)

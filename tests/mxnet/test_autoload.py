@@ -61,6 +61,18 @@ def test_a_module_script_with_its_own_optimizer_keeps_mxnets_per_parameter_weigh
             np.testing.assert_allclose(worker["weights"][name], values, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+def test_a_server_importing_mxnet_for_a_pickled_optimizer_goes_on_sending_heartbeats(procs):
+    """The first pickled optimizer makes a server import mxnet, which takes seconds. Done on its
+    I/O thread it held back the heartbeats too, and with a tight PS_HEARTBEAT_TIMEOUT (or a
+    busy machine and the default one) the scheduler declared the server dead."""
+    env = cluster_env(0, PS_HEARTBEAT_INTERVAL="0.2", PS_HEARTBEAT_TIMEOUT="1")
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local", PYTHON,
+                            str(ROOT / "tests" / "mxnet" / "plain_module.py")], env)
+    code, out, err = procs.finish(launcher, timeout=120)
+    assert code == 0 and "heartbeat" not in out + err, out + err
+    assert sorted(r["rank"] for r in results(out)) == [0, 1], out
+
+
 def test_the_same_script_gives_native_mxnet_dist_sync_numbers(procs, port):
     """The target of the MXNet issue: 10 steps on ps (launcher) and on MXNet's own C++
     parameter server (its scheduler and servers are `python -c "import mxnet"`, as MXNet's

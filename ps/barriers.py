@@ -39,6 +39,7 @@ class Barriers:
         self._open: dict[str, Barrier] = {}
         self._passed: dict[int, dict[str, int]] = {}  # node id -> group -> barriers it passed
         self._replays: dict[int, Replay] = {}       # restarted nodes still replaying barriers
+        self._estimated: dict[int, list[str]] = {}  # died with the old scheduler: its groups (estimate)
 
     def arrive(self, node_id: int, group: str) -> None:
         replay = self._replays.get(node_id)
@@ -136,15 +137,26 @@ class Barriers:
     def estimate(self, node_id: int, groups: list[str], unknown: set[int]) -> None:
         """A node that died with the old scheduler: it passed what the members that reported
         passed (the fewest: it cannot have passed a barrier one of them still waits in), so
-        its restart is answered those at once."""
+        its restart is answered those at once. Estimated again when its restart comes
+        (``replay``): a member that had not reported yet when it was found dead (the only
+        other worker, say) has by then, and without its count the restart's first barrier
+        would wait for a member that is long past it."""
+        self._estimated[node_id] = groups
+        self._passed[node_id] = self._estimate(groups, unknown)
+
+    def _estimate(self, groups: list[str], unknown: set[int]) -> dict[str, int]:
         passed = {}
         for group in groups:
             counts = [p.get(group, 0) for i, p in self._passed.items()
-                      if i in self._members(group) and i not in unknown]
+                      if i in self._members(group) and i not in unknown and i not in self._estimated]
             if counts:
                 passed[group] = min(counts)
-        self._passed[node_id] = passed
+        return passed
 
     def replay(self, node_id: int) -> None:
         """``node_id`` restarted: answer at once the barriers its dead self passed."""
+        groups = self._estimated.get(node_id)
+        if groups is not None:
+            self._passed[node_id] = self._estimate(groups, set())
+            del self._estimated[node_id]
         self._replays[node_id] = Replay(dict(self._passed.get(node_id, {})), {})

@@ -148,6 +148,28 @@ def test_a_barrier_still_open_waits_for_every_member_and_a_dead_ones_count_is_es
     assert job.sent == [(S1, Command.BARRIER, {"group": "all", "error": None})]
 
 
+def test_a_dead_nodes_count_counts_the_members_that_reported_after_it_was_found_dead():
+    """Worker 1 died with the old scheduler and was found dead before worker 0, the other
+    member of 'workers', reported: its restart's replay must still count worker 0's barriers,
+    or its first 'workers' barrier waits for worker 0, who is long past it (a hang seen in
+    test_the_scheduler_and_another_node_killed_at_once_lose_nothing)."""
+    job = Job()
+    job.nodes = job.rebuild.begin(report(S0), 5.0, [])
+    job.barriers.rejoin(S0, {"all": 1}, [])
+    job.barriers.estimate(W1, ["all", "workers"], {W0, S1})      # found dead: worker 0 has not reported
+    job.barriers.rejoin(W0, {"all": 1, "workers": 2}, [])
+    job.barriers.rejoin(S1, {"all": 1}, [])
+    job.barriers.replay(W1)                                       # its restart is admitted
+    job.sent.clear()
+    job.barriers.arrive(W1, "all")
+    job.barriers.arrive(W1, "workers")
+    job.barriers.arrive(W1, "workers")
+    assert job.sent == [(W1, Command.BARRIER, {"group": g, "error": None}) for g in ("all", "workers", "workers")]
+    job.sent.clear()
+    job.barriers.arrive(W1, "workers")                            # a new one: it waits for worker 0
+    assert job.sent == []
+
+
 def test_the_job_ends_once_every_worker_closed_even_when_one_reports_it_to_a_restart():
     sent, finished = [], []
     ending = Ending(lambda: 0.0, 2, lambda i: {W0: 0, W1: 1}[i], lambda: [S0, S1],

@@ -63,20 +63,14 @@ class JobCollector:
                 heard.add_metric(labels, row["last_heard"])
         yield from (up, node_state, restarts, heard)
 
-        for field, name, doc in _COUNTERS:
-            family = CounterMetricFamily(name, doc, labels=LABELS)
-            for row, labels in labelled:
-                value = reports.get(row["id"], {}).get(field)
-                if value is not None:
-                    family.add_metric(labels, value)
-            yield family
-        for field, name, doc in _GAUGES:
-            family = GaugeMetricFamily(name, doc, labels=LABELS)
-            for row, labels in labelled:
-                value = reports.get(row["id"], {}).get(field)
-                if value is not None:
-                    family.add_metric(labels, value)
-            yield family
+        for kind, table in ((CounterMetricFamily, _COUNTERS), (GaugeMetricFamily, _GAUGES)):
+            for field, name, doc in table:
+                family = kind(name, doc, labels=LABELS)
+                for row, labels in labelled:
+                    value = reports.get(row["id"], {}).get(field)
+                    if value is not None:
+                        family.add_metric(labels, value)
+                yield family
         yield _latency(labelled, reports)
         yield from _job(state)
 

@@ -215,6 +215,7 @@ class Role:
     command: tuple[str, ...]
     env: Pairs                      # literal values; the per-pod ones are added by the manifest
     resources: Pairs
+    dmlc_role: str = ""             # DMLC_ROLE, when not the name (a worker is joint with --mode mpi)
 
 
 @dataclass(frozen=True)
@@ -272,11 +273,11 @@ def plan(spec: LaunchSpec, namespace: str, features: Features,
         common["PS_SECRET_FILE"] = f"{KEY_DIR}/curve.secret"
     ps_command = default_server_command(spec.command, "python")   # the image's python
     roles = []
-    for role, count in (("scheduler", 1), ("server", spec.num_servers), ("worker", spec.num_workers)):
+    for role, count in (("scheduler", 1), *spec.processes()):
         user = dict(spec.env) if role == "scheduler" else spec.user_env(role)
         command = tuple(local_argv(spec.command)) if role == "worker" else ps_command
         roles.append(Role(role, count, kube.image(role), command, tuple({**common, **user}.items()),
-                          kube.resources(role)))
+                          kube.resources(role), spec.dmlc_role(role)))
     return KubeJob(kube.name, namespace, kube.port, tuple(roles), spec.max_restarts, features, files)
 
 
@@ -327,7 +328,7 @@ def _env(job: KubeJob, role: Role) -> list[dict[str, Any]]:
     # the scheduler binds DMLC_PS_ROOT_URI's address: its own pod IP, not the Service's, which
     # is no interface of the pod; everyone else connects through the Service
     root = field("status.podIP") if role.name == "scheduler" else {"value": job.scheduler_host}
-    env = [{"name": "DMLC_ROLE", "value": role.name}, {"name": "DMLC_PS_ROOT_URI", **root},
+    env = [{"name": "DMLC_ROLE", "value": role.dmlc_role or role.name}, {"name": "DMLC_PS_ROOT_URI", **root},
            {"name": "DMLC_RANK", **field(INDEX)}, {"name": "DMLC_NODE_HOST", **field("status.podIP")}]
     return env + [{"name": name, "value": value} for name, value in role.env]
 

@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-auth", action="store_true",
                    help="no per-job signing key: servers then run no pickled MXNet optimizer (default: a job "
                         "on this machine gets a fresh key in PS_JOB_KEY_FILE; docs/security.md)")
+    p.add_argument("--mode", choices=("ps", "mpi"), default="ps",
+                   help="mpi: no server processes, every worker holds one server shard (MXNet's dist_sync_mpi; "
+                        "any dist_* kvstore the script asks for runs so)")
     p.add_argument("--p3", action="store_true", help=argparse.SUPPRESS)  # MXNet's P3 van: not in ps
     p.add_argument("command", nargs=argparse.REMAINDER, help="the worker command and its arguments")
     return p
@@ -112,6 +115,11 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str],
     if args.num_workers < 1:
         raise SpecError(f"-n/--num-workers must be >= 1, got {args.num_workers}")
     num_servers = args.num_workers if args.num_servers is None else args.num_servers
+    if args.mode == "mpi" and args.num_servers is not None:
+        raise SpecError(f"-s {args.num_servers} with --mode mpi: in mpi mode every worker holds one server shard "
+                        "and no server process is started; drop -s (or use --mode ps)")
+    if args.mode == "mpi" and args.slurm_server_nodes is not None:
+        raise SpecError("--slurm-server-nodes with --mode mpi: there are no server processes to place")
     if num_servers < 1:
         raise SpecError(f"-s/--num-servers must be >= 1, got {num_servers}")
     launcher = args.launcher or ("ssh" if args.hostfile else "local")
@@ -155,7 +163,7 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str],
         server_command=default_server_command(command, python),
         slurm_server_nodes=args.slurm_server_nodes, slurm_worker_nodes=args.slurm_worker_nodes,
         sge_queue=args.sge_queue, yarn_queue=args.yarn_queue, auth=not args.no_auth,
-        max_restarts=args.max_restarts, kube=kube, dashboard=args.dashboard)
+        max_restarts=args.max_restarts, kube=kube, dashboard=args.dashboard, mode=args.mode)
     if kube is not None:
         kubernetes.check_env(spec)
     return spec
@@ -199,6 +207,9 @@ def render(cmd: Command, base_env: Mapping[str, str]) -> str:
 def _summary(spec: LaunchSpec, backend: Backend, ip: str, port: Any) -> str:
     hosts = backend.host_count(spec)
     where = f"on {hosts} host{'s' if hosts != 1 else ''}" if hosts else f"via {spec.launcher}"
+    if spec.joint:
+        return (f"{spec.num_workers} joint worker{'s' if spec.num_workers != 1 else ''} (each holding a server "
+                f"shard) {where}; scheduler {ip}:{port}")
     return (f"{spec.num_servers} server{'s' if spec.num_servers != 1 else ''}, "
             f"{spec.num_workers} worker{'s' if spec.num_workers != 1 else ''} {where}; scheduler {ip}:{port}")
 

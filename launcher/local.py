@@ -15,7 +15,7 @@ def build_commands(spec: LaunchSpec, job: Mapping[str, str], base_env: Mapping[s
                    cwd_has_file=os.path.isfile) -> list[Command]:
     """One Command per process; env = the launcher's environment + the task's DMLC_* + --env*."""
     cmds = []
-    for task in place(spec.num_servers, spec.num_workers):
+    for task in place(spec.server_processes, spec.num_workers):
         argv = local_argv(spec.role_command(task.role))
         if "/" not in argv[0] and shutil.which(argv[0], path=base_env.get("PATH")) is None \
                 and cwd_has_file(os.path.join(spec.cwd, argv[0])):

@@ -71,9 +71,9 @@ def host_list(tasks: list[Task]) -> str:
 
 def build_commands(spec: LaunchSpec, job: Mapping[str, str], forward: Mapping[str, str],
                    base_env: Mapping[str, str], flavor: str, as_root: bool) -> list[Command]:
-    tasks = place(spec.num_servers, spec.num_workers, spec.hosts)
+    tasks = place(spec.server_processes, spec.num_workers, spec.hosts)
     cmds = []
-    for role, n in (("server", spec.num_servers), ("worker", spec.num_workers)):
+    for role, n in spec.processes():
         env = {**forward, **role_env(spec, role, job)}
         hosts = host_list([t for t in tasks if t.role == role])
         if flavor == "openmpi":

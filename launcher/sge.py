@@ -37,7 +37,7 @@ def build_commands(spec: LaunchSpec, job: Mapping[str, str], forward: Mapping[st
     """(qsub Commands, {script path: script text}). Values go by name: ``-v NAME`` takes the
     value from qsub's environment."""
     cmds, scripts = [], {}
-    for role, n in (("server", spec.num_servers), ("worker", spec.num_workers)):
+    for role, n in spec.processes():
         # PATH too (dmlc passed it): an execution host's default PATH may lack the interpreter
         env = {**forward, **({"PATH": base_env["PATH"]} if "PATH" in base_env else {}), **role_env(spec, role, job)}
         script = os.path.join(outdir, f"{role}.sh")
@@ -71,7 +71,7 @@ def commands(spec: LaunchSpec, job: Mapping[str, str], environ: Mapping[str, str
 def task_files(spec: LaunchSpec, outdir: str) -> dict[str, tuple[str, bool]]:
     """{output file: (source name, is stderr)} for every task of the job."""
     return {os.path.join(outdir, f"{role}.{t}.{ext}"): (f"{role} {t - 1}", ext == "err")
-            for role, n in (("server", spec.num_servers), ("worker", spec.num_workers))
+            for role, n in spec.processes()
             for t in range(1, n + 1) for ext in ("out", "err")}
 
 
@@ -82,7 +82,7 @@ def host_count(spec: LaunchSpec) -> int | None:
 def describe(spec: LaunchSpec) -> list[str]:
     """--dry-run: the scripts the commands name."""
     return [f"# {os.path.join(output_dir(spec), role + '.sh')}: {script_text(spec, role).splitlines()[-1]}"
-            for role in ("server", "worker")]
+            for role, _ in spec.processes()]
 
 
 def start(spec: LaunchSpec, job: Job, cmds: list[Command]) -> None:

@@ -31,8 +31,9 @@ def labeler(role: str, fallback: str):
 
 def build_commands(spec: LaunchSpec, job: Mapping[str, str], base_env: Mapping[str, str]) -> list[Command]:
     cmds = []
-    for role, n, nodes in (("server", spec.num_servers, spec.slurm_server_nodes),
-                           ("worker", spec.num_workers, spec.slurm_worker_nodes)):
+    nodes_of = {"server": spec.slurm_server_nodes, "worker": spec.slurm_worker_nodes}
+    for role, n in spec.processes():
+        nodes = nodes_of[role]
         argv = ["srun", "--oversubscribe", "--label", "--export=ALL",
                 f"--job-name=ps-{role}", "-n", str(n)]
         argv += ["-N", str(nodes)] if nodes else []

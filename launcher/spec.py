@@ -84,12 +84,35 @@ class LaunchSpec:
     max_restarts: int = 0                    # --max-restarts: failed servers/workers started again
     dashboard: str | None = None             # --dashboard [HOST:]PORT: the scheduler's PS_DASHBOARD
     kube: KubeOptions | None = None          # --launcher kubernetes only
+    mode: str = "ps"                         # --mode: ps (server processes apart) or mpi (joint workers)
+
+    @property
+    def joint(self) -> bool:
+        """--mode mpi: every worker process holds one server shard (DMLC_ROLE=joint), no servers apart."""
+        return self.mode == "mpi"
+
+    @property
+    def server_processes(self) -> int:
+        """The server processes to start: none with --mode mpi (``num_servers`` still counts the shards)."""
+        return 0 if self.joint else self.num_servers
+
+    def processes(self) -> tuple[tuple[str, int], ...]:
+        """(role, how many) for each role that has processes to start: servers, then workers."""
+        return tuple((role, n) for role, n in (("server", self.server_processes), ("worker", self.num_workers))
+                     if n)
+
+    def dmlc_role(self, role: str) -> str:
+        """DMLC_ROLE of ``role``'s processes: a worker is joint with --mode mpi."""
+        return "joint" if self.joint and role == "worker" else role
 
     def role_command(self, role: str) -> tuple[str, ...]:
         return self.server_command if role == "server" else self.command
 
     def user_env(self, role: str) -> dict[str, str]:
-        """--env plus --env-server or --env-worker (the latter wins), for ``role``."""
+        """--env plus --env-server or --env-worker (the latter wins), for ``role``; a joint
+        worker (--mode mpi) is a server too: both, --env-worker winning."""
+        if self.joint and role == "worker":
+            return dict(self.env) | dict(self.env_server) | dict(self.env_worker)
         extra = self.env_server if role == "server" else self.env_worker
         return dict(self.env) | dict(extra)
 

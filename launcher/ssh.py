@@ -69,7 +69,7 @@ def workdir(spec: LaunchSpec) -> str:
 
 def build_commands(spec: LaunchSpec, job: Mapping[str, str], forward: Mapping[str, str]) -> list[Command]:
     """One ssh Command per process; ``forward`` = launcher env that remote processes get."""
-    return [task_command(spec, task, job, forward) for task in place(spec.num_servers, spec.num_workers, spec.hosts)]
+    return [task_command(spec, task, job, forward) for task in place(spec.server_processes, spec.num_workers, spec.hosts)]
 
 
 def task_command(spec: LaunchSpec, task: Task, job: Mapping[str, str], forward: Mapping[str, str]) -> Command:
@@ -102,7 +102,7 @@ class Relocation:
     def __init__(self, spec: LaunchSpec, job: Mapping[str, str], environ: Mapping[str, str],
                  answers: Callable[[Host], bool] = host_answers):
         self.spec, self.job, self.forward, self.answers = spec, job, forwarded_env(environ), answers
-        self.tasks = {t.name: t for t in place(spec.num_servers, spec.num_workers, spec.hosts)}
+        self.tasks = {t.name: t for t in place(spec.server_processes, spec.num_workers, spec.hosts)}
         self.dead: set[tuple[str, int | None]] = set()
         self.synced = {h.key for h in used_hosts(spec)} if spec.sync_dst_dir else set()
 
@@ -142,7 +142,7 @@ def commands(spec: LaunchSpec, job: Mapping[str, str], environ: Mapping[str, str
 
 
 def used_hosts(spec: LaunchSpec) -> list[Host]:
-    tasks: list[Task] = place(spec.num_servers, spec.num_workers, spec.hosts)
+    tasks: list[Task] = place(spec.server_processes, spec.num_workers, spec.hosts)
     return distinct(t.host for t in tasks)
 
 

@@ -76,12 +76,12 @@ def job_env(spec: LaunchSpec, root_uri: str, root_port: int | str,
 
 def role_env(spec: LaunchSpec, role: str, job: Mapping[str, str]) -> dict[str, str]:
     """Env of every process of ``role`` (rank-free part), user --env* last."""
-    return {**job, "DMLC_ROLE": role, **spec.user_env(role)}
+    return {**job, "DMLC_ROLE": spec.dmlc_role(role), **spec.user_env(role)}
 
 
 def task_env(spec: LaunchSpec, task: Task, job: Mapping[str, str], node_host: bool = False) -> dict[str, str]:
     """Env of one process: role env plus its task id, pinned rank and (ssh) node host."""
-    env = {**job, "DMLC_ROLE": task.role, "DMLC_TASK_ID": str(task.task_id), "DMLC_RANK": str(task.rank)}
+    env = {**job, "DMLC_ROLE": spec.dmlc_role(task.role), "DMLC_TASK_ID": str(task.task_id), "DMLC_RANK": str(task.rank)}
     if node_host and task.host is not None:
         env["DMLC_NODE_HOST"] = task.host.name
     env.update(spec.user_env(task.role))
@@ -101,7 +101,7 @@ RANK_SCRIPT = (
 
 def rank_wrapper(spec: LaunchSpec, role: str, argv: list[str]) -> list[str]:
     """``sh -c`` prefix that sets DMLC_RANK/DMLC_TASK_ID from the MPI/Slurm/SGE rank."""
-    offset = 0 if role == "server" else spec.num_servers
+    offset = 0 if role == "server" else spec.server_processes
     return ["/bin/sh", "-c", RANK_SCRIPT % (offset, EXIT_MARKER), "ps-launch-rank", *argv]
 
 

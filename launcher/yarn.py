@@ -62,7 +62,7 @@ def build_commands(spec: LaunchSpec, job: Mapping[str, str], forward: Mapping[st
                    jar: str, workdir: str) -> tuple[list[Command], dict[str, str]]:
     cmds, scripts = [], {}
     timeout_ms = int(spec.timeout * 1000) if spec.timeout else FOREVER_MS
-    for role, n in (("server", spec.num_servers), ("worker", spec.num_workers)):
+    for role, n in spec.processes():
         script = os.path.join(workdir, f"{role}.sh")
         scripts[script] = script_text(spec, role)
         argv = [yarn, "jar", jar, CLIENT, "-jar", jar, "-appname", f"ps-{role}",
@@ -99,7 +99,7 @@ def host_count(spec: LaunchSpec) -> int | None:
 def describe(spec: LaunchSpec) -> list[str]:
     """--dry-run: the scripts the commands name."""
     return [f"# {os.path.join(workdir(spec), role + '.sh')}: {script_text(spec, role).splitlines()[-1]}"
-            for role in ("server", "worker")]
+            for role, _ in spec.processes()]
 
 
 def start(spec: LaunchSpec, job: Job, cmds: list[Command]) -> None:

@@ -47,7 +47,7 @@ def main(environ=None, argv=None) -> int:
     except KeyboardInterrupt:
         print(f"ps {cfg.role}: interrupted", file=sys.stderr)
         return exitcodes.INTERRUPTED
-    print("ps: DMLC_ROLE=worker: run your training script instead of `python -m ps`", file=sys.stderr)
+    print(f"ps: DMLC_ROLE={cfg.role}: run your training script instead of `python -m ps`", file=sys.stderr)
     return exitcodes.CONFIG
 
 

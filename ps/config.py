@@ -13,7 +13,8 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from .errors import ConfigError
 
-ROLES = ("scheduler", "server", "worker")
+ROLES = ("scheduler", "server", "worker", "joint")
+SCRIPT_ROLES = ("worker", "joint")   # roles that run the training script (joint: a worker holding a server shard)
 
 
 def _int(name: str, raw: str, lo: int | None = 0, hi: int | None = None) -> int:
@@ -127,7 +128,7 @@ class Var:
 
 
 VARIABLES: tuple[Var, ...] = (
-    Var("DMLC_ROLE", "role", _role, "worker", "scheduler, server or worker"),
+    Var("DMLC_ROLE", "role", _role, "worker", "scheduler, server, worker, or joint (a worker that holds a server shard)"),
     Var("DMLC_PS_ROOT_URI", "root_uri", _str, None, "scheduler IP or host name (resolved to an IP)", True),
     Var("DMLC_PS_ROOT_PORT", "root_port", lambda n, r: _int(n, r, 0, 65535), None,
         "scheduler port (0 only for a scheduler started by the launcher: pick a free one)", True),
@@ -336,6 +337,8 @@ class Config:
     mxnet_mkldnn: bool = True
     bigarray_bound: int = 1_000_000
     reduction_nthreads: int = 4
+    # not a variable: the server of a joint process (ps/joint.py), which its worker reaches in-process
+    in_process_peers: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
@@ -351,6 +354,8 @@ class Config:
                 continue
             values[var.field] = var.parse(var.name, raw)
         values.update(overrides)
+        if values.get("role") == "joint" and values.get("num_servers") is None:
+            values["num_servers"] = values.get("num_workers")     # one shard per joint process
         for var in VARIABLES:
             if var.required and values.get(var.field) is None:
                 raise ConfigError(f"{var.name} is not set: every ps process needs it ({var.doc})")
@@ -366,6 +371,10 @@ class Config:
             raise ConfigError(
                 f"PS_HEARTBEAT_TIMEOUT ({self.heartbeat_timeout}) must be at least twice "
                 f"PS_HEARTBEAT_INTERVAL ({self.heartbeat_interval})")
+        if self.role == "joint" and self.num_servers != self.num_workers:
+            raise ConfigError(f"DMLC_ROLE=joint: every process is one worker and one server, so DMLC_NUM_SERVER "
+                              f"({self.num_servers}) must equal DMLC_NUM_WORKER ({self.num_workers}); leave "
+                              "DMLC_NUM_SERVER unset")
         if self.root_port == 0 and self.role != "scheduler":
             raise ConfigError("DMLC_PS_ROOT_PORT must name the scheduler's port, got '0'")
 
@@ -375,6 +384,11 @@ class Config:
     @property
     def is_worker(self) -> bool:
         return self.role == "worker"
+
+    @property
+    def is_joint(self) -> bool:
+        """A worker that also holds a server shard on threads of its own process (ps/joint.py)."""
+        return self.role == "joint"
 
     @property
     def is_server(self) -> bool:

@@ -67,9 +67,14 @@ class KVStore:
         if type not in TYPES:
             raise ValueError(f"unknown kvstore type {type!r}; use one of {', '.join(TYPES)}")
         cfg = config or Config.from_env()
+        self._joint: Any = None     # a joint process's own server shard (ps/joint.py)
+        if cfg.is_joint:
+            from .joint import JointServer
+            self._joint = JointServer(cfg)
+            cfg = cfg.replace(role="worker")
         if not cfg.is_worker:
-            raise ConfigError(f"DMLC_ROLE={cfg.role!r}: a KVStore runs on workers; start servers "
-                              "and the scheduler with `python -m ps`")
+            raise ConfigError(f"DMLC_ROLE={cfg.role!r}: a KVStore runs on workers (or joint processes); start "
+                              "servers and the scheduler with `python -m ps`")
         if cfg.verbose:
             from . import _logging
             _logging.setup(cfg.verbose, "[worker] ")
@@ -91,6 +96,8 @@ class KVStore:
                 self._po.rejoined()
         except BaseException:
             self._po.close(linger=0)
+            if self._joint is not None:
+                self._joint.stop()
             raise
         ref = weakref.ref(self)
         self._atexit = lambda: ref() is not None and ref().close()
@@ -192,6 +199,11 @@ class KVStore:
         credits received (PS_SEND_WINDOW), ..."""
         return {**self._po.transport_stats(), "credits": self._worker.credits}
 
+    def server_links(self) -> dict[int, str]:
+        """How this worker reaches each server, by rank: "inproc" (its own shard: a joint
+        process), "ipc" (a server on this machine), "tcp" (over the network)."""
+        return {self._po.nodes[sid].rank: self._po.link_kind(sid) for sid in self._po.server_ids}
+
     def __enter__(self) -> "KVStore":
         return self
 
@@ -208,8 +220,9 @@ class KVStore:
         if self._po.failure is not None:
             raise self._po.failure
 
-    def init(self, key: Any, value: Any, labels: Any = None, members: Sequence[int] | None = None) -> None:
-        """Collective: every worker calls it with the same keys; rank 0's value is stored.
+    def init(self, key: Any, value: Any, labels: Any = None, members: Sequence[int] | None = None,
+             root: int = 0) -> None:
+        """Collective: every worker calls it with the same keys; rank ``root``'s value is stored.
 
         ``labels`` (a str, or one per key): how error messages name the keys, for a caller
         that moved its users' keys (ps.mxnet's second kvstore of a process) so that errors,
@@ -222,13 +235,15 @@ class KVStore:
         """
         self._check_open()
         group = None if members is None else member_ranks(members, self.rank, self.num_workers)
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self.num_workers:
+            raise ValueError(f"init of key {key!r}: root rank must be an int in [0, {self.num_workers}), got {root!r}")
         named = pairs(key, value)
         infos = []
         for (k, v), label in zip(named, key_labels(labels, len(named))):
             arr = np.asarray(v[0] if isinstance(v, (list, tuple)) else v)
             infos.append((self._keys.new(k, arr, label), arr))
         requests = []
-        sender = 0 if group is None else group[0]
+        sender = int(root) if group is None else group[0]
         for info, arr in infos:
             self._keys.add(info)
             if group is not None:
@@ -497,4 +512,6 @@ class KVStore:
             self._worker.fail_all(ClosedError("the store was closed before this request was answered"))
             self._po.announce_close()
             self._po.close(linger=1.0)
+            if self._joint is not None:     # it serves the others until the last worker closed
+                self._joint.wait(self._timeout or CLOSE_WAIT)
 

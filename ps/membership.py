@@ -115,13 +115,20 @@ class Member:
         return f"{self.role.name.lower()} {self.rank} ({node_name(node_id)} at {self.host}:{self.port})"
 
 
+def process_of(member: Member, node_id: int) -> tuple[str, int]:
+    """The process a node runs in: a joint process (DMLC_ROLE=joint) is a server and a worker."""
+    return (member.hostname, member.pid) if member.pid else ("", -node_id)
+
+
 def unrecoverable(node_id: int, nodes: dict[int, Member], recovering: dict[int, Recovery], restarts: int,
                   limit: int, num_servers: int, order: list[int]) -> str | None:
     """Why the death of ``node_id`` cannot be recovered from (PS_MAX_RESTARTS ``limit``,
-    ``restarts`` used, ``recovering`` awaited, the replica ring's ``order``); None if it can."""
+    ``restarts`` of processes used, ``recovering`` awaited, the replica ring's ``order``); None
+    if it can. The limit counts processes, as the launcher restarts them: a joint process's
+    server and worker die and come back as one."""
     node = nodes[node_id]
-    awaited = sum(1 for rec in recovering.values() if not rec.replaced)
-    if restarts + awaited >= limit:
+    awaited = {process_of(nodes[i], i) for i, rec in recovering.items() if not rec.replaced}
+    if process_of(node, node_id) not in awaited and restarts + len(awaited) >= limit:
         return f"the job has used all of its {limit} restart(s) (PS_MAX_RESTARTS / --max-restarts)"
     if node.role == Role.SERVER and num_servers < 2:
         return ("with one server there is no replica of its state to recover from "
@@ -142,10 +149,20 @@ def unrecoverable(node_id: int, nodes: dict[int, Member], recovering: dict[int, 
 
 
 def head_count(nodes: list[Member], num_workers: int, num_servers: int) -> str:
-    """How far a job is from complete, as its messages say it."""
-    w = sum(1 for n in nodes if n.role == Role.WORKER)
-    s = sum(1 for n in nodes if n.role == Role.SERVER)
-    return f"have {w}/{num_workers} workers, {s}/{num_servers} servers"
+    """How far a job is from complete, as its messages say it: with the ranks still missing
+    when every node of a role asked for its rank (DMLC_RANK: every launcher, mpirun's ranks),
+    so that the error names the process to look at."""
+    counts = []
+    for role, expected in ((Role.WORKER, num_workers), (Role.SERVER, num_servers)):
+        members = [n for n in nodes if n.role == role]
+        text = f"{len(members)}/{expected} {role.name.lower()}s"
+        hints = {n.rank_hint for n in members}
+        if members and len(members) < expected and None not in hints:
+            missing = [r for r in range(expected) if r not in hints]
+            text += f" (missing rank{'s' if len(missing) != 1 else ''} {', '.join(map(str, missing[:16]))}" + \
+                    (", ...)" if len(missing) > 16 else ")")
+        counts.append(text)
+    return "have " + ", ".join(counts)
 
 
 def restart_place(info: Member, free: list[int], nodes: dict[int, Member]) -> int:

@@ -222,6 +222,10 @@ class Postoffice:
             self._control.pop(node_id, None)    # the van closes it: reopened on the next credit
             self.van.connect(node_id, address)
 
+    def link_kind(self, node_id: int) -> str:
+        """How this node reaches ``node_id``: "inproc" (its own process), "ipc" (this machine), "tcp"."""
+        return self.van.endpoint_used(self._peers.get(node_id, "")).partition("://")[0]
+
     def over_network(self, node_id: int) -> bool:
         """Whether the data connection to ``node_id`` crosses a network (not this machine's ipc://)."""
         return not self._peers.get(node_id, "").startswith("ipc://")

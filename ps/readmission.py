@@ -16,7 +16,7 @@ from typing import Any, Callable, Protocol
 
 from .barriers import GROUPS, Barriers
 from .config import Config
-from .membership import Member, Parked, Recovery, restart_place
+from .membership import Member, Parked, Recovery, process_of, restart_place
 from .message import Command, Message, Role, node_name
 from .rebuild import Rebuild
 from .van import Van
@@ -62,6 +62,8 @@ class Readmission:
         self.host = host
         self.recovering: dict[int, Recovery] = {}   # node id -> its awaited restart
         self.restarts = 0                           # restarted nodes that registered
+        self.process_restarts = 0                   # ... counted by process (PS_MAX_RESTARTS' unit)
+        self._restarted: set[tuple[str, int]] = set()
         self.deaths = itertools.count(1)            # numbers each declared death (Recovery.death)
 
     def node_down(self, node_id: int, reason: str) -> None:
@@ -73,7 +75,8 @@ class Readmission:
         if node.route is not None:
             self.host.van.forget(node.route)
         logger.warning("scheduler: %s; waiting up to %gs for its restart (PS_MAX_RESTARTS=%d, %d used)",
-                       reason, self.host.config.connect_timeout, self.host.config.max_restarts, self.restarts)
+                       reason, self.host.config.connect_timeout, self.host.config.max_restarts,
+                       self.process_restarts)
         rec = self.recovering[node_id]
         body = {"id": node_id, "reason": reason, "death": rec.death, "incarnation": node.incarnation}
         for other in self.host.nodes:
@@ -151,6 +154,9 @@ class Readmission:
         self.host.nodes[node_id] = info
         self.recovering[node_id].replaced = True
         self.restarts += 1
+        if process_of(info, node_id) not in self._restarted:     # a joint process's second node: counted once
+            self._restarted.add(process_of(info, node_id))
+            self.process_restarts += 1
         info.incarnation = self.restarts            # its NODE_TABLE's "restart", which it says it is
         self.host.barriers.replay(node_id)
         down = {str(i): r.reason for i, r in self.recovering.items() if i != node_id}
@@ -159,7 +165,7 @@ class Readmission:
                                                     "down": down})
         self.host.watch({node_id: info})
         logger.warning("scheduler: %s registered from %s as the restart of %s (restart %d of %d); "
-                       "it recovers its state", role, info.addr, node_name(node_id), self.restarts,
+                       "it recovers its state", role, info.addr, node_name(node_id), self.process_restarts,
                        self.host.config.max_restarts)
 
     def on_rejoined(self, msg: Message) -> None:
@@ -172,7 +178,7 @@ class Readmission:
             return
         del self.recovering[msg.sender]
         logger.warning("scheduler: %s is back after %.1fs (restart %d of %d)", self.host.describe(msg.sender),
-                       self.host.clock() - rec.since, self.restarts, self.host.config.max_restarts)
+                       self.host.clock() - rec.since, self.process_restarts, self.host.config.max_restarts)
         if self.host.nodes[msg.sender].role == Role.SERVER:
             # its dead self knew which workers closed their stores: rounds missing their pushes fail
             for wid in sorted(self.host.closed_workers):

@@ -358,7 +358,7 @@ class Scheduler:
             return
         if not final and self.config.max_restarts:
             readmission = self.readmission
-            why_not = unrecoverable(node_id, self.nodes, readmission.recovering, readmission.restarts,
+            why_not = unrecoverable(node_id, self.nodes, readmission.recovering, readmission.process_restarts,
                                     self.config.max_restarts, self.config.num_servers, self._ring)
             if why_not is None:
                 self.readmission.node_down(node_id, reason)
@@ -447,6 +447,8 @@ class Scheduler:
         info.rank, info.last_seen, info.incarnation = self.nodes[node_id].rank, self.clock(), report.incarnation
         self.nodes[node_id] = info
         self.readmission.restarts = max(self.readmission.restarts, report.incarnation)
+        # counted by node before this scheduler: at most that many processes
+        self.readmission.process_restarts = max(self.readmission.process_restarts, report.incarnation)
         self.reply(route, Command.REJOIN, {"have": self.have()}, recver=node_id)
         for cmd, held, request in self.rebuild.reported(node_id):
             self.send_to(node_id, cmd, held, request)

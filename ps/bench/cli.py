@@ -54,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ab", metavar="DIR",
                    help="A/B: also run ps from the checkout DIR (DIR/ps) as 'ps-b', alternating, and report "
                         "ps-b time / ps time")
+    p.add_argument("--joint", action="store_true",
+                   help="A/B: also run this ps with joint workers (DMLC_ROLE=joint: W server shards inside the "
+                        "workers, no server processes) as 'ps-b', and report ps-b time / ps time")
     p.add_argument("--native-op", choices=("pushpull", "push-pull", "best"), default="best",
                    help="native round: kv.pushpull, push then pull, or both on the same rounds and keep the "
                         "faster median (default best, as issue #6 asks)")
@@ -264,7 +267,8 @@ def start_clusters(impls: list[str], w: int, s: int, spec: dict[str, Any], args:
         for impl in impls:
             env = _env_pairs(args.native_env if impl == "native" else args.ps_env)
             if impl == "ps-b":
-                env["PYTHONPATH"] = args.ab
+                if not args.joint:
+                    env["PYTHONPATH"] = args.ab
                 env.update(_env_pairs(args.ab_env))
             wrap = None
             if impl == "ps" and args.py_spy:
@@ -272,7 +276,8 @@ def start_clusters(impls: list[str], w: int, s: int, spec: dict[str, Any], args:
                 py_spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
                 wrap = [py_spy, "record", "--nonblocking", "-r", "250", "-f", "speedscope", "-o",
                         os.path.join(os.path.abspath(args.py_spy), f"W{w}S{s}-server{{i}}.json"), "--"]
-            c = Cluster(impl, w, s, spec, env=env, timeout=args.timeout, wrap=wrap)
+            c = Cluster(impl, w, s, spec, env=env, timeout=args.timeout, wrap=wrap,
+                        joint=impl == "ps-b" and args.joint)
             clusters[impl] = c      # registered first, so a failed start is still cleaned up
             c.start()
     except BaseException:
@@ -290,7 +295,7 @@ def run_gluon(w: int, s: int, args: argparse.Namespace, progress: Progress, rows
     impls = ["ps"]
     if args.vs_native:
         impls.append("native")
-    if args.ab:
+    if args.ab or args.joint:
         impls.append("ps-b")
     for model in [m.strip() for m in args.gluon_models.split(",") if m.strip()]:
         if model not in MODELS:
@@ -367,6 +372,11 @@ def main(argv: list[str] | None = None) -> int:
         args.gluon = False
     cases = [] if args.gluon_only else build_cases(args)
     impls = ["ps", "native"] if args.vs_native else ["ps"]
+    if args.ab and args.joint:
+        print("ps.bench: --ab and --joint both run as ps-b: give one", file=sys.stderr)
+        return 2
+    if args.joint:
+        impls.append("ps-b")
     if args.ab:
         args.ab = os.path.abspath(args.ab)
         if not os.path.isfile(os.path.join(args.ab, "ps", "__init__.py")):

@@ -43,10 +43,14 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 class Cluster:
     """One job: ``impl`` is "ps", "native", or "ps-b" (ps from another checkout, named by
-    ``PYTHONPATH`` in ``env``); ``spec`` goes to every worker driver."""
+    ``PYTHONPATH`` in ``env``); ``spec`` goes to every worker driver. ``joint``: no server
+    processes, each worker holds a server shard (DMLC_ROLE=joint; ``servers`` is ignored)."""
 
     def __init__(self, impl: str, workers: int, servers: int, spec: dict[str, Any],
-                 env: dict[str, str] | None = None, timeout: float = 120.0, wrap: list[str] | None = None):
+                 env: dict[str, str] | None = None, timeout: float = 120.0, wrap: list[str] | None = None,
+                 joint: bool = False):
+        self.joint = joint
+        servers = workers if joint else servers
         self.impl, self.num_workers, self.num_servers = impl, workers, servers
         self.kind = "native" if impl == "native" else "ps"
         self.spec = {**spec, "impl": self.kind}
@@ -88,10 +92,11 @@ class Cluster:
         """Start every process; return once each worker initialized all its keys."""
         try:
             self.scheduler = self._spawn("scheduler", self._role_argv(), 0)
-            self.servers = [self._spawn("server", self.wrap_argv(i), i) for i in range(self.num_servers)]
+            if not self.joint:
+                self.servers = [self._spawn("server", self.wrap_argv(i), i) for i in range(self.num_servers)]
             worker_argv = [PYTHON, "-m", self._worker_module(), json.dumps(self.spec)]
             for i in range(self.num_workers):
-                proc = self._spawn("worker", worker_argv, i, pipes=True)
+                proc = self._spawn("joint" if self.joint else "worker", worker_argv, i, pipes=True)
                 q: queue.Queue = queue.Queue()
                 threading.Thread(target=_pump, args=(proc.stdout, q), daemon=True,
                                  name=f"bench-read-{proc.pid}").start()

@@ -104,11 +104,13 @@ class Impl(NamedTuple):
     kind: str                   # "ps", "native", or one of TORCH
     env: dict[str, str]         # the variables that make the variant
     compression: str = ""       # ps: set_gradient_compression type ("fp16": both ways)
+    joint: bool = False         # ps: no server processes, each worker holds a shard (DMLC_ROLE=joint)
 
 
 def impl_env(impl: str) -> Impl:
     """``native``, ``ps``, ``ps-restarts`` (PS_MAX_RESTARTS=1: replication on), ``ps-fifo``
     (PS_SEND_WINDOW=0: call order), ``ps-fp16`` (fp16 compression: pushes and pulls halved),
+    ``ps-joint`` (joint workers: each holds one server shard, no server processes),
     ``ps-torch`` (ps.torch's DistributedOptimizer), ``ddp`` (PyTorch DDP over gloo, no
     servers), or ``ps:NAME=VALUE[:NAME=VALUE...]``: which system, and what makes the variant."""
     if impl in ("native", *TORCH):
@@ -119,10 +121,12 @@ def impl_env(impl: str) -> Impl:
         return Impl("ps", {"PS_SEND_WINDOW": "0"})
     if impl == "ps-fp16":
         return Impl("ps", {}, "fp16")
+    if impl == "ps-joint":
+        return Impl("ps", {}, joint=True)
     kind, *pairs = impl.split(":")
     if kind != "ps" or any("=" not in p for p in pairs):
         raise SystemExit(f"--impls: unknown implementation {impl!r}; use native, ps, ps-restarts, ps-fifo, "
-                         "ps-fp16, ps-torch, ddp or ps:NAME=VALUE[:NAME=VALUE]")
+                         "ps-fp16, ps-joint, ps-torch, ddp or ps:NAME=VALUE[:NAME=VALUE]")
     return Impl("ps", dict(p.split("=", 1) for p in pairs))
 
 
@@ -165,7 +169,10 @@ def _env(hosts: Hosts, host: int, role: str, args: argparse.Namespace, rank: int
 def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes: list) -> Run:
     """One job of ``impl`` on ``hosts``; ``args.hosts`` is its K."""
     py = sys.executable
-    kind, extra, compression = impl_env(impl)
+    kind, extra, compression, joint = impl_env(impl)
+    if joint and args.servers not in (0, args.hosts):
+        raise SystemExit(f"--impls ps-joint: every one of the {args.hosts} workers holds one shard; "
+                         f"--servers {args.servers} cannot apply")
     node = [py, "-c", "import mxnet"] if kind == "native" else [py, "-m", "ps"]
     spec = {"impl": kind, "shapes": shapes, "compute": args.compute, "steps": args.steps, "warmup": args.warmup,
             "compression": compression}
@@ -183,13 +190,13 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
                           {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if args.link else None
     try:
-        for i in range(0 if kind == "ddp" else args.servers or args.hosts):   # server i on host i mod K
+        for i in range(0 if kind == "ddp" or joint else args.servers or args.hosts):   # server i on host i mod K
             h = 1 + i % args.hosts
             procs.append(start_group(hosts.argv(h, node), _env(hosts, h, "server", args, i, extra),
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         for h in range(1, args.hosts + 1):
             p = start_group(hosts.argv(h, [py, "-m", "ps.bench.multihost", "--worker-mode", json.dumps(spec)]),
-                            _env(hosts, h, "worker", args, h - 1, {**extra, "RANK": str(h - 1)} if kind == "ddp"
+                            _env(hosts, h, "joint" if joint else "worker", args, h - 1, {**extra, "RANK": str(h - 1)} if kind == "ddp"
                                  else extra), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
             workers.append(p)

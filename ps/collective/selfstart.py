@@ -4,7 +4,8 @@ train.py``, no ``python -m ps.launch``.
 A rank that mpirun or srun started (``ps.config.manager_rank``) with no ``DMLC_ROLE`` makes the
 rendezvous itself before its store joins: rank 0 starts the scheduler, rank r starts server r
 (one server per rank unless ``DMLC_NUM_SERVER`` says otherwise), each as a ``python -m ps``
-child that dies with its rank; then the rank is worker r. The scheduler's address is
+child that dies with its rank; then the rank is worker r. For MXNet's ``dist_sync_mpi`` every
+rank is joint instead (``start(joint=True)``): worker r and server r in the one process. The scheduler's address is
 127.0.0.1 when every rank is on one host, the first host of a Slurm step, or
 ``DMLC_PS_ROOT_URI``; its port is derived from the job's id (the same in every rank) unless
 ``DMLC_PS_ROOT_PORT`` is set. Derived ports lie below Linux's default ephemeral range
@@ -80,18 +81,27 @@ def _first_host(nodelist: str) -> str:
     return out[0]
 
 
-def start(environ: Mapping[str, str] | None = None) -> ManagerRank | None:
+def start(environ: Mapping[str, str] | None = None, joint: bool = False) -> ManagerRank | None:
     """Under mpirun/srun: start this rank's scheduler and servers, and make this process its
-    worker (its DMLC_* variables set in ``os.environ``). None when not needed."""
+    worker (its DMLC_* variables set in ``os.environ``). None when not needed.
+
+    ``joint``: every rank is a joint process (``DMLC_ROLE=joint``, ps/joint.py), its server
+    shard on its own threads, so no server process is started (MXNet's ``dist_sync_mpi``)."""
     rank = needed(environ)
     if rank is None:
         return None
     base = rendezvous(rank, os.environ)
+    if joint:
+        given = os.environ.get("DMLC_NUM_SERVER")
+        if given and given != str(rank.size):
+            raise ConfigError(f"DMLC_NUM_SERVER={given}: in a job of joint ranks every one of the {rank.size} "
+                              f"ranks holds one server shard; unset DMLC_NUM_SERVER")
+        base["DMLC_NUM_SERVER"] = str(rank.size)
     children = []
     atexit.register(_reap, children)
     if rank.rank == 0:
         children.append(_spawn("scheduler", base, None))
-    for server in range(rank.rank, int(base["DMLC_NUM_SERVER"]), rank.size):
+    for server in range(rank.rank, 0 if joint else int(base["DMLC_NUM_SERVER"]), rank.size):
         children.append(_spawn("server", base, server))
     if rank.rank == 0:
         try:
@@ -99,7 +109,7 @@ def start(environ: Mapping[str, str] | None = None) -> ManagerRank | None:
         except ConfigError:
             _reap(children, wait=0.0)
             raise
-    os.environ.update(base, DMLC_ROLE="worker", DMLC_RANK=str(rank.rank))
+    os.environ.update(base, DMLC_ROLE="joint" if joint else "worker", DMLC_RANK=str(rank.rank))
     logger.info("%s rank %d of %d: scheduler %s:%s, %d server(s) started here", rank.manager, rank.rank,
                 rank.size, base["DMLC_PS_ROOT_URI"], base["DMLC_PS_ROOT_PORT"], len(children) - (rank.rank == 0))
     return rank

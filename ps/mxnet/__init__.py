@@ -7,6 +7,10 @@ Importing this module registers ``dist_sync``, ``dist_async``, ``dist_sync_devic
 Any other name with "dist" in it, which MXNet would hand to its C++ ps-lite store
 (``dist_device_async``, ...), gets a ps store too, read the way MXNet reads it.
 
+``dist_sync_mpi`` and ``dist_async_mpi`` (MXNet's MPI proposal) are the same stores on joint
+processes, workers that hold their own server shard (``DMLC_ROLE=joint``, ``python -m
+ps.launch --mode mpi``, or a bare ``mpirun``: ps/mxnet/kvstore.py).
+
 In a process whose ``DMLC_ROLE`` is ``server`` or ``scheduler`` the import runs that role
 and exits *before* importing mxnet (whose own import would start MXNet's C++ server), so
 one script serves every role as long as it imports ``ps.mxnet`` before ``mxnet``.
@@ -17,11 +21,14 @@ from __future__ import annotations
 
 import sys
 
-from ..config import role_from_env
+from ..config import SCRIPT_ROLES, role_from_env
 
-if role_from_env() != "worker":        # must happen before anything imports mxnet
+if role_from_env() not in SCRIPT_ROLES:     # must happen before anything imports mxnet
     from ..__main__ import main as run_role
     sys.exit(run_role())
+if role_from_env() == "joint":              # MXNet's import would start its own server here
+    from ..optim.pickled import import_mxnet
+    import_mxnet()
 
 import atexit  # noqa: E402
 import os  # noqa: E402

@@ -41,7 +41,7 @@ def register() -> dict[str, type]:
     """Register ps's kvstores with MXNet (``mx.kv.create`` and Trainer look there first)."""
     classes = {}
     for name in ("dist_sync", "dist_async", "dist_sync_device", "dist_device_sync",
-                 "dist_async_device", "dist"):
+                 "dist_async_device", "dist", "dist_sync_mpi", "dist_async_mpi"):
         cls = _kvstore_class(name)
         classes[cls.__name__] = cls
     return classes

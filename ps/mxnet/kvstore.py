@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import itertools
 import logging
+import os
 import types
 import weakref
 from typing import Any, Iterator
@@ -18,6 +19,9 @@ from typing import Any, Iterator
 import mxnet as mx
 import numpy as np
 
+from ..collective import selfstart
+from ..config import role_from_env
+from ..errors import ConfigError
 from ..kvstore import CLOSE_WAIT, KVStore, RowSparse
 from .arrays import as_list, first, flatten, is_int_key, is_sparse, to_numpy
 from .engine_ops import EnginePushpulls
@@ -38,15 +42,44 @@ def shared_store() -> KVStore | None:
     return _shared if _shared is not None and not _shared.closed else None
 
 
-def _store(kvtype: str) -> KVStore:
-    """One ps worker per process: every registered kvstore instance shares it."""
+def _store(name: str) -> KVStore:
+    """One ps worker per process: every registered kvstore instance shares it. ``name`` is
+    the MXNet kvstore's."""
     global _shared
+    kvtype = ps_type(name)
     if _shared is None or _shared.closed:
+        if is_mpi(name):
+            _joint_ranks(name)
         _shared = KVStore(kvtype)
     elif ("async" in _shared.type) != ("async" in kvtype):
         raise ValueError(f"this process already joined the cluster as {_shared.type!r}; "
-                         f"cannot also create {kvtype!r}")
+                         f"cannot also create {name!r}")
     return _shared
+
+
+def is_mpi(name: str) -> bool:
+    """MXNet's MPI proposal's names (``dist_sync_mpi``, ``dist_async_mpi``): a job of joint ranks."""
+    return name.endswith("_mpi")
+
+
+def _joint_ranks(name: str) -> None:
+    """``dist_sync_mpi`` runs on joint ranks, each a worker holding its own server shard:
+    under a bare mpirun/srun the ranks make the rendezvous here (rank 0 starts the
+    scheduler); started by ``ps.launch --mode mpi`` or by hand with ``DMLC_ROLE=joint``, they
+    are joint already. Refused beside separate servers: the script asked for a job without
+    them, and a job that has them was launched for ``dist_sync``."""
+    if selfstart.start(joint=True) is not None:
+        return
+    role = role_from_env()
+    if role == "joint":
+        return
+    if "DMLC_PS_ROOT_URI" not in os.environ:
+        raise ConfigError(f"kvstore {name!r} runs on joint ranks (each a worker holding a server shard): start "
+                          "the script with mpirun or srun, with `python -m ps.launch --mode mpi`, or by hand with "
+                          "DMLC_ROLE=joint and the DMLC_* variables (docs/mxnet.md)")
+    raise ConfigError(f"kvstore {name!r} runs on joint ranks, but this process is a {role} (DMLC_ROLE={role}) of a "
+                      "job with separate server processes: launch it with `python -m ps.launch --mode mpi` "
+                      "(no -s), or ask for kvstore 'dist_sync' in this job")
 
 
 class PSKVStore(mx.kvstore.KVStore):
@@ -62,7 +95,7 @@ class PSKVStore(mx.kvstore.KVStore):
 
     def __init__(self) -> None:     # not KVStore.__init__: there is no C kvstore behind it
         self.handle = None
-        self._kv = _store(ps_type(self._TYPE))
+        self._kv = _store(self._TYPE)
         self._ns: int | None = None         # its namespace on the servers: see _claim
         self._compression: dict[str, Any] | None = None    # what this store asked for
         self._updater: Any = None           # Trainer.load_states reads ._updater.optimizer
@@ -124,7 +157,7 @@ class PSKVStore(mx.kvstore.KVStore):
         raise ValueError(f"Unknown capability: {capability}")
 
     # -- data ------------------------------------------------------------------------------
-    def init(self, key: Any, value: Any) -> None:
+    def init(self, key: Any, value: Any, root_rank: int = 0) -> None:
         self._engine.settle()
         ns = self._claim()
         keys = self._keyed(key)
@@ -138,7 +171,7 @@ class PSKVStore(mx.kvstore.KVStore):
                 "(kvstore='dist_sync', or one mx.kv.create each: ps keeps their keys and optimizers "
                 "apart), or put every parameter in one Trainer (docs/mxnet.md)")
         self._kv.init(keys, first(to_numpy(value), key),
-                      labels=[self._label(k) for k in as_list(key)] if ns else None)
+                      labels=[self._label(k) for k in as_list(key)] if ns else None, root=root_rank)
         if ns:
             self._kv.set_namespace(keys, ns)
 
@@ -187,9 +220,14 @@ class PSKVStore(mx.kvstore.KVStore):
             return ns << NS_SHIFT | int(key)
         return key                          # the store names the bad key
 
-    def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> None:
-        self.init(key, value)
-        self.pull(key, out=out, priority=priority)
+    def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0, root_rank: int = 0) -> None:
+        """MXNet's ``broadcast(key, value, out)``: rank 0's ``value`` into every rank's ``out``.
+        Also the MPI proposal's ``broadcast(key, value, root_rank)``: rank ``root_rank``'s
+        ``value`` into every rank's ``value`` (an int third argument is the root)."""
+        if isinstance(out, (int, np.integer)) and not isinstance(out, bool):
+            out, root_rank = None, int(out)
+        self.init(key, value, root_rank=root_rank)
+        self.pull(key, out=value if out is None else out, priority=priority)
 
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
         self._engine.settle()

@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import os
 import pickle
+import sys
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,11 @@ def load_optimizer(payload: bytes, signature: bytes, key: bytes) -> Any:
 
 
 def import_mxnet() -> Any:
-    role = os.environ.pop("DMLC_ROLE", None)    # mxnet's import would otherwise run a native server
+    """mxnet, imported with DMLC_ROLE hidden: its import runs MXNet's native server or
+    scheduler for any role but ``worker`` (a server, a joint process) and never returns."""
+    if "mxnet" in sys.modules:
+        return sys.modules["mxnet"]
+    role = os.environ.pop("DMLC_ROLE", None)
     try:
         import mxnet
         return mxnet

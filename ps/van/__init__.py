@@ -22,8 +22,9 @@ def for_config(config, drop=None) -> Van:
     if config.secret_file:
         from .._security import curve_keys, read_secret
         curve = curve_keys(read_secret(config.secret_file))
+    extra = {"in_process": True} if config.in_process_peers else {}
     inner = create_van("zmq" if config.local_ipc else "zmq-tcp", ipc=config.local and not config.is_scheduler,
-                       verbose=config.verbose, drop=drop, curve=curve)
+                       verbose=config.verbose, drop=drop, curve=curve, **extra)
     return with_resend(inner, config)
 
 

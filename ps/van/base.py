@@ -94,6 +94,11 @@ class Van(Protocol):
         (it holds messages back until a socket drains: PS_SEND_LOWAT) passes come at least
         every millisecond. Vans that cannot tell ``unsent`` never call it."""
 
+    def endpoint_used(self, address: str) -> str:
+        """The endpoint a connection to ``address`` really goes to (a peer in this process:
+        its inproc:// twin)."""
+        return address
+
     def connect_control(self, node_id: int, address: str) -> bool:
         """Open a second connection to ``node_id`` for credits (Command.CREDIT), which must
         not wait behind bulk data; False if this van has none (they travel with the data)."""

@@ -183,6 +183,9 @@ class ReliableVan(Van):
             self._expected[peer] = expected + 1
             self._deliver(held.pop(expected))
 
+    def endpoint_used(self, address: str) -> str:
+        return self.inner.endpoint_used(address)
+
     def transport_stats(self) -> dict[str, int]:
         return {**self.inner.transport_stats(), **self.stats}
 

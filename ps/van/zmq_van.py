@@ -30,6 +30,22 @@ RECV_BATCH = 256           # messages taken from one socket before polling again
 TICK_MS = 1                # loop period while a tick waits for a socket to drain (PS_SEND_LOWAT)
 SIOCOUTQNSD = 0x894B       # Linux ioctl: bytes in a TCP socket's send queue not yet sent
 
+# Vans of one process that talk to each other (a joint process's worker and its own server,
+# ps/joint.py) share one context, never terminated, so that the worker reaches its server over
+# inproc://: a pointer handed between threads instead of every byte through a Unix socket.
+_shared_lock = threading.Lock()
+_shared_ctx: zmq.Context | None = None
+_in_process: dict[str, str] = {}     # a shared-context ROUTER's tcp:// and ipc:// address -> its inproc:// twin
+
+
+def _process_context() -> zmq.Context:
+    global _shared_ctx
+    with _shared_lock:
+        if _shared_ctx is None:
+            _shared_ctx = zmq.Context(io_threads=1)
+        return _shared_ctx
+
+
 try:
     import fcntl
 except ImportError:        # pragma: no cover - not on Windows: unsent() cannot tell
@@ -39,8 +55,9 @@ except ImportError:        # pragma: no cover - not on Windows: unsent() cannot 
 class ZmqVan(Van):
     def __init__(self, ipc: bool = False, verbose: int = 0,
                  drop: Callable[[Message], bool] | None = None, curve: tuple[bytes, bytes] | None = None,
-                 twin: bool = True):
+                 twin: bool = True, in_process: bool = False):
         self._ipc = ipc
+        self._in_process = in_process   # also reachable over inproc:// by this process's other vans
         self._twin = twin
         self._curve = curve
         self._verbose = verbose
@@ -81,7 +98,7 @@ class ZmqVan(Van):
     def start(self, on_message: OnMessage, host: str, port: int = 0,
               port_range: tuple[int, int] | None = None, name: str = "") -> str:
         self._on_message = on_message
-        self._ctx = zmq.Context(io_threads=1)
+        self._ctx = _process_context() if self._in_process else zmq.Context(io_threads=1)
         router = self._socket(zmq.ROUTER)
         if self._curve:
             router.curve_server = True
@@ -95,13 +112,16 @@ class ZmqVan(Van):
             self.address = self._bind(router, host, port, port_range)
         except zmq.ZMQError as exc:
             router.close(linger=0)
-            self._ctx.term()
+            if not self._in_process:
+                self._ctx.term()
             where = f"{host}:{port}" if port else (f"{host} ports {port_range[0]}-{port_range[1]}"
                                                   if port_range else f"{host} (any port)")
             raise TransportError(f"cannot bind {where}: {exc.strerror} (errno {exc.errno}); "
                                  "is the port taken or the address not on this host?") from None
         if not self._ipc and self._twin:
             self._bind_local_twin(router)
+        if self._in_process:
+            self._bind_in_process(router)
         self._router = router
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -114,6 +134,18 @@ class ZmqVan(Van):
 
     def _socket(self, kind: int) -> zmq.Socket:
         sock = self._ctx.socket(kind)
+        self._tune(sock)
+        return sock
+
+    def endpoint_used(self, address: str) -> str:
+        return _in_process.get(address, address)
+
+    def _peer_socket(self, address: str) -> zmq.Socket:
+        """A DEALER for ``address``: from the shared context when the peer is a van of this
+        process (inproc:// connects only within one context)."""
+        if address not in _in_process:
+            return self._socket(zmq.DEALER)
+        sock = _process_context().socket(zmq.DEALER)
         self._tune(sock)
         return sock
 
@@ -136,6 +168,14 @@ class ZmqVan(Van):
             return
         self._ipc_path, self.local_address = path, f"ipc://{path}"
 
+    def _bind_in_process(self, router: zmq.Socket) -> None:
+        inproc = f"inproc://{self._identity.decode()}"
+        router.bind(inproc)
+        with _shared_lock:
+            for address in (self.address, self.local_address):
+                if address:
+                    _in_process[address] = inproc
+
     def _bind(self, router: zmq.Socket, host: str, port: int,
               port_range: tuple[int, int] | None) -> str:
         if self._ipc:
@@ -154,10 +194,10 @@ class ZmqVan(Van):
 
     def _connect_now(self, node_id: int, address: str) -> None:
         self._disconnect_now(node_id)           # the credit connection too: Postoffice reopens it
-        dealer = self._socket(zmq.DEALER)
+        dealer = self._peer_socket(address)
         dealer.setsockopt(zmq.IDENTITY, self._identity)
         dealer.setsockopt(zmq.MAXMSGSIZE, MAX_MSG_SIZE)
-        dealer.connect(address)
+        dealer.connect(_in_process.get(address, address))
         self._dealers[node_id] = dealer
         self._dealer_ids[dealer] = node_id
         self._poller.register(dealer, zmq.POLLIN)
@@ -223,9 +263,9 @@ class ZmqVan(Van):
         old = self._control.pop(node_id, None)
         if old is not None:
             old.close(linger=0)
-        dealer = self._socket(zmq.DEALER)
+        dealer = self._peer_socket(address)
         dealer.setsockopt(zmq.IDENTITY, self._identity + b"-credit")
-        dealer.connect(address)
+        dealer.connect(_in_process.get(address, address))
         self._control[node_id] = dealer
 
     def send(self, msg: Message) -> None:
@@ -455,7 +495,11 @@ class ZmqVan(Van):
             sock.close(linger=0)
         self._dealers.clear()
         self._control.clear()
-        if self._ctx is not None:
+        if self._in_process:
+            with _shared_lock:
+                for address in (self.address, self.local_address):
+                    _in_process.pop(address, None)
+        elif self._ctx is not None:
             self._ctx.term()
         if self._ipc_path:
             try:

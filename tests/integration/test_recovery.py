@@ -24,7 +24,8 @@ def start(procs, out, optimizer, *kills, rounds=ROUNDS, restarts=2, servers=2, w
           **env):
     """The launcher of a job; ``kills``: (server rank, round, when) or (role, rank, round, when);
     ``merged``: its stderr (the scheduler's log) comes on stdout."""
-    args = [PYTHON, "-m", "ps.launch", "-n", str(workers), "-s", str(servers), "--launcher", "local",
+    layout = ["--mode", "mpi"] if servers == "joint" else ["-s", str(servers)]
+    args = [PYTHON, "-m", "ps.launch", "-n", str(workers), *layout, "--launcher", "local",
             "--max-restarts", str(restarts), PYTHON, SCRIPT, str(out), str(rounds), optimizer, *extra]
     for kill in kills:
         role, rank, rnd, when = kill if len(kill) == 4 else ("server", *kill)
@@ -85,6 +86,21 @@ def test_a_killed_server_recovers_and_nothing_is_lost(procs, tmp_path, unfaulted
     got = weights(tmp_path)
     for key, ref in unfaulted[optimizer].items():
         assert np.abs(got[key] - ref).max() <= 1e-6, f"key {key}, kill {kill}"   # measured: 0.0 (bit-identical)
+    assert not job_processes(text)
+
+
+@pytest.mark.timeout(200)
+def test_a_killed_joint_process_comes_back_with_its_shard_on_one_restart(procs, tmp_path, unfaulted):
+    """--mode mpi: worker 1 holds server 1's shard in its process; killed, the launcher starts
+    it once (--max-restarts 1 is enough: the limit counts processes), its shard comes back from
+    the replica, and the weights are those of the unfaulted job with separate servers."""
+    code, text = launch(procs, tmp_path, "sgd", ("joint", 1, 20, "push"), servers="joint", restarts=1)
+    assert code == 0, text
+    assert "KILL joint 1" in text and "starting it again (restart 1 of 1)" in text, text
+    assert re.search(r"server 1 \(S\[\d+\]\) recovered \d+ keys", text), text
+    got = weights(tmp_path)
+    for key, ref in unfaulted["sgd"].items():
+        assert np.array_equal(got[key], ref), f"key {key}"
     assert not job_processes(text)
 
 

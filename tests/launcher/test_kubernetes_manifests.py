@@ -328,3 +328,18 @@ def test_dashboard_reaches_the_scheduler_pod():
     assert env_of(jobs["ps-a-scheduler"])["PS_DASHBOARD"] == "8787"
     with pytest.raises(SpecError, match=r"--dashboard: PS_DASHBOARD must be \[HOST:\]PORT.*'x:y'"):
         spec_of(*BASE, "-n", "1", "--dashboard", "x:y", "python", "t.py")
+
+
+def test_mode_mpi_makes_no_server_job_and_joint_worker_pods():
+    """--mode mpi: the scheduler's and the workers' Jobs only; each worker pod is joint and
+    counts as one of the job's n servers."""
+    objects = k8s.manifests(job_of("-n", "3", "--mode", "mpi", "python", "train.py"))
+    jobs = by_kind(objects, "Job")
+    roles = sorted(j["metadata"]["labels"][k8s.ROLE_LABEL] for j in jobs.values())
+    assert roles == ["scheduler", "worker"]
+    worker = next(j for j in jobs.values() if j["metadata"]["labels"][k8s.ROLE_LABEL] == "worker")
+    env = env_of(worker)
+    assert (env["DMLC_ROLE"], env["DMLC_NUM_SERVER"], env["DMLC_NUM_WORKER"]) == ("joint", "3", "3")
+    assert worker["spec"]["completions"] == 3
+    scheduler = next(j for j in jobs.values() if j["metadata"]["labels"][k8s.ROLE_LABEL] == "scheduler")
+    assert env_of(scheduler)["DMLC_ROLE"] == "scheduler" and env_of(scheduler)["DMLC_NUM_SERVER"] == "3"

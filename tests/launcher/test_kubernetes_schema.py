@@ -41,6 +41,12 @@ def check(objects: list[dict], version: str) -> None:
         assert used == version, f"validated against {used}, not {version}"
 
 
+def test_the_mode_mpi_manifests_validate_strictly():
+    spec = parse_args(["--launcher", "kubernetes", "-n", "3", "--mode", "mpi", "--image", "python:3.11",
+                       "python", "train.py"], {})
+    check(k8s.manifests(k8s.plan(spec, "default", k8s.Features(None), (("job.key", b"k" * 43),))), NEWEST)
+
+
 def test_the_newest_bundled_schemas_are_at_least_1_33():
     assert tuple(map(int, NEWEST.split("."))) >= (1, 33)
 

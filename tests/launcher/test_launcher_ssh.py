@@ -74,6 +74,24 @@ def test_sync_dst_dir_fewer_hosts_than_processes(launch, sshd, tmp_path):
                   if " sum=" in ln) == [f"[worker {r}] rank={r} sum=6.0" for r in range(3)], job.output
 
 
+def test_mode_mpi_over_ssh_runs_joint_workers_and_no_server(launch, sshd, tmp_path):
+    """The dist_sync_mpi proposal's launch line: --mode mpi with --sync-dst-dir over real sshd."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    shutil.copy(worker_cmd()[1], src / "train.py")
+    job = launch(["-n", "3", "-H", f'{sshd["SSHD_DIR"]}/hosts', "--launcher", "ssh", "--sync-dst-dir", str(dst),
+                  "--mode", "mpi", "--env", "PS_TEST_SHOW:DMLC_ROLE,DMLC_NUM_SERVER", PY, "train.py"],
+                 env=ssh_env(sshd), cwd=str(src))
+    assert job.wait(60) == 0, job.output
+    assert re.search(r"^\[launcher\] 3 joint workers \(each holding a server shard\) on 2 hosts; ",
+                     job.output, re.MULTILINE), job.output
+    assert not job.matching("[server "), job.output
+    for rank in range(3):
+        assert job.worker_lines(rank) == [f"[worker {rank}] env DMLC_ROLE='joint'",
+                                          f"[worker {rank}] env DMLC_NUM_SERVER='3'",
+                                          f"[worker {rank}] rank={rank} sum=6.0 task={rank}"], job.output
+
+
 def test_remote_processes_stop_when_the_launcher_is_killed(launch, sshd):
     """SIGKILL leaves the launcher no chance to clean up: the closed ssh connections do it."""
     job = launch(["-n", "1", "-s", "1", "-H", f'{sshd["SSHD_DIR"]}/hosts', "--env", "PS_TEST_HANG:1",

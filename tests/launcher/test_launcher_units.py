@@ -70,6 +70,9 @@ def test_cli_env_options():
     (["-n", "1", "--max-restarts", "-1", "x"], "--max-restarts must be >= 0, got -1"),
     (["-n", "1", "--launcher", "slurm", "--max-restarts", "2", "x"],
      "--max-restarts needs a launcher that starts each process itself (local or ssh); --launcher slurm"),
+    (["-n", "2", "-s", "2", "--mode", "mpi", "x"], "-s 2 with --mode mpi: in mpi mode every worker holds one server"),
+    (["-n", "2", "--mode", "mpi", "--launcher", "slurm", "--slurm-server-nodes", "1", "x"],
+     "--slurm-server-nodes with --mode mpi: there are no server processes"),
 ])
 def test_cli_errors_name_the_option(argv, message):
     with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -342,3 +345,36 @@ def test_every_launcher_name_has_a_backend_with_the_whole_interface():
     for name, backend in BACKENDS.items():
         assert isinstance(backend, Backend) and backend.name == name
         assert all(callable(getattr(backend, f)) for f in ("commands", "host_count", "describe", "prepare", "start"))
+
+
+# --- --mode mpi: joint workers, no server processes ---------------------------------------
+
+JOINT_JOB = {**JOB, "DMLC_NUM_SERVER": "2"}
+
+
+def test_mode_mpi_starts_only_joint_workers_that_count_as_the_servers():
+    spec = spec_of("-n", "2", "--mode", "mpi", "--env-server", "S:1", "--env-worker", "W:1", "python", "x.py")
+    assert (spec.num_servers, spec.server_processes, spec.processes()) == (2, 0, (("worker", 2),))
+    assert tracker.job_env(spec, "10.0.0.1", 9091)["DMLC_NUM_SERVER"] == "2"     # the shards are counted
+    cmds = local.build_commands(spec, JOINT_JOB, {}, cwd_has_file=lambda p: False)
+    assert [(c.name, c.argv) for c in cmds] == [("worker 0", ("python", "x.py")), ("worker 1", ("python", "x.py"))]
+    # a joint worker is a server too: --env-server reaches it, --env-worker wins
+    assert cmds[1].env == {**JOINT_JOB, "DMLC_ROLE": "joint", "DMLC_TASK_ID": "1", "DMLC_RANK": "1", "S": "1", "W": "1"}
+    assert spec_of("-n", "2", "python", "x.py").processes() == (("server", 2), ("worker", 2))
+
+
+def test_mode_mpi_under_every_cluster_manager_runs_one_group_of_joint_ranks(tmp_path):
+    spec = spec_of("-n", "3", "--mode", "mpi", "--launcher", "mpi", "python3", "t.py",
+                   hostfile_text="h1\nh2\nh3\n", tmp_path=tmp_path)
+    ompi = mpi.build_commands(spec, JOB, {}, {}, "openmpi", as_root=False)
+    assert [c.name for c in ompi] == ["mpirun workers"]
+    assert ompi[0].argv[:7] == ("mpirun", "--oversubscribe", "--tag-output", "-np", "3", "-H", "h1:1,h2:1,h3:1")
+    assert ompi[0].env["DMLC_ROLE"] == "joint"
+    assert tracker.rank_wrapper(spec, "worker", ["x"])[2] == tracker.RANK_SCRIPT % (0, EXIT_MARKER)  # task ids 0..
+    srun = slurm.build_commands(spec_of("-n", "2", "--mode", "mpi", "--launcher", "slurm", "t"), JOB, {})
+    assert [c.name for c in srun] == ["srun workers"] and srun[0].env["DMLC_ROLE"] == "joint"
+    qsub, scripts = sge.build_commands(spec_of("-n", "2", "--mode", "mpi", "--launcher", "sge", "t"), JOB, {}, {}, "/o")
+    assert [c.name for c in qsub] == ["qsub workers"] and list(scripts) == ["/o/worker.sh"]
+    yarn_cmds, _ = yarn.build_commands(spec_of("-n", "2", "--mode", "mpi", "--launcher", "yarn", "t"), {}, {},
+                                       "yarn", "/ds.jar", "/w")
+    assert [c.name for c in yarn_cmds] == ["yarn workers"] and "DMLC_ROLE=joint" in yarn_cmds[0].argv

@@ -84,3 +84,14 @@ def test_dashboard_address_defaults_to_this_machine(raw, host, port):
 def test_a_bad_dashboard_address_names_the_value(raw):
     with pytest.raises(ConfigError, match=rf"PS_DASHBOARD must be \[HOST:\]PORT.*{raw!r}"):
         Config.from_env({**BASE, "PS_DASHBOARD": raw})
+
+
+def test_a_joint_process_counts_one_server_per_worker():
+    """DMLC_ROLE=joint: a worker holding a server shard (MXNet's dist_sync_mpi, BytePS's joint)."""
+    env = {k: v for k, v in BASE.items() if k != "DMLC_NUM_SERVER"}
+    cfg = Config.from_env({**env, "DMLC_ROLE": "joint", "DMLC_NUM_WORKER": "3"})
+    assert (cfg.is_joint, cfg.is_worker, cfg.num_servers, cfg.num_workers) == (True, False, 3, 3)
+    with pytest.raises(ConfigError, match=r"DMLC_ROLE=joint: .* DMLC_NUM_SERVER \(2\) must equal DMLC_NUM_WORKER \(3\)"):
+        Config.from_env({**env, "DMLC_ROLE": "joint", "DMLC_NUM_WORKER": "3", "DMLC_NUM_SERVER": "2"})
+    with pytest.raises(ConfigError, match="DMLC_NUM_SERVER is not set"):      # only joint derives it
+        Config.from_env({**env, "DMLC_NUM_WORKER": "3"})

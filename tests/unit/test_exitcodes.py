@@ -19,7 +19,7 @@ def test_the_fatal_code_is_none_that_python_a_shell_or_a_signal_uses():
 @pytest.mark.parametrize("change, message", [
     ({"DMLC_NUM_WORKER": None}, "DMLC_NUM_WORKER is not set"),
     ({"DMLC_NUM_SERVER": "two"}, "DMLC_NUM_SERVER must be an integer, got 'two'"),
-    ({"DMLC_ROLE": "boss"}, "DMLC_ROLE must be one of scheduler, server, worker, got 'boss'"),
+    ({"DMLC_ROLE": "boss"}, "DMLC_ROLE must be one of scheduler, server, worker, joint, got 'boss'"),
     ({"PS_HEARTBEAT_TIMEOUT": "0.5"}, "PS_HEARTBEAT_TIMEOUT (0.5) must be at least twice"),
     ({"DMLC_ROLE": "worker"}, "run your training script instead"),
 ])

@@ -69,7 +69,9 @@ ALLOWED = {
                         "van"},
     "server": {"server.kvserver"},
     "keyinfo": {"keys", "message"},
-    "kvstore": {"_logging", "_timing", "compression", "config", "customer", "errors", "keys", "message",
+    # a joint process's server shard: the worker's store starts it (DMLC_ROLE=joint)
+    "joint": {"config", "errors", "server"},
+    "kvstore": {"_logging", "_timing", "compression", "config", "customer", "errors", "joint", "keys", "message",
                 "postoffice", "keyinfo", "van", "waitreport", "worker"},
     "testing": {"config", "errors", "kvstore", "scheduler", "server", "van"},
     "__main__": {"_logging", "_security", "config", "errors", "exitcodes", "mxnet_autoload", "scheduler", "server"},
@@ -97,13 +99,14 @@ ALLOWED = {
     "mxnet.engine_ops": {"_timing", "kvstore", "mxnet.arrays", "mxnet.engine"},
     "mxnet.optimizer": {"_security", "errors", "kvstore", "mxnet.arrays", "mxnet.engine_ops",
                         "optim.from_mxnet", "optim.pickled"},
-    "mxnet.kvstore": {"kvstore", "mxnet.arrays", "mxnet.engine_ops", "mxnet.optimizer"},
+    "mxnet.kvstore": {"collective.selfstart", "config", "errors", "kvstore", "mxnet.arrays", "mxnet.engine_ops",
+                      "mxnet.optimizer"},
     "mxnet.hooks": {"mxnet.engine_ops", "mxnet.kvstore"},
     "mxnet.collectives": {"collective", "collective.objects", "collective.ops", "collective.process_sets",
                           "errors"},
     "mxnet.horovod": {"collective", "collective.process_sets", "mxnet.collectives"},
     "mxnet.profiling": {"mxnet.kvstore"},
-    "mxnet": {"__main__", "collective", "config", "errors", "mxnet.collectives", "mxnet.horovod", "mxnet.hooks",
+    "mxnet": {"__main__", "collective", "config", "errors", "optim.pickled", "mxnet.collectives", "mxnet.horovod", "mxnet.hooks",
               "mxnet.kvstore", "mxnet.profiling"},
     "mxnet.autoload.sitecustomize": {"config", "mxnet"},   # python startup hook: imports ps.mxnet lazily
     # the PyTorch adapter (Horovod's API): the public KVStore only
@@ -243,7 +246,7 @@ def test_the_check_sees_a_role_importing_another():
     assert "worker" not in ALLOWED["server.kvserver"]
 
 
-ENTRY_POINTS = ("__main__", "testing")     # they start a server: the package's KVServer, nothing else
+ENTRY_POINTS = ("__main__", "testing", "joint")     # they start a server: the package's KVServer, nothing else
 
 
 def server_imports(name: str, found: set[str]) -> list[str]:

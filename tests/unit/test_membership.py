@@ -15,6 +15,16 @@ def test_head_count_counts_each_role_against_what_the_job_expects():
     assert head_count(nodes, 3, 2) == "have 2/3 workers, 1/2 servers"
 
 
+def test_head_count_names_the_missing_ranks_when_every_node_asked_for_one():
+    """mpirun's and every launcher's processes ask for their rank (DMLC_RANK): the formation
+    timeout then names the rank that never came, e.g. an mpirun rank that exited early."""
+    nodes = [member(Role.WORKER, 0, hint=0), member(Role.SERVER, 0, hint=0), member(Role.WORKER, 2, hint=2)]
+    assert head_count(nodes, 4, 4) == ("have 2/4 workers (missing ranks 1, 3), "
+                                       "1/4 servers (missing ranks 1, 2, 3)")
+    unhinted = [member(Role.WORKER, 0, hint=0), member(Role.WORKER, 1)]
+    assert head_count(unhinted, 3, 1) == "have 2/3 workers, 0/1 servers"
+
+
 def test_a_member_is_described_by_role_rank_id_and_address():
     assert member(Role.WORKER, 1, "10.0.0.2").describe(worker_id(1)) == "worker 1 (W[11] at 10.0.0.2:9001)"
 
@@ -39,6 +49,20 @@ def test_a_death_is_recoverable_within_the_restart_limit():
         "the job has used all of its 1 restart(s) (PS_MAX_RESTARTS / --max-restarts)"
     awaited = {server_id(1): Recovery(0.0, "died")}
     assert "used all of its 1 restart(s)" in unrecoverable(worker_id(0), nodes, awaited, 0, 1, 3, [0, 1, 2])
+
+
+def test_a_joint_process_dying_uses_one_restart_for_its_server_and_its_worker():
+    """DMLC_ROLE=joint: server 1 and worker 1 share a process (hostname, pid); the limit counts
+    processes, as the launcher's --max-restarts does."""
+    nodes = servers(2)
+    nodes[server_id(1)].pid = 4242
+    nodes[worker_id(1)] = member(Role.WORKER, 1, "h1")
+    nodes[worker_id(1)].pid = 4242
+    nodes[worker_id(0)] = member(Role.WORKER, 0, "h0")
+    nodes[worker_id(0)].pid = 77
+    awaited = {server_id(1): Recovery(0.0, "died")}
+    assert unrecoverable(worker_id(1), nodes, awaited, 0, 1, 2, [0, 1]) is None       # the same process
+    assert "used all of its 1 restart(s)" in unrecoverable(worker_id(0), nodes, awaited, 0, 1, 2, [0, 1])
 
 
 def test_one_server_has_no_replica_to_recover_from():

@@ -29,12 +29,19 @@ class _ThenPs(importlib.abc.Loader):
         return self.inner.create_module(spec)
 
     def exec_module(self, module):
-        if _role() not in ("worker", None):
+        role = _role()
+        if role not in ("worker", "joint", None):
             # MXNet's own import would start its C++ server or scheduler here: ps's role runs
             # instead and the process exits, as with `import ps.mxnet` first in the script
             import ps.mxnet  # noqa: F401
-        self.inner.exec_module(module)
-        if _role() == "worker":
+        if role == "joint":         # a worker to MXNet, which would start its C++ server for "joint"
+            os.environ["DMLC_ROLE"] = "worker"
+        try:
+            self.inner.exec_module(module)
+        finally:
+            if role == "joint":
+                os.environ["DMLC_ROLE"] = "joint"
+        if role in ("worker", "joint"):
             _register_ps()
 
 

@@ -31,7 +31,9 @@ def run(spec: dict[str, Any]) -> None:
     native = spec["impl"] == "native"
     if native:
         import mxnet as mx
+        calling = time.time()
         kv = mx.kv.create("dist_sync")
+        formed = time.time()        # the cluster formed: the store is made
         grads = [mx.nd.full(s, 0.001 * (kv.rank + 1)) for s in shapes]
         outs = [mx.nd.zeros(s) for s in shapes]
         for i, s in enumerate(shapes):
@@ -39,7 +41,9 @@ def run(spec: dict[str, Any]) -> None:
         kv.barrier() if hasattr(kv, "barrier") else None
     else:
         import ps
+        calling = time.time()
         kv = ps.KVStore("dist_sync")
+        formed = time.time()
         if spec.get("compression"):
             kv.set_gradient_compression({"type": spec["compression"]})
         grads = [np.full(s, 0.001 * (kv.rank + 1), np.float32) for s in shapes]
@@ -86,7 +90,8 @@ def run(spec: dict[str, Any]) -> None:
     for i in range(len(shapes)):
         wait(i)
     timed, w = steps[spec["warmup"]:], spec["warmup"] + 1     # a step's forward waits for the step before
-    print("RESULT " + json.dumps({"rank": kv.rank, "window": [window_start, start],
+    print("RESULT " + json.dumps({"rank": kv.rank, "window": [window_start, start], "calling": calling,
+                                  "formed": formed,
                                   "median": statistics.median(timed), "steps": timed,
                                   "stall": statistics.median(stalls[w:] or stalls),
                                   "first_stall": statistics.median(first_stalls[w:] or first_stalls)}), flush=True)

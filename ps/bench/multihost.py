@@ -53,6 +53,13 @@ def load_model(name: str) -> list[list[int]]:
     return json.loads(path.read_text())["shapes"]
 
 
+def scaled(shapes: list[list[int]], factor: float) -> list[list[int]]:
+    """Each tensor's first dimension times ``factor`` (at least 1): the model's layout and key
+    count kept, its bytes about ``factor`` of them, so that a slower link and a smaller model
+    keep the ratio of compute to communication while this machine's CPUs carry less."""
+    return [[max(1, round(s[0] * factor)), *s[1:]] if s else s for s in shapes]
+
+
 def _sent_by_key(sizes: list[int], hosts: int, servers: int, bigarray_bound: int):
     """After each key (in order), the bytes every host has sent for keys 0..k: its worker's
     pushes to servers on other hosts and its servers' replies to the other hosts' workers,
@@ -170,9 +177,6 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
     """One job of ``impl`` on ``hosts``; ``args.hosts`` is its K."""
     py = sys.executable
     kind, extra, compression, joint = impl_env(impl)
-    if joint and args.servers not in (0, args.hosts):
-        raise SystemExit(f"--impls ps-joint: every one of the {args.hosts} workers holds one shard; "
-                         f"--servers {args.servers} cannot apply")
     node = [py, "-c", "import mxnet"] if kind == "native" else [py, "-m", "ps"]
     spec = {"impl": kind, "shapes": shapes, "compute": args.compute, "steps": args.steps, "warmup": args.warmup,
             "compression": compression}
@@ -202,13 +206,18 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
             workers.append(p)
             procs.append(p)
         timed = threading.Event()
+        scheduler = None if kind == "ddp" else procs[0]
+        launched = time.time()
 
         def watch(p: subprocess.Popen, out: list) -> None:
             for line in p.stdout:
                 if line.startswith("TIMED") and not timed.is_set():
                     counters["start"] = [hosts.link_bytes(h) for h in range(1, args.hosts + 1)]
                     counters["cpu0"] = psutil.cpu_times()
+                    counters["sched0"] = [_cpu_seconds(scheduler), time.monotonic()]
                     timed.set()
+                    threading.Thread(target=lambda: counters.setdefault("procs", _process_sample(procs)),
+                                     daemon=True).start()
                 out.append(line)
         outputs = [[] for _ in workers]
         readers = [threading.Thread(target=watch, args=(p, o), daemon=True) for p, o in zip(workers, outputs)]
@@ -219,6 +228,7 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
             p.wait(max(1, deadline - time.time()))
         counters["end"] = [hosts.link_bytes(h) for h in range(1, args.hosts + 1)]
         cpu1 = psutil.cpu_times()
+        sched1 = [_cpu_seconds(scheduler), time.monotonic()]
         for t in readers:
             t.join(5)
         for p, out in zip(workers, outputs):
@@ -245,11 +255,54 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
     load = busy / max(1e-9, sum(cpu1) - sum(cpu0))
     k = args.hosts
     bound = simple_bound(shapes, k, args.compute, link, args.servers)
+    sched0 = counters.get("sched0", [0.0, 0.0])
+    sample = counters.get("procs", ProcessSample(0.0, 0.0, 0.0))
     return Run(impl, rep, k, step, args.compute, bound, args.compute / step,
                statistics.median(moved) / total_steps / 1e6, load,
                tight_bound(shapes, k, args.compute, link, args.servers), args.servers or k,
                statistics.median(r["stall"] for r in results), statistics.median(r["first_stall"] for r in results),
-               *load_of_links)
+               *load_of_links,
+               form_s=max(r.get("formed", 0.0) for r in results) - max(r.get("calling", 0.0) for r in results),
+               start_s=max(r.get("formed", launched) for r in results) - launched,
+               rss_mb=sample.rss_mb, conns=sample.conns, threads=sample.threads,
+               sched_cpu=(sched1[0] - sched0[0]) / max(1e-9, sched1[1] - sched0[1]))
+
+
+class ProcessSample(NamedTuple):
+    """The job's processes during the timed steps: the largest of each (scheduler included)."""
+
+    rss_mb: float
+    conns: float            # TCP connections established
+    threads: float
+
+
+def _process_sample(procs: list[subprocess.Popen]) -> ProcessSample:
+    """Each process's RSS, established TCP connections and threads, the largest of each. The
+    host wrapper (``ip netns exec``) execs, so the pid is the Python process's."""
+    rss, conns, threads = [], [], []
+    for p in procs:
+        try:
+            proc = psutil.Process(p.pid)
+            for child in [proc, *proc.children(recursive=True)]:
+                if "python" not in child.name():
+                    continue
+                rss.append(child.memory_info().rss / 2**20)
+                conns.append(sum(1 for c in child.net_connections(kind="tcp") if c.status == psutil.CONN_ESTABLISHED))
+                threads.append(child.num_threads())
+        except psutil.Error:
+            continue
+    return ProcessSample(max(rss, default=0.0), max(conns, default=0.0), max(threads, default=0.0))
+
+
+def _cpu_seconds(proc: subprocess.Popen | None) -> float:
+    """CPU seconds of ``proc``'s Python process so far (0 when gone or none)."""
+    if proc is None:
+        return 0.0
+    try:
+        p = psutil.Process(proc.pid)
+        return sum(sum(c.cpu_times()[:2]) for c in [p, *p.children(recursive=True)])
+    except psutil.Error:
+        return 0.0
 
 
 def _link_load(trace: str, link: float | None, start: float | None, end: float | None,
@@ -284,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
                    "one per host); a comma list (2,4,8) runs each in turn: the server:worker ratio")
     p.add_argument("--link", default="1gbit", help="tc rate of every host's link, both ways (e.g. 1gbit); 'none'")
     p.add_argument("--model", default="resnet50_v1", help="parameter shapes: resnet50_v1 or vgg16")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="each tensor's first dimension times this (0.1: a tenth of the model's bytes, its keys kept)")
     p.add_argument("--compute", type=float, default=1.0, help="simulated compute per step, seconds")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
@@ -305,7 +360,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.link == "none":
         args.link = None
-    shapes = load_model(args.model)
+    if not 0 < args.scale <= 1:
+        p.error(f"--scale must be in (0, 1], got {args.scale}")
+    shapes = scaled(load_model(args.model), args.scale)
     if args.from_csv:
         report_runs(read_csv(args.from_csv), args, shapes)
         return 0
@@ -343,13 +400,17 @@ def main(argv: list[str] | None = None) -> int:
                     for n in server_counts:
                         args.servers = n
                         for impl in impls if rep % 2 == 0 else impls[::-1]:
+                            if impl_env(impl).joint and n not in (0, k):
+                                continue            # joint: one shard per host, whatever --servers says
                             run = run_once(hosts, args, impl, rep, shapes)
                             runs.append(run)
                             print(f"# K={k} S={run.servers} {impl} rep {rep}: step {run.step_s:.3f}s  efficiency "
                                   f"{run.efficiency:.2f}  {run.mb_per_host_step:.1f} MB/host/step  forward waits "
                                   f"{run.stall_s:.3f}s (first key {run.key0_stall_s:.3f}s)  links busy "
-                                  f"{run.busy_util:.0%}, idle {run.idle_s:.3f}s/step  CPU load {run.cpu_load:.0%}",
-                                  flush=True)
+                                  f"{run.busy_util:.0%}, idle {run.idle_s:.3f}s/step  CPU load {run.cpu_load:.0%}  "
+                                  f"formed in {run.form_s:.2f}s ({run.start_s:.1f}s from launch)  largest process: "
+                                  f"{run.rss_mb:.0f} MB, {run.conns:.0f} TCP conns, {run.threads:.0f} threads  "
+                                  f"scheduler CPU {run.sched_cpu:.1%}", flush=True)
     except NamespaceError as exc:
         print(f"ps.bench: {exc}", file=sys.stderr)
         return 2

@@ -30,10 +30,18 @@ class Run:
     key0_stall_s: float = 0.0   # of which waiting for the first key's (the last gradient backward made)
     busy_util: float = 0.0      # hosts' outgoing links, mean use while any carried traffic (linkload.py)
     idle_s: float = 0.0         # per step, seconds in which no host's link carried anything
+    form_s: float = 0.0         # from the last worker's KVStore() call to the last one formed
+    start_s: float = 0.0        # from the launch of the first process to the last worker formed
+    rss_mb: float = 0.0         # the job's largest process, during the timed steps
+    conns: float = 0.0          # ... most established TCP connections of one process
+    threads: float = 0.0        # ... most threads of one process
+    sched_cpu: float = 0.0      # the scheduler's CPU time per wall second over the timed steps
 
+
+CPU_LIMIT = 0.70     # a run above this share of the machine's CPUs measures the machine, not the system
 
 FLOATS = ("step_s", "compute_s", "bound_s", "efficiency", "mb_per_host_step", "cpu_load", "tight_s", "stall_s",
-          "key0_stall_s", "busy_util", "idle_s")
+          "key0_stall_s", "busy_util", "idle_s", "form_s", "start_s", "rss_mb", "conns", "threads", "sched_cpu")
 
 
 def read_csv(path: str) -> list[Run]:
@@ -69,11 +77,13 @@ def plot(runs: list[Run], args: argparse.Namespace, path: str) -> None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.8))
     counts = sorted({r.hosts for r in runs})
-    styles = {"ps": ("tab:blue", "o-"), "native": ("tab:orange", "s-"), "ps-restarts": ("tab:gray", "^--")}
+    styles = {"ps": ("tab:blue", "o-"), "native": ("tab:orange", "s-"), "ps-restarts": ("tab:gray", "^--"),
+              "ps-joint": ("tab:green", "D-")}
+    valid = [r for r in runs if r.cpu_load <= CPU_LIMIT]      # the others measured the machine: left out
     for impl in dict.fromkeys(r.impl for r in runs):
-        color, style = styles.get(impl, ("tab:green", "x-"))
-        pts = [(k, statistics.median(r.efficiency for r in runs if r.impl == impl and r.hosts == k))
-               for k in counts if any(r.impl == impl and r.hosts == k for r in runs)]
+        color, style = styles.get(impl, ("tab:purple", "x-"))
+        pts = [(k, statistics.median(r.efficiency for r in valid if r.impl == impl and r.hosts == k))
+               for k in counts if any(r.impl == impl and r.hosts == k for r in valid)]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, label=impl)
     bound = [(k, min(r.compute_s / r.bound_s for r in runs if r.hosts == k)) for k in counts]
     ax.plot([p[0] for p in bound], [p[1] for p in bound], "k:", label="bound: compute / max(compute, comm)")
@@ -84,7 +94,8 @@ def plot(runs: list[Run], args: argparse.Namespace, path: str) -> None:
                 label="tight bound: gradients ready layer by layer, needed in order")
     ax.set_xticks(counts)
     ax.set_ylim(0, 1.05)
-    ax.set_xlabel("hosts (one worker and one server each)")
+    ax.set_xlabel("hosts (one worker and one server each; runs above "
+                  f"{CPU_LIMIT:.0%} CPU left out)")
     ax.set_ylabel("scaling efficiency (compute / step)")
     ax.set_title(f"{args.model}, {args.link or 'unshaped'} links both ways, {runs[0].compute_s:g} s compute per step")
     ax.grid(alpha=0.3)
@@ -122,5 +133,15 @@ def report(runs: list[Run], args: argparse.Namespace, shapes: list) -> None:
         if ratios:
             print(f"{num} / {den} step time: {statistics.median(ratios):.2f} "
                   f"(per rep: {' '.join(f'{x:.2f}' for x in ratios)})")
-    if any(r.cpu_load > 0.85 for r in runs):
-        print("# WARNING: a run used more than 85% of the machine's CPUs: it measured the CPU, not the links")
+    if any(r.start_s for r in runs):
+        print(f"{'impl':{width}} {'formed s':>8} {'from launch s':>13} {'max RSS MB':>10} {'max TCP conns':>13} "
+              f"{'max threads':>11} {'scheduler CPU':>13}")
+        for impl in dict.fromkeys(r.impl for r in runs):
+            mine = [r for r in runs if r.impl == impl]
+            print(f"{impl:{width}} {statistics.median(r.form_s for r in mine):8.2f} "
+                  f"{statistics.median(r.start_s for r in mine):13.1f} {max(r.rss_mb for r in mine):10.0f} "
+                  f"{max(r.conns for r in mine):13.0f} {max(r.threads for r in mine):11.0f} "
+                  f"{statistics.median(r.sched_cpu for r in mine):13.1%}")
+    if any(r.cpu_load > CPU_LIMIT for r in runs):
+        print(f"# WARNING: a run used more than {CPU_LIMIT:.0%} of the machine's CPUs: it measured the CPU, not "
+              "the links; do not quote it")

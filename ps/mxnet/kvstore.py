@@ -49,9 +49,11 @@ def _store(name: str) -> KVStore:
     kvtype = ps_type(name)
     if _shared is None or _shared.closed:
         if is_mpi(name):
-            _joint_ranks(name)
+            _joint_ranks(name, joining=True)
         _shared = KVStore(kvtype)
-    elif ("async" in _shared.type) != ("async" in kvtype):
+    elif is_mpi(name):
+        _joint_ranks(name, joining=False)
+    if ("async" in _shared.type) != ("async" in kvtype):
         raise ValueError(f"this process already joined the cluster as {_shared.type!r}; "
                          f"cannot also create {name!r}")
     return _shared
@@ -62,13 +64,14 @@ def is_mpi(name: str) -> bool:
     return name.endswith("_mpi")
 
 
-def _joint_ranks(name: str) -> None:
+def _joint_ranks(name: str, joining: bool) -> None:
     """``dist_sync_mpi`` runs on joint ranks, each a worker holding its own server shard:
     under a bare mpirun/srun the ranks make the rendezvous here (rank 0 starts the
-    scheduler); started by ``ps.launch --mode mpi`` or by hand with ``DMLC_ROLE=joint``, they
-    are joint already. Refused beside separate servers: the script asked for a job without
-    them, and a job that has them was launched for ``dist_sync``."""
-    if selfstart.start(joint=True) is not None:
+    scheduler; ``joining``: this process has no store yet); started by ``ps.launch --mode
+    mpi`` or by hand with ``DMLC_ROLE=joint``, they are joint already. Refused beside
+    separate servers: the script asked for a job without them, and a job that has them was
+    launched for ``dist_sync``."""
+    if joining and selfstart.start(joint=True) is not None:
         return
     role = role_from_env()
     if role == "joint":

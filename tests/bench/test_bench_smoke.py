@@ -151,9 +151,13 @@ def test_multihost_bench_runs_on_two_namespace_hosts_and_cleans_up(tmp_path):
     hosts, one server per host then three. Checks the CSV, never a speed."""
     impls = "ps,native" if importlib.util.find_spec("mxnet") else "ps"
     chart = tmp_path / "mh.png"
-    stdout, rows = _multihost_smoke(tmp_path, "--servers", "2,3", "--impls", impls, "--plot", str(chart))
-    assert sorted((r["impl"], r["servers"]) for r in rows) == sorted((i, n) for i in impls.split(",") for n in "23")
+    stdout, rows = _multihost_smoke(tmp_path, "--servers", "2,3", "--impls", impls + ",ps-joint", "--plot", str(chart))
+    assert sorted((r["impl"], r["servers"]) for r in rows) == sorted(
+        [(i, n) for i in impls.split(",") for n in "23"] + [("ps-joint", "2")])     # joint: a shard per host
     for row in rows:
+        # formation, footprint and the scheduler's CPU were measured
+        assert float(row["start_s"]) >= float(row["form_s"]) > 0 and float(row["rss_mb"]) > 20, row
+        assert float(row["conns"]) >= 2 and float(row["threads"]) >= 3 and 0 <= float(row["sched_cpu"]) < 1, row
         assert row["hosts"] == "2" and float(row["step_s"]) > 0 and float(row["mb_per_host_step"]) > 0, row
         assert 0 < float(row["efficiency"]) <= 1.0 + 1e-6, row
         assert 0 <= float(row["key0_stall_s"]) <= float(row["stall_s"]) < float(row["step_s"]), row

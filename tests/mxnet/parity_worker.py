@@ -35,7 +35,9 @@ found["server_profiling_path"] = outcome(lambda: mx.profiler.set_config(filename
 found["worker_profiling"] = outcome(lambda: mx.profiler.set_config(filename="w.json", profile_process="worker"))
 found["none_key"] = outcome(lambda: kv.push(None, mx.nd.zeros(2)))
 # any name with "dist" is a dist store to MXNet's C++ create, async if it has "_async"
-found["dist_sync_mpi"] = [type(mx.kv.create("DIST_sync_mpi")).__module__, mx.kv.create("dist_sync_mpi").type]
+found["dist_sync_mpi"] = outcome(lambda: mx.kv.create("DIST_sync_mpi"))    # a ps store, but joint ranks only
+found["dist_sync_device_x"] = [type(mx.kv.create("DIST_sync_device_x")).__module__,
+                               mx.kv.create("dist_sync_device_x").type]
 found["dist_device_async"] = outcome(lambda: mx.kv.create("dist_device_async"))
 # command 0 is how MXNet's own set_optimizer reaches its servers: a pickled optimizer, as a str
 kv.init("o", mx.nd.ones(2))

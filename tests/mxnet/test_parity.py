@@ -34,9 +34,11 @@ def test_errors_and_row_sparse_pull_as_mxnet(procs, tmp_path):
     assert found["worker_profiling"] == "no error"
     assert found["none_key"] == "TypeError: keys must be int or str, got NoneType None", found
     # MXNet's C++ create would have started its own ps-lite worker for these names
-    assert found["dist_sync_mpi"] == ["ps.mxnet", "dist_sync_mpi"], found
+    assert found["dist_sync_device_x"] == ["ps.mxnet", "dist_sync_device_x"], found
+    assert found["dist_sync_mpi"].startswith("ConfigError: kvstore 'dist_sync_mpi' runs on joint ranks, but this "
+                                             "process is a worker (DMLC_ROLE=worker)"), found
     assert found["dist_device_async"] == ("ValueError: this process already joined the cluster as "
-                                          "'dist_sync'; cannot also create 'dist_async_device'"), found
+                                          "'dist_sync'; cannot also create 'dist_device_async'"), found
     assert found["bad_command_0"].startswith("MXNetError: server command 0 (set the optimizer) needs a "
                                              "pickled mx.optimizer.Optimizer as its body; unpickling 'hello'"), found
     assert found["command_5"].startswith("MXNetError: ps servers take no MXNet server command 5"), found

@@ -287,11 +287,29 @@ def _process_sample(procs: list[subprocess.Popen]) -> ProcessSample:
                 if "python" not in child.name():
                     continue
                 rss.append(child.memory_info().rss / 2**20)
-                conns.append(sum(1 for c in child.net_connections(kind="tcp") if c.status == psutil.CONN_ESTABLISHED))
+                conns.append(_established(child.pid))
                 threads.append(child.num_threads())
         except psutil.Error:
             continue
     return ProcessSample(max(rss, default=0.0), max(conns, default=0.0), max(threads, default=0.0))
+
+
+def _established(pid: int) -> int:
+    """TCP connections of ``pid`` that are established, read from its own network namespace's
+    table (psutil reads the caller's, where a namespace host's sockets are not)."""
+    try:
+        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[len("socket:["):-1] for fd in os.listdir(f"/proc/{pid}/fd")
+                  if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+        count = 0
+        for table in ("tcp", "tcp6"):
+            with open(f"/proc/{pid}/net/{table}") as fh:
+                next(fh)
+                for line in fh:
+                    fields = line.split()
+                    count += fields[3] == "01" and fields[9] in inodes      # 01: ESTABLISHED
+        return count
+    except OSError:         # gone, or a socket closed while we read
+        return 0
 
 
 def _cpu_seconds(proc: subprocess.Popen | None) -> float:

@@ -97,7 +97,9 @@ def plot(runs: list[Run], args: argparse.Namespace, path: str) -> None:
     ax.set_xlabel("hosts (one worker and one server each; runs above "
                   f"{CPU_LIMIT:.0%} CPU left out)")
     ax.set_ylabel("scaling efficiency (compute / step)")
-    ax.set_title(f"{args.model}, {args.link or 'unshaped'} links both ways, {runs[0].compute_s:g} s compute per step")
+    scale = getattr(args, "scale", 1.0)
+    model = args.model + (f" with {scale:g} of its bytes" if scale != 1.0 else "")
+    ax.set_title(f"{model}, {args.link or 'unshaped'} links both ways, {runs[0].compute_s:g} s compute per step")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -108,7 +110,8 @@ def plot(runs: list[Run], args: argparse.Namespace, path: str) -> None:
 def report(runs: list[Run], args: argparse.Namespace, shapes: list) -> None:
     model_mb = sum(math.prod(s) for s in shapes) * 4 / 1e6
     reps = len({r.rep for r in runs})
-    print(f"\n# {args.hosts} hosts, {runs[0].servers} servers, link {args.link or 'unshaped'} both ways, {args.model} "
+    print(f"\n# {args.hosts} hosts, {runs[0].servers} servers, link {args.link or 'unshaped'} both ways, {args.model}"
+          f"{' x%g' % args.scale if getattr(args, 'scale', 1.0) != 1.0 else ''} "
           f"({len(shapes)} keys, {model_mb:.1f} MB), compute {runs[0].compute_s:g}s, median of {reps} reps")
     width = max(11, *(len(r.impl) for r in runs))
     print(f"{'impl':{width}} {'step s':>8} {'bound s':>8} {'step/bound':>10} {'tight s':>8} {'step/tight':>10} "

@@ -60,6 +60,16 @@ def test_quick_ps_only(tmp_path):
     check_times(rows, {"ps"})
 
 
+def test_quick_joint_runs_the_joint_job_as_ps_b(tmp_path):
+    """--joint: this checkout's job with joint workers (no server process) beside ps's."""
+    rows = run_bench(tmp_path, "--joint")
+    check_times(rows, {"ps", "ps-b"})
+    medians = [r for r in rows if r["row"] == "median" and r["impl"] == "ps-b"]
+    assert {r["case"] for r in medians} == QUICK_CASES, medians
+    cpu = [r for r in rows if r["row"] == "rep" and r["impl"] == "ps-b"]
+    assert all(float(r["server_cpu_ms"] or 0) == 0 for r in cpu), cpu      # no server processes to measure
+
+
 @pytest.mark.mxnet
 @pytest.mark.skipif(importlib.util.find_spec("mxnet") is None, reason="mxnet is not installed")
 def test_quick_vs_native(tmp_path):

@@ -67,10 +67,8 @@ class KVStore:
         if type not in TYPES:
             raise ValueError(f"unknown kvstore type {type!r}; use one of {', '.join(TYPES)}")
         cfg = config or Config.from_env()
-        self._joint: Any = None     # a joint process's own server shard (ps/joint.py)
-        if cfg.is_joint:
-            from .joint import JointServer
-            self._joint = JointServer(cfg)
+        joint = cfg.is_joint        # a worker holding its own server shard (ps/joint.py)
+        if joint:
             cfg = cfg.replace(role="worker")
         if not cfg.is_worker:
             raise ConfigError(f"DMLC_ROLE={cfg.role!r}: a KVStore runs on workers (or joint processes); start "
@@ -89,7 +87,11 @@ class KVStore:
         self._timeline: Recorder | None = None
         self._members: dict[int, tuple[int, ...]] = {}     # server key -> its only pushers (init's members)
         self._waits: WaitReporter | None = None
+        self._joint: Any = None
         try:
+            if joint:       # before this worker registers: the cluster forms only once its server did too
+                from .joint import JointServer
+                self._joint = JointServer(cfg)
             self._po.start({"sync": self._sync})
             if self._po.restarted:
                 self._round = self._rejoin()

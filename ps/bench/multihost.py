@@ -298,8 +298,8 @@ def _established(pid: int) -> int:
     """TCP connections of ``pid`` that are established, read from its own network namespace's
     table (psutil reads the caller's, where a namespace host's sockets are not)."""
     try:
-        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[len("socket:["):-1] for fd in os.listdir(f"/proc/{pid}/fd")
-                  if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+        links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        inodes = {link[len("socket:["):-1] for link in links if link.startswith("socket:[")}
         count = 0
         for table in ("tcp", "tcp6"):
             with open(f"/proc/{pid}/net/{table}") as fh:

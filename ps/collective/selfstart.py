@@ -110,8 +110,9 @@ def start(environ: Mapping[str, str] | None = None, joint: bool = False) -> Mana
             _reap(children, wait=0.0)
             raise
     os.environ.update(base, DMLC_ROLE="joint" if joint else "worker", DMLC_RANK=str(rank.rank))
-    logger.info("%s rank %d of %d: scheduler %s:%s, %d server(s) started here", rank.manager, rank.rank,
-                rank.size, base["DMLC_PS_ROOT_URI"], base["DMLC_PS_ROOT_PORT"], len(children) - (rank.rank == 0))
+    logger.info("%s rank %d of %d: scheduler %s:%s, %s", rank.manager, rank.rank, rank.size,
+                base["DMLC_PS_ROOT_URI"], base["DMLC_PS_ROOT_PORT"],
+                "a joint rank" if joint else f"{len(children) - (rank.rank == 0)} server(s) started here")
     return rank
 
 

@@ -20,6 +20,7 @@ import zmq
 
 from ..errors import NativeNodeError, ProtocolError, TransportError
 from ..message import Command, Message, decode, encode, node_name
+from . import in_process
 from .base import OnMessage, Van
 from .zmq_watch import OnEvent, Watches
 
@@ -29,22 +30,6 @@ MAX_MSG_SIZE = 1 << 30     # ZMQ_MAXMSGSIZE: largest single frame a node accepts
 RECV_BATCH = 256           # messages taken from one socket before polling again
 TICK_MS = 1                # loop period while a tick waits for a socket to drain (PS_SEND_LOWAT)
 SIOCOUTQNSD = 0x894B       # Linux ioctl: bytes in a TCP socket's send queue not yet sent
-
-# Vans of one process that talk to each other (a joint process's worker and its own server,
-# ps/joint.py) share one context, never terminated, so that the worker reaches its server over
-# inproc://: a pointer handed between threads instead of every byte through a Unix socket.
-_shared_lock = threading.Lock()
-_shared_ctx: zmq.Context | None = None
-_in_process: dict[str, str] = {}     # a shared-context ROUTER's tcp:// and ipc:// address -> its inproc:// twin
-
-
-def _process_context() -> zmq.Context:
-    global _shared_ctx
-    with _shared_lock:
-        if _shared_ctx is None:
-            _shared_ctx = zmq.Context(io_threads=1)
-        return _shared_ctx
-
 
 try:
     import fcntl
@@ -98,7 +83,7 @@ class ZmqVan(Van):
     def start(self, on_message: OnMessage, host: str, port: int = 0,
               port_range: tuple[int, int] | None = None, name: str = "") -> str:
         self._on_message = on_message
-        self._ctx = _process_context() if self._in_process else zmq.Context(io_threads=1)
+        self._ctx = in_process.context() if self._in_process else zmq.Context(io_threads=1)
         router = self._socket(zmq.ROUTER)
         if self._curve:
             router.curve_server = True
@@ -138,14 +123,14 @@ class ZmqVan(Van):
         return sock
 
     def endpoint_used(self, address: str) -> str:
-        return _in_process.get(address, address)
+        return in_process.twin(address) or address
 
     def _peer_socket(self, address: str) -> zmq.Socket:
         """A DEALER for ``address``: from the shared context when the peer is a van of this
         process (inproc:// connects only within one context)."""
-        if address not in _in_process:
+        if in_process.twin(address) is None:
             return self._socket(zmq.DEALER)
-        sock = _process_context().socket(zmq.DEALER)
+        sock = in_process.context().socket(zmq.DEALER)
         self._tune(sock)
         return sock
 
@@ -171,10 +156,7 @@ class ZmqVan(Van):
     def _bind_in_process(self, router: zmq.Socket) -> None:
         inproc = f"inproc://{self._identity.decode()}"
         router.bind(inproc)
-        with _shared_lock:
-            for address in (self.address, self.local_address):
-                if address:
-                    _in_process[address] = inproc
+        in_process.register([self.address, self.local_address], inproc)
 
     def _bind(self, router: zmq.Socket, host: str, port: int,
               port_range: tuple[int, int] | None) -> str:
@@ -197,7 +179,7 @@ class ZmqVan(Van):
         dealer = self._peer_socket(address)
         dealer.setsockopt(zmq.IDENTITY, self._identity)
         dealer.setsockopt(zmq.MAXMSGSIZE, MAX_MSG_SIZE)
-        dealer.connect(_in_process.get(address, address))
+        dealer.connect(self.endpoint_used(address))
         self._dealers[node_id] = dealer
         self._dealer_ids[dealer] = node_id
         self._poller.register(dealer, zmq.POLLIN)
@@ -265,7 +247,7 @@ class ZmqVan(Van):
             old.close(linger=0)
         dealer = self._peer_socket(address)
         dealer.setsockopt(zmq.IDENTITY, self._identity + b"-credit")
-        dealer.connect(_in_process.get(address, address))
+        dealer.connect(self.endpoint_used(address))
         self._control[node_id] = dealer
 
     def send(self, msg: Message) -> None:
@@ -496,9 +478,7 @@ class ZmqVan(Van):
         self._dealers.clear()
         self._control.clear()
         if self._in_process:
-            with _shared_lock:
-                for address in (self.address, self.local_address):
-                    _in_process.pop(address, None)
+            in_process.unregister([self.address, self.local_address])
         elif self._ctx is not None:
             self._ctx.term()
         if self._ipc_path:

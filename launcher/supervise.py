@@ -39,6 +39,11 @@ class SchedulerView(Protocol):
         """It has decided that the job succeeded (every worker closed its store)."""
 
     @property
+    def formed(self) -> bool:
+        """Every node has registered and has its table: a process that leaves before this
+        leaves a place the job cannot fill."""
+
+    @property
     def code(self) -> int | None:
         """Its exit status; None while it runs."""
 
@@ -164,7 +169,8 @@ def supervise(job: Job, sched: SchedulerView | None = None, stop: StopSignal | N
                 break
             restarts.stop_unreachable(job, sched)
             idle = not job.running   # looked at before poll(), so poll() hands out what this saw end
-            code = _first_failure(restarts.take(job, _after_the_work(job, job.poll(), sched), sched), sched)
+            ended = restarts.take(job, _after_the_work(job, job.poll(), sched), sched)
+            code = _first_failure(ended, sched) or _left_unformed(ended, sched)
             if code:
                 failed = True
                 break
@@ -267,6 +273,26 @@ def _first_failure(ended: list[tuple[str, int]], sched: SchedulerView | None = N
                 failed(name, f"{name} {_how(status)}")
             return status
         logger.debug("%s exited with status 0", name)
+    return 0
+
+
+def _left_unformed(ended: list[tuple[str, int]], sched: SchedulerView | None) -> int:
+    """A worker or server that exits cleanly before the cluster formed: the others would wait
+    for it until PS_CONNECT_TIMEOUT, so the job ends now, naming it. (A script that creates
+    its store on some ranks only, or not at all.)"""
+    if sched is None or sched.formed or sched.ending:
+        return 0
+    for name, status in ended:
+        role = _role(name)
+        if status == 0 and role in ("worker", "server"):
+            why = "its script ended without creating a dist kvstore" if role == "worker" else \
+                "a server runs until the job ends"
+            logger.error("%s exited with status 0 before the cluster formed (%s): the job cannot form "
+                         "without it; stopping the job", name, why)
+            failed = getattr(sched, "process_failed", None)     # a test's stub may lack it
+            if failed is not None:
+                failed(name, f"{name} exited before the cluster formed")
+            return 1
     return 0
 
 

@@ -186,6 +186,12 @@ class SchedulerRunner:
         return self.done or getattr(self.sched, "exit_code", None) is not None   # a custom factory may lack it
 
     @property
+    def formed(self) -> bool:
+        """``Scheduler.formed`` (a custom factory's scheduler without it counts as formed, so
+        that no process's exit is taken for a missing one)."""
+        return bool(getattr(self.sched, "formed", True))
+
+    @property
     def ended_well(self) -> bool:
         """The scheduler has decided the job succeeded (``run`` may not have returned yet)."""
         return (self.code if self.done else getattr(self.sched, "exit_code", None)) == 0

@@ -27,6 +27,11 @@ logger = logging.getLogger("ps.scheduler")
 
 PENDING_WATCH_IDS = 1 << 24   # watch ids of registered nodes before formation (node ids are small)
 
+# s until the first word about a cluster still forming, then at twice the wait each time: a
+# rank that never comes (it crashed, or took another path through the script) is named within
+# seconds, while PS_CONNECT_TIMEOUT stays long enough for a slow start
+FIRST_REPORT = 5.0
+
 Reply = Callable[[Any, Command, Any], None]
 
 
@@ -55,6 +60,7 @@ class Formation:
         self._watches = itertools.count(PENDING_WATCH_IDS)
         self._dropped: list[str] = []        # registered, then dropped: for the timeout error
         self._carried: dict[int, int] = {}   # watch id -> node id once formed, until its own watch connects
+        self._next_report = FIRST_REPORT     # s after begin() of the next "still forming" line
 
     def begin(self) -> None:
         """The scheduler listens: the formation deadline (PS_CONNECT_TIMEOUT) counts from now."""
@@ -136,6 +142,19 @@ class Formation:
         return "".join([f"the cluster did not form within {timeout:g}s (PS_CONNECT_TIMEOUT): {self.have()}",
                         f"; connection down: {', '.join(down)}" if down else "",
                         f"; dropped before formation: {', '.join(self._dropped)}" if self._dropped else ""])
+
+    def still_forming(self, now: float) -> str | None:
+        """A line for the log at 5, 10, 20, ... s of waiting: who is missing, and when the
+        wait ends. Not an error: a rank may load its data before it makes its store."""
+        waited = now - self.started_at
+        if waited < self._next_report or waited > self.config.connect_timeout:
+            return None
+        while self._next_report <= waited:
+            self._next_report *= 2
+        down = [f"the {n.role.name.lower()} from {n.addr}" for n in self.pending if n.down_since is not None]
+        return "".join([f"the cluster has not formed after {waited:.0f}s: {self.have()}",
+                        f"; connection down: {', '.join(down)}" if down else "",
+                        f". Waiting up to {self.config.connect_timeout:g}s (PS_CONNECT_TIMEOUT)"])
 
     def _replace_dead(self, info: Member, places: int) -> None:
         """Give up to ``places`` places of ``info``'s role to it: first those of nodes whose

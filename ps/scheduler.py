@@ -144,6 +144,10 @@ class Scheduler:
                 late = self._formation.late(now)
                 if late is not None:
                     self._abort(late)
+                    return
+                forming = self._formation.still_forming(now)
+                if forming is not None:
+                    logger.warning("scheduler: %s", forming)
                 return
             if self._ending.overdue(now):
                 return
@@ -382,6 +386,11 @@ class Scheduler:
             self._finish(1, why, quiet=True)
 
     # -- what the launcher reads (launcher/supervise.py's SchedulerView) ----------------------
+    @property
+    def formed(self) -> bool:
+        """Every node registered and was sent its table."""
+        return self._formed_at is not None
+
     def closed_worker_ranks(self) -> set[int]:
         """The ranks of the workers that closed their store: their part of the job is over
         (thread-safe; the launcher does not start one again that then exits non-zero)."""

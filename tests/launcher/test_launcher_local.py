@@ -80,6 +80,19 @@ def test_worker_exit_status_stops_the_job(launch):
     assert poll_for(lambda: not marked_pids(job.marker), 10), marked_pids(job.marker)
 
 
+def test_a_worker_that_ends_before_the_cluster_formed_ends_the_job_at_once(launch):
+    """Rank 1's script takes a path that never creates the store: the others would wait for it
+    until PS_CONNECT_TIMEOUT (here 60 s); the launcher names it and stops the job instead."""
+    script = "import os, sys\nif os.environ['DMLC_RANK'] == '1': sys.exit(0)\nimport time; time.sleep(60)\n"
+    t0 = time.monotonic()
+    job = launch(["-n", "3", "-s", "1", "--env", "PS_CONNECT_TIMEOUT:60", PY, "-c", script])
+    assert job.wait(30) == 1, job.output
+    assert time.monotonic() - t0 < 20
+    assert "[launcher] worker 1 exited with status 0 before the cluster formed (its script ended without " \
+           "creating a dist kvstore): the job cannot form without it; stopping the job" in job.lines, job.output
+    assert poll_for(lambda: not marked_pids(job.marker), 10), marked_pids(job.marker)
+
+
 def test_sigint_leaves_no_process(launch):
     job = launch(["-n", "2", "-s", "2", "--env", "PS_TEST_HANG:1", *worker_cmd()])
     job.wait_for(lambda j: j.ready() == 2)

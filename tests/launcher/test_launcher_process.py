@@ -254,6 +254,7 @@ def test_a_node_the_scheduler_declared_dead_is_stopped_but_never_its_restart(cap
     class Sched:            # a SchedulerView: stop_unreachable reads only awaiting_restart
         declared: float | None = None
         done = ending = ended_well = False
+        formed = True
         code = error = None
 
         def awaiting_restart(self):
@@ -306,6 +307,6 @@ def test_the_scheduler_runner_gives_what_supervision_reads():
     runner = SchedulerRunner(Finished(), 0)
     runner.close()
     assert isinstance(runner, SchedulerView)
-    assert runner.done and runner.ending and runner.ended_well and runner.code == 0
+    assert runner.done and runner.ending and runner.ended_well and runner.code == 0 and runner.formed
     assert runner.closed_worker_ranks() == set() and runner.awaiting_restart() == []
     assert not isinstance(object(), SchedulerView)

@@ -97,6 +97,22 @@ class SendQueue:
         room, packed per server into messages of about CHUNK_BYTES; those of at most
         ``credit_min`` bytes leave uncounted.
 
+        A pass counts each box while it fills, and the small ones leave uncounted after all:
+        a window smaller than the servers' small boxes together ends a pass with room again
+        and entries left, which no credit and no tick would ever offer again. So passes
+        repeat while they send something and the window has room."""
+        sent: list[Outgoing] = []
+        rooms: dict[int, int | None] = {}       # what each connection may still take in this take()
+        while True:
+            more = self._take_pass(unsent, rooms)
+            sent.extend(more)
+            if not more or not self._heaps or self.in_flight >= self.window:
+                return sent
+
+    def _take_pass(self, unsent: Callable[[int], int | None] | None,
+                   rooms: dict[int, int | None]) -> list[Outgoing]:
+        """One pass of :meth:`take`.
+
         ``unsent(server)``: bytes the kernel holds unsent on the connection to ``server``
         (``Van.unsent``), None if unknown. With ``lowat`` set, a server whose connection
         holds ``lowat`` or more keeps its entries for a later take (``blocked`` says so);
@@ -106,11 +122,10 @@ class SendQueue:
         if self.in_flight >= self.window or not self._heaps:
             self.blocked = False
             return []
-        rooms: dict[int, int | None] = {}
         heads: list[Queued] = []
         self.blocked = False
         for server, heap in self._heaps.items():
-            rooms[server] = left = self._room(server, unsent)
+            left = rooms[server] = rooms[server] if server in rooms else self._room(server, unsent)
             if left is None or left > 0:
                 heads.append(heap[0])
             else:

@@ -60,6 +60,24 @@ def scaled(shapes: list[list[int]], factor: float) -> list[list[int]]:
     return [[max(1, round(s[0] * factor)), *s[1:]] if s else s for s in shapes]
 
 
+# byte thresholds measured against the model's tensors and the link's rate: --scale scales them
+# with the model, so that a run at scale F on links F times as fast places, chunks and holds back
+# the keys as the full model would be on the full link. Unscaled, MXNet's bigarray bound
+# (1M elements) splits none of ResNet-50's tensors at 0.05 of their bytes: every key then lives
+# on one server, all K workers push it to that server's port at once, and ps and native alike
+# lose a third of their speed at K = 8.
+SCALED = ("MXNET_KVSTORE_BIGARRAY_BOUND", "PS_SEND_WINDOW", "PS_SEND_LOWAT")
+
+
+def scaled_env(factor: float) -> dict[str, str]:
+    """The defaults of :data:`SCALED` times ``factor`` (nothing at 1); explicit settings win."""
+    if factor >= 1:
+        return {}
+    from ..config import VARIABLES
+    defaults = {v.name: v.default for v in VARIABLES}
+    return {name: str(max(1, round(defaults[name] * factor))) for name in SCALED}
+
+
 def _sent_by_key(sizes: list[int], hosts: int, servers: int, bigarray_bound: int):
     """After each key (in order), the bytes every host has sent for keys 0..k: its worker's
     pushes to servers on other hosts and its servers' replies to the other hosts' workers,
@@ -166,6 +184,7 @@ def _env(hosts: Hosts, host: int, role: str, args: argparse.Namespace, rank: int
                PS_MXNET_AUTOLOAD="0", PYTHONUNBUFFERED="1")
     if rank is not None:
         env["DMLC_RANK"] = str(rank)
+    env.update(args.scaled_env)
     for pair in args.env:
         name, _, value = pair.partition("=")
         env[name] = value
@@ -254,12 +273,13 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
     busy = (sum(cpu1) - cpu1.idle - cpu1.iowait) - (sum(cpu0) - cpu0.idle - cpu0.iowait)
     load = busy / max(1e-9, sum(cpu1) - sum(cpu0))
     k = args.hosts
-    bound = simple_bound(shapes, k, args.compute, link, args.servers)
+    bigarray = int(_env(hosts, 0, "scheduler", args, None, extra).get("MXNET_KVSTORE_BIGARRAY_BOUND", 1_000_000))
+    bound = simple_bound(shapes, k, args.compute, link, args.servers, bigarray)
     sched0 = counters.get("sched0", [0.0, 0.0])
     sample = counters.get("procs", ProcessSample(0.0, 0.0, 0.0))
     return Run(impl, rep, k, step, args.compute, bound, args.compute / step,
                statistics.median(moved) / total_steps / 1e6, load,
-               tight_bound(shapes, k, args.compute, link, args.servers), args.servers or k,
+               tight_bound(shapes, k, args.compute, link, args.servers, bigarray), args.servers or k,
                statistics.median(r["stall"] for r in results), statistics.median(r["first_stall"] for r in results),
                *load_of_links,
                form_s=max(r.get("formed", 0.0) for r in results) - max(r.get("calling", 0.0) for r in results),
@@ -381,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.scale <= 1:
         p.error(f"--scale must be in (0, 1], got {args.scale}")
     shapes = scaled(load_model(args.model), args.scale)
+    args.scaled_env = scaled_env(args.scale)
     if args.from_csv:
         report_runs(read_csv(args.from_csv), args, shapes)
         return 0

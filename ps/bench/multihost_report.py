@@ -113,6 +113,8 @@ def report(runs: list[Run], args: argparse.Namespace, shapes: list) -> None:
     print(f"\n# {args.hosts} hosts, {runs[0].servers} servers, link {args.link or 'unshaped'} both ways, {args.model}"
           f"{' x%g' % args.scale if getattr(args, 'scale', 1.0) != 1.0 else ''} "
           f"({len(shapes)} keys, {model_mb:.1f} MB), compute {runs[0].compute_s:g}s, median of {reps} reps")
+    if getattr(args, "scaled_env", None):
+        print("# scaled with the model: " + ", ".join(f"{k}={v}" for k, v in args.scaled_env.items()))
     width = max(11, *(len(r.impl) for r in runs))
     print(f"{'impl':{width}} {'step s':>8} {'bound s':>8} {'step/bound':>10} {'tight s':>8} {'step/tight':>10} "
           f"{'efficiency':>10} {'MB/host/step':>12} {'fwd wait s':>10} {'key 0 s':>8} {'links busy':>10} "

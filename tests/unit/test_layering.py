@@ -154,7 +154,7 @@ ALLOWED = {
     "bench.__main__": {"bench.cli", "bench.multihost"},
     "bench.netns": set(),
     "bench.multihost": {"bench.kvstore_step", "bench.linkload", "bench.multihost_report", "bench.netns",
-                        "bench.torch_step", "keys", "launcher.process"},
+                        "bench.torch_step", "config", "keys", "launcher.process"},
     "bench.kvstore_step": {"__init__"}, "bench.multihost_report": set(),
     "bench.torch_step": {"torch"},
     "bench.linkload": {"bench.netns"},

@@ -148,3 +148,18 @@ def test_a_connection_without_room_holds_back_only_its_own_entries():
     assert keys_of(sent) == [[0]] and q.blocked
     sent = q.take(lambda server: None)                    # a van that cannot tell: no limit
     assert keys_of(sent) == [[1], [2], [11]] and not q.blocked and len(q) == 0
+
+
+def test_a_window_smaller_than_the_servers_small_messages_together_leaves_nothing_stranded():
+    """PS_SEND_WINDOW=100K with 7 servers: a pass counts each server's box while it fills
+    (7 x 20 KB passes the window), then lets them leave uncounted (each under CREDIT_MIN).
+    The queue must not end a take with room, entries left and nothing on the way to credit
+    them: that hung a K = 8 job (servers' replies queued, every worker waiting for them)."""
+    small = np.zeros(5000, np.float32)                   # 20 KB
+    servers = [8 + 2 * i for i in range(7)]
+    q = SendQueue(100 << 10)
+    for key in range(28):
+        q.add(-key, servers[key % 7], Entry(1, Op.PUSH | Op.PULL, key, 0, small.size, small.size, F32), small)
+    sent = q.take()
+    assert sorted(k for keys in keys_of(sent) for k in keys) == list(range(28)), keys_of(sent)
+    assert len(q) == 0 and q.in_flight == 0 and not any(out.credit for out in sent)

@@ -268,9 +268,7 @@ def _first_failure(ended: list[tuple[str, int]], sched: SchedulerView | None = N
     for name, status in ended:
         if status:
             logger.error("%s exited with status %d: stopping the job", name, status)
-            failed = getattr(sched, "process_failed", None)     # a test's stub may lack it
-            if failed is not None:
-                failed(name, f"{name} {_how(status)}")
+            _tell(sched, name, f"{name} {_how(status)}")
             return status
         logger.debug("%s exited with status 0", name)
     return 0
@@ -289,11 +287,16 @@ def _left_unformed(ended: list[tuple[str, int]], sched: SchedulerView | None) ->
                 "a server runs until the job ends"
             logger.error("%s exited with status 0 before the cluster formed (%s): the job cannot form "
                          "without it; stopping the job", name, why)
-            failed = getattr(sched, "process_failed", None)     # a test's stub may lack it
-            if failed is not None:
-                failed(name, f"{name} exited before the cluster formed")
+            _tell(sched, name, f"{name} exited before the cluster formed")
             return 1
     return 0
+
+
+def _tell(sched: SchedulerView | None, name: str, why: str) -> None:
+    """The scheduler's dashboard shows ``name`` dead for ``why``."""
+    failed = getattr(sched, "process_failed", None)     # a test's stub may lack it
+    if failed is not None:
+        failed(name, why)
 
 
 def _scheduler_failure(job: Job, sched: SchedulerView, wait: float = 1.0) -> int:

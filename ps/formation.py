@@ -143,6 +143,17 @@ class Formation:
                         f"; connection down: {', '.join(down)}" if down else "",
                         f"; dropped before formation: {', '.join(self._dropped)}" if self._dropped else ""])
 
+    def tick(self, now: float) -> str | None:
+        """The scheduler's periodic check before formation: drop the dead, say who is still
+        missing, and give the error that ends the job once PS_CONNECT_TIMEOUT has passed."""
+        self.drop_dead()
+        late = self.late(now)
+        if late is None:
+            forming = self.still_forming(now)
+            if forming is not None:
+                logger.warning("scheduler: %s", forming)
+        return late
+
     def still_forming(self, now: float) -> str | None:
         """A line for the log at 5, 10, 20, ... s of waiting: who is missing, and when the
         wait ends. Not an error: a rank may load its data before it makes its store."""

@@ -140,14 +140,9 @@ class Scheduler:
         cfg, now = self.config, self.clock()
         with self._lock:
             if self._formed_at is None:
-                self._formation.drop_dead()
-                late = self._formation.late(now)
+                late = self._formation.tick(now)
                 if late is not None:
                     self._abort(late)
-                    return
-                forming = self._formation.still_forming(now)
-                if forming is not None:
-                    logger.warning("scheduler: %s", forming)
                 return
             if self._ending.overdue(now):
                 return

@@ -148,6 +148,20 @@ def unrecoverable(node_id: int, nodes: dict[int, Member], recovering: dict[int, 
     return None
 
 
+def node_state(node_id: int, failed: dict[int, str], recovering: dict[int, Recovery], closed: set[int],
+               ended: bool) -> tuple[str, str | None]:
+    """What the dashboard says of a node, and why: dead (its death ended the job, or its
+    restart has not registered), restarting, closed (a worker that closed its store), ended
+    or alive."""
+    rec = recovering.get(node_id)
+    reason = failed.get(node_id) or (rec.reason if rec is not None else None)
+    if node_id in failed or (rec is not None and not rec.replaced):
+        return "dead", reason
+    if rec is not None:
+        return "restarting", reason
+    return ("closed" if node_id in closed else "ended" if ended else "alive"), reason
+
+
 def head_count(nodes: list[Member], num_workers: int, num_servers: int) -> str:
     """How far a job is from complete, as its messages say it: with the ranks still missing
     when every node of a role asked for its rank (DMLC_RANK: every launcher, mpirun's ranks),

@@ -18,7 +18,7 @@ from .barriers import GROUPS, Barriers
 from .ending import Ending
 from .formation import Formation
 from .jobview import BarrierStall, JobFacts, JobView, NodeFacts
-from .membership import Awaited, Member, find_death, head_count, placement_warning, unrecoverable
+from .membership import Awaited, Member, find_death, head_count, node_state, placement_warning, unrecoverable
 from .message import SCHEDULER, Command, Message, Role, node_name
 from .readmission import ACK_WAIT, Readmission
 from .rebuild import Rebuild
@@ -410,11 +410,8 @@ class Scheduler:
         formed = self._formed_at is not None
         nodes = []
         for node_id, node in sorted(self.nodes.items()):
-            rec = self.readmission.recovering.get(node_id)
-            reason = self.failed.get(node_id) or (rec.reason if rec is not None else None)
-            state = ("dead" if node_id in self.failed or (rec is not None and not rec.replaced) else
-                     "restarting" if rec is not None else "closed" if node_id in self.closed_workers else
-                     "ended" if self._done.is_set() else "alive")
+            state, reason = node_state(node_id, self.failed, self.readmission.recovering, self.closed_workers,
+                                       self._done.is_set())
             nodes.append(NodeFacts(node_id, node_name(node_id), node.role.name.lower(), node.rank, node.host,
                                    node.hostname, node.pid, wall - (now - node.registered_at), node.incarnation,
                                    state, reason))

@@ -1,6 +1,6 @@
 """The scheduler's pure rules in ps/membership.py: how a job counts its nodes, which dead
 node a restart replaces, and whether a death can be recovered from."""
-from ps.membership import Member, Recovery, head_count, restart_place, unrecoverable
+from ps.membership import Member, Recovery, head_count, node_state, restart_place, unrecoverable
 from ps.message import Role, server_id, worker_id
 
 
@@ -75,3 +75,14 @@ def test_a_server_next_to_one_still_recovering_cannot_be_recovered():
     reason = unrecoverable(server_id(2), nodes, recovering, 1, 5, 4, [0, 1, 2, 3])
     assert reason.startswith("it failed while server 1 (S[10] at h1:9001), its neighbour in the replica ring")
     assert unrecoverable(server_id(3), nodes, recovering, 1, 5, 4, [0, 1, 2, 3]) is None
+
+
+def test_a_node_state_is_dead_until_its_restart_registers_then_restarting():
+    rec = Recovery(0.0, "worker 1 was killed")
+    assert node_state(11, {}, {11: rec}, set(), False) == ("dead", "worker 1 was killed")
+    rec.replaced = True
+    assert node_state(11, {}, {11: rec}, set(), False) == ("restarting", "worker 1 was killed")
+    assert node_state(11, {11: "its death ended the job"}, {}, set(), True) == ("dead", "its death ended the job")
+    assert node_state(11, {}, {}, {11}, True) == ("closed", None)
+    assert node_state(9, {}, {}, {11}, True) == ("ended", None)
+    assert node_state(9, {}, {}, set(), False) == ("alive", None)

@@ -87,14 +87,10 @@ ONE_AT_A_TIME = ("tests/launcher/test_launcher_batch.py", "tests/launcher/test_l
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's load scheduling, with the files of ONE_AT_A_TIME as one unit of work."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class OneAtATime(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return "one-at-a-time" if nodeid.split("::", 1)[0] in ONE_AT_A_TIME else nodeid
-
-    return OneAtATime(config, log)
+    """xdist's load scheduling, with the files of ONE_AT_A_TIME as one unit of work, that
+    survives a crashed worker (tests/xdist_scheduling.py)."""
+    from tests.xdist_scheduling import make
+    return make(config, log, ONE_AT_A_TIME)
 
 
 @pytest.fixture(autouse=True)

@@ -39,6 +39,13 @@ class _Context(ctypes.Structure):
 
 Start = Callable[[Callable[[], None]], None]
 _thread_state_kept = threading.local()
+# MXNet keeps a raw pointer to an Engine's callback, not a reference to it: an Engine whose
+# last user let go (a store closed, a temporary) with an operation still queued would be
+# collected, and the engine thread would call freed memory. Each open operation holds its
+# Engine here until it completes or is dropped.
+_open_ops: dict[int, "Engine"] = {}
+_open_lock = threading.Lock()
+_job_ids = itertools.count(1)
 
 
 def _keep_thread_state() -> None:
@@ -66,7 +73,6 @@ class Engine:
         self._lib = _LIB
         self._jobs: dict[int, tuple[Start, tuple, Callable[[], None] | None]] = {}
         self._started: set[int] = set()
-        self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._run_cb = _ASYNC_FN(self._run)          # kept alive: the engine holds the pointer
         self._ctx = _Context(1, 0)                   # cpu(0)
@@ -84,9 +90,11 @@ class Engine:
              name: bytes = b"ps_pushpull", skipped: Callable[[], None] | None = None) -> None:
         """``skipped()`` is called by :meth:`drop_skipped` if the engine never runs ``start``."""
         from mxnet.base import check_call
-        job = next(self._ids)
+        job = next(_job_ids)
         with self._lock:
             self._jobs[job] = (start, (reads, writes), skipped)   # the NDArrays live until done
+        with _open_lock:
+            _open_ops[job] = self
         const = (ctypes.c_void_p * max(len(reads), 1))(*[a.handle.value for a in reads])
         mutable = (ctypes.c_void_p * max(len(writes), 1))(*[a.handle.value for a in writes])
         try:
@@ -95,9 +103,17 @@ class Engine:
                 const, len(reads), mutable, len(writes), ctypes.byref(self._prop),
                 ctypes.c_int(priority), ctypes.c_char_p(name), ctypes.c_bool(False)))
         except BaseException:
-            with self._lock:
-                self._jobs.pop(job, None)
+            self._forget([job])
             raise
+
+    def _forget(self, jobs: list[int]) -> None:
+        with self._lock:
+            for job in jobs:
+                self._jobs.pop(job, None)
+                self._started.discard(job)
+        with _open_lock:
+            for job in jobs:
+                _open_ops.pop(job, None)
 
     def _run(self, _rctx: int, on_complete: int, param: int) -> None:
         """On an engine thread. ``on_complete`` points into the caller's frame: copy it."""
@@ -112,9 +128,7 @@ class Engine:
         def done() -> None:
             if not fired.acquire(blocking=False):
                 return                                  # never complete an operation twice
-            with self._lock:
-                self._jobs.pop(param, None)
-                self._started.discard(param)
+            self._forget([param])
             _COMPLETE_FN(callback)(engine, cb_param, None)
 
         try:
@@ -129,7 +143,9 @@ class Engine:
         of an earlier operation that failed (a forward pass that raised). Their ``skipped``
         callbacks run here; returns how many there were."""
         with self._lock:
-            dropped = [self._jobs.pop(job) for job in list(self._jobs) if job not in self._started]
+            never_ran = [job for job in self._jobs if job not in self._started]
+            dropped = [self._jobs[job] for job in never_ran]
+        self._forget(never_ran)
         for _start, _arrays, skipped in dropped:
             if skipped is not None:
                 skipped()

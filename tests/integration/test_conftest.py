@@ -92,3 +92,33 @@ def test_the_files_that_share_the_machine_exist():
     from tests.conftest import ONE_AT_A_TIME
     missing = [name for name in ONE_AT_A_TIME if not (ROOT / name).is_file()]
     assert not missing, missing
+
+
+CRASHING = textwrap.dedent('''
+    import os
+    import pytest
+
+    @pytest.mark.parametrize("n", range(24))
+    def test_one(n):
+        if n == 20:
+            os._exit(1)              # a segfault in a C extension looks like this to xdist
+''')
+
+
+def test_a_crashed_xdist_worker_fails_its_test_and_the_run_still_ends(tmp_path):
+    """xdist 3.8's own scope scheduler can wait forever after a worker dies near the end of
+    a run (the CI run that timed out); ours reports the crash once and runs the rest."""
+    path = tmp_path / "test_crashing.py"
+    path.write_text(CRASHING)
+    run = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "tests.conftest",
+                            "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(path)],
+                           cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    try:
+        out, _ = run.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, 9)                  # the run and its xdist workers
+        out, _ = run.communicate()
+        pytest.fail(f"the xdist run did not end within 60 s of a worker's crash:\n{out}")
+    assert run.returncode == 1, out
+    assert "test_one[20]" in out and "1 failed, 23 passed" in out, out

@@ -61,3 +61,43 @@ def test_the_exit_drain_gives_up_at_its_bound_while_an_operation_stays_open():
     assert opened, "the engine never started the operation"
     opened[0]()                      # complete it: the engine drains
     assert engine_drained(30)
+
+
+
+# run in a process of its own: with the bug, the engine thread calls freed memory (a crash or
+# a hang inside MXNet, which no timeout in this process could end)
+_DROPPED_ENGINE = """
+import gc, threading, weakref
+import mxnet as mx
+from ps.mxnet.engine import Engine
+dst, blocker, ran = mx.nd.zeros((4,)), [], []
+Engine().push(blocker.append, [], [dst])              # holds dst: the next operation queues
+engine = Engine()
+engine.push(lambda done: (ran.append(1), done()), [], [dst])
+alive = weakref.ref(engine)
+del engine
+gc.collect()
+print("alive while queued:", alive() is not None, flush=True)
+for _ in range(200):                                   # the first operation starts on an engine thread
+    if blocker:
+        break
+    threading.Event().wait(0.05)
+blocker[0]()
+dst.wait_to_read()
+gc.collect()
+print("ran:", ran, "alive after:", alive() is not None, flush=True)
+"""
+
+
+@pytest.mark.process
+def test_an_engine_nobody_holds_lives_while_its_operation_is_queued():
+    """MXNet holds only a raw pointer to an Engine's callback: an Engine dropped with an
+    operation still waiting in MXNet's queue must live until the operation is done, and no
+    longer."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _DROPPED_ENGINE], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "alive while queued: True" in out.stdout, out.stdout
+    assert "ran: [1] alive after: False" in out.stdout, out.stdout

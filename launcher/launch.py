@@ -25,7 +25,7 @@ from ps.errors import ConfigError
 
 from . import kubernetes
 from .backend import BACKENDS, Backend
-from .hosts import HostfileError, read_hostfile
+from .hosts import HostfileError, check_roles, read_hostfile
 from .output import Output, OutputHandler
 from .process import Command, Job, StopSignal, become_subreaper
 from .secret import job_secret
@@ -50,7 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Everything from COMMAND on is passed to the workers unchanged. See docs/launcher.md.")
     p.add_argument("-n", "--num-workers", type=int, required=True, help="number of worker processes")
     p.add_argument("-s", "--num-servers", type=int, help="number of server processes (default: -n)")
-    p.add_argument("-H", "--hostfile", help="hosts, one per line: host, host:sshport or 'host slots=N'")
+    p.add_argument("-H", "--hostfile", help="hosts, one per line: host, host:sshport or 'host slots=N'; "
+                   "'host role=server' (or role=worker) runs only that role there")
+    p.add_argument("--server-hosts", metavar="FILE",
+                   help="ssh/mpi: hosts for the servers (as -H's lines); the servers run only there, the workers "
+                        "on the hosts of -H")
     p.add_argument("--launcher", choices=LAUNCHERS,
                    help="how to start processes (default: ssh with -H, else local)")
     p.add_argument("--sync-dst-dir", help="ssh: rsync the working directory to DIR on every host, run there")
@@ -124,6 +128,19 @@ def parse_args(argv: Sequence[str] | None, environ: Mapping[str, str],
         raise SpecError(f"-s/--num-servers must be >= 1, got {num_servers}")
     launcher = args.launcher or ("ssh" if args.hostfile else "local")
     hosts = tuple(read_hostfile(args.hostfile)) if args.hostfile else ()
+    if args.server_hosts:
+        if not hosts:
+            raise SpecError(f"--server-hosts {args.server_hosts} needs -H/--hostfile: the workers' hosts")
+        marked = read_hostfile(args.server_hosts)
+        for host in marked:
+            if host.role == "worker":
+                raise SpecError(f"--server-hosts {args.server_hosts}: {host.name} is marked role=worker")
+        hosts += tuple(replace(h, role="server") for h in marked)
+    if args.mode == "mpi" and any(h.role == "server" for h in hosts):
+        raise SpecError("--server-hosts (or a role=server host) with --mode mpi: there are no server processes "
+                        "to place; every worker holds its own shard")
+    if hosts:
+        check_roles(hosts, 0 if args.mode == "mpi" else num_servers, args.hostfile)
     if launcher == "ssh" and not hosts:
         raise SpecError("--launcher ssh needs -H/--hostfile")
     if hosts and launcher not in ("ssh", "mpi"):

@@ -18,7 +18,7 @@ import shlex
 import threading
 from collections.abc import Callable, Mapping
 
-from .hosts import Host, Task, distinct, place
+from .hosts import Host, Task, distinct, hosts_for, place
 from .process import Command, Job, run_quiet
 from .spec import LaunchSpec, is_shell_string, shell_join
 from .tracker import forwarded_env, task_env
@@ -95,9 +95,9 @@ def host_answers(host: Host, timeout: float = 15.0) -> bool:
 
 class Relocation:
     """--max-restarts over ssh: a restart runs where its node ran, unless that host no longer
-    answers ssh (a dead machine): then on the live host of -H running the fewest of the job's
-    processes (a spare host first), copied there first with --sync-dst-dir. The scheduler
-    takes a restart from any host."""
+    answers ssh (a dead machine): then on the live host of its role (role=server hosts keep the
+    servers) running the fewest of the job's processes (a spare host first), copied there
+    first with --sync-dst-dir. The scheduler takes a restart from any host."""
 
     def __init__(self, spec: LaunchSpec, job: Mapping[str, str], environ: Mapping[str, str],
                  answers: Callable[[Host], bool] = host_answers):
@@ -118,7 +118,7 @@ class Relocation:
             where = self.tasks.get(proc.cmd.name)
             if where is not None and where.host is not None:
                 busy[where.host.key] = busy.get(where.host.key, 0) + 1
-        order = [h for h in distinct(self.spec.hosts or []) if h.key not in self.dead]
+        order = [h for h in distinct(hosts_for(task.role, self.spec.hosts)) if h.key not in self.dead]
         for host in sorted(order, key=lambda h: busy.get(h.key, 0)):   # stable: hostfile order on ties
             if not self.answers(host):
                 logger.warning("host %s does not answer ssh either", host.name)

@@ -4,7 +4,8 @@ shaped links, a real model's parameter list, compute simulated layer by layer.
     python -m ps.bench --hosts 4 --link 1gbit --model resnet50_v1 --compute 1.0
     python -m ps.bench --hosts 2,3,4 --link 1gbit --plot scaling.png     # efficiency against K
 
-Each host runs one worker and one server (host 0, unshaped, runs the scheduler). A step:
+Each host runs one worker and one server (host 0, unshaped, runs the scheduler); with
+``--server-hosts M``, M more hosts run the servers and the K hosts only workers. A step:
 the forward pass (1/3 of ``--compute``) walks the keys in order and waits for each key's
 new weights before its share; the backward pass (2/3) walks them in reverse and issues each
 key's pushpull the moment its share ends (``priority=-index``, as MXNet's Trainer does).
@@ -78,14 +79,21 @@ def scaled_env(factor: float) -> dict[str, str]:
     return {name: str(max(1, round(defaults[name] * factor))) for name in SCALED}
 
 
-def _sent_by_key(sizes: list[int], hosts: int, servers: int, bigarray_bound: int):
+def _sent_by_key(sizes: list[int], hosts: int, servers: int, bigarray_bound: int, server_hosts: int = 0):
     """After each key (in order), the bytes every host has sent for keys 0..k: its worker's
     pushes to servers on other hosts and its servers' replies to the other hosts' workers,
-    keys placed by MXNet's rule on ``servers`` servers (server i on host i mod K)."""
+    keys placed by MXNet's rule on ``servers`` servers (server i on host i mod K). With
+    ``server_hosts`` M, the servers are on M hosts of their own (server i on the (i mod M)th):
+    a worker host sends each piece once, a server host each of its pieces to all K workers."""
     from ..keys import plan
-    sent = [0.0] * hosts
+    sent = [0.0] * (hosts + server_hosts)
     for key, n in enumerate(sizes):
         for piece in plan(key, n, servers, bigarray_bound):
+            if server_hosts:
+                for h in range(hosts):
+                    sent[h] += 4 * piece.size
+                sent[hosts + piece.server % server_hosts] += 4 * piece.size * hosts
+                continue
             for h in range(hosts):
                 if piece.server % hosts == h:
                     sent[h] += 4 * piece.size * (hosts - 1)     # its server answers the other workers
@@ -95,17 +103,17 @@ def _sent_by_key(sizes: list[int], hosts: int, servers: int, bigarray_bound: int
 
 
 def simple_bound(shapes: list, hosts: int, compute: float, link: float | None, servers: int = 0,
-                 bigarray_bound: int = 1_000_000) -> float:
+                 bigarray_bound: int = 1_000_000, server_hosts: int = 0) -> float:
     """max(compute, the busiest host's bytes per step / link): 2(K-1)/K x model / link with
-    one server per host."""
+    one server per host; the model / link with as many server hosts as worker hosts."""
     if not link:
         return compute
-    *_, sent = _sent_by_key([_size(s) for s in shapes], hosts, servers or hosts, bigarray_bound)
+    *_, sent = _sent_by_key([_size(s) for s in shapes], hosts, servers or hosts, bigarray_bound, server_hosts)
     return max(compute, max(sent) / link)
 
 
 def tight_bound(shapes: list, hosts: int, compute: float, link: float | None, servers: int = 0,
-                bigarray_bound: int = 1_000_000) -> float:
+                bigarray_bound: int = 1_000_000, server_hosts: int = 0) -> float:
     """The issue's tight bound on a step: for every host h and key k, keys 0..k cannot leave
     before key k's gradient is ready and must all be back before key k's next forward:
     step >= C x (1 - a_k) + T_h(0..k) / link, a_k the fraction of the model's bytes before
@@ -116,13 +124,13 @@ def tight_bound(shapes: list, hosts: int, compute: float, link: float | None, se
     link *= WIRE_PAYLOAD
     sizes = [_size(s) for s in shapes]
     total, before, best = sum(sizes), 0, compute
-    for n, sent in zip(sizes, _sent_by_key(sizes, hosts, servers or hosts, bigarray_bound)):
+    for n, sent in zip(sizes, _sent_by_key(sizes, hosts, servers or hosts, bigarray_bound, server_hosts)):
         best = max(best, compute * (1 - before / total) + max(sent) / link)
         before += n
     return best
 
 
-TORCH = ("ps-torch", "ddp")      # the PyTorch jobs (ps/bench/torch_step.py)
+TORCH = ("ps-torch", "ps-torch-cross", "ddp")      # the PyTorch jobs (ps/bench/torch_step.py)
 
 
 class Impl(NamedTuple):
@@ -136,7 +144,8 @@ def impl_env(impl: str) -> Impl:
     """``native``, ``ps``, ``ps-restarts`` (PS_MAX_RESTARTS=1: replication on), ``ps-fifo``
     (PS_SEND_WINDOW=0: call order), ``ps-fp16`` (fp16 compression: pushes and pulls halved),
     ``ps-joint`` (joint workers: each holds one server shard, no server processes),
-    ``ps-torch`` (ps.torch's DistributedOptimizer), ``ddp`` (PyTorch DDP over gloo, no
+    ``ps-torch`` (ps.torch's DistributedOptimizer), ``ps-torch-cross`` (the same with
+    ``model=``: each module's forward waits for its own sums), ``ddp`` (PyTorch DDP over gloo, no
     servers), or ``ps:NAME=VALUE[:NAME=VALUE...]``: which system, and what makes the variant."""
     if impl in ("native", *TORCH):
         return Impl(impl, {})
@@ -151,7 +160,7 @@ def impl_env(impl: str) -> Impl:
     kind, *pairs = impl.split(":")
     if kind != "ps" or any("=" not in p for p in pairs):
         raise SystemExit(f"--impls: unknown implementation {impl!r}; use native, ps, ps-restarts, ps-fifo, "
-                         "ps-fp16, ps-joint, ps-torch, ddp or ps:NAME=VALUE[:NAME=VALUE]")
+                         "ps-fp16, ps-joint, ps-torch, ps-torch-cross, ddp or ps:NAME=VALUE[:NAME=VALUE]")
     return Impl("ps", dict(p.split("=", 1) for p in pairs))
 
 
@@ -173,12 +182,24 @@ def _worker(spec: dict) -> None:
     run(spec)
 
 
+def num_servers(args: argparse.Namespace) -> int:
+    """--servers, else one per server host, else one per host."""
+    return args.servers or args.server_hosts or args.hosts
+
+
+def server_host(args: argparse.Namespace, server: int) -> int:
+    """Round robin over the server hosts (K+1..K+M), else over the worker hosts (1..K)."""
+    if args.server_hosts:
+        return args.hosts + 1 + server % args.server_hosts
+    return 1 + server % args.hosts
+
+
 def _env(hosts: Hosts, host: int, role: str, args: argparse.Namespace, rank: int | None = None,
          extra: dict | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MXNET_KVSTORE"))}
     root = str(Path(__file__).resolve().parents[2])
     env.update(DMLC_ROLE=role, DMLC_PS_ROOT_URI=hosts.ip(0), DMLC_PS_ROOT_PORT=PORT,
-               DMLC_NUM_SERVER=str(args.servers or args.hosts), DMLC_NUM_WORKER=str(args.hosts),
+               DMLC_NUM_SERVER=str(num_servers(args)), DMLC_NUM_WORKER=str(args.hosts),
                DMLC_NODE_HOST=hosts.ip(host),
                PYTHONPATH=root, PS_CONNECT_TIMEOUT="60", OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1",
                PS_MXNET_AUTOLOAD="0", PYTHONUNBUFFERED="1")
@@ -198,7 +219,7 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
     kind, extra, compression, joint = impl_env(impl)
     node = [py, "-c", "import mxnet"] if kind == "native" else [py, "-m", "ps"]
     spec = {"impl": kind, "shapes": shapes, "compute": args.compute, "steps": args.steps, "warmup": args.warmup,
-            "compression": compression}
+            "compression": compression, "bucket_mb": 25.0 * args.scale}    # DDP's default bucket, scaled
     if kind == "ddp":                                    # no scheduler, no servers: gloo's ring
         extra = {**extra, "MASTER_ADDR": hosts.ip(1), "MASTER_PORT": PORT, "WORLD_SIZE": str(args.hosts),
                  "GLOO_SOCKET_IFNAME": "eth0"}
@@ -209,12 +230,12 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
     results: list[dict] = []
     trace = tempfile.NamedTemporaryFile(prefix="ps-linkload-", suffix=".json", delete=False).name
     sampler = start_group(hosts.switch_argv([py, "-m", "ps.bench.linkload", trace,
-                                             *(f"p{h}" for h in range(1, args.hosts + 1))]),
+                                             *(f"p{h}" for h in range(1, args.hosts + args.server_hosts + 1))]),
                           {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if args.link else None
     try:
-        for i in range(0 if kind == "ddp" or joint else args.servers or args.hosts):   # server i on host i mod K
-            h = 1 + i % args.hosts
+        for i in range(0 if kind == "ddp" or joint else num_servers(args)):
+            h = server_host(args, i)
             procs.append(start_group(hosts.argv(h, node), _env(hosts, h, "server", args, i, extra),
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         for h in range(1, args.hosts + 1):
@@ -274,18 +295,19 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
     load = busy / max(1e-9, sum(cpu1) - sum(cpu0))
     k = args.hosts
     bigarray = int(_env(hosts, 0, "scheduler", args, None, extra).get("MXNET_KVSTORE_BIGARRAY_BOUND", 1_000_000))
-    bound = simple_bound(shapes, k, args.compute, link, args.servers, bigarray)
+    bound = simple_bound(shapes, k, args.compute, link, num_servers(args), bigarray, args.server_hosts)
     sched0 = counters.get("sched0", [0.0, 0.0])
     sample = counters.get("procs", ProcessSample(0.0, 0.0, 0.0))
     return Run(impl, rep, k, step, args.compute, bound, args.compute / step,
                statistics.median(moved) / total_steps / 1e6, load,
-               tight_bound(shapes, k, args.compute, link, args.servers, bigarray), args.servers or k,
+               tight_bound(shapes, k, args.compute, link, num_servers(args), bigarray, args.server_hosts),
+               num_servers(args),
                statistics.median(r["stall"] for r in results), statistics.median(r["first_stall"] for r in results),
                *load_of_links,
                form_s=max(r.get("formed", 0.0) for r in results) - max(r.get("calling", 0.0) for r in results),
                start_s=max(r.get("formed", launched) for r in results) - launched,
                rss_mb=sample.rss_mb, conns=sample.conns, threads=sample.threads,
-               sched_cpu=(sched1[0] - sched0[0]) / max(1e-9, sched1[1] - sched0[1]))
+               sched_cpu=(sched1[0] - sched0[0]) / max(1e-9, sched1[1] - sched0[1]), server_hosts=args.server_hosts)
 
 
 class ProcessSample(NamedTuple):
@@ -373,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
                    "(2,3,4) runs each K in turn")
     p.add_argument("--servers", default="", help="servers in the job, placed round robin on the hosts (default: "
                    "one per host); a comma list (2,4,8) runs each in turn: the server:worker ratio")
+    p.add_argument("--server-hosts", type=int, default=0, metavar="M",
+                   help="M more hosts that run only the servers (one each unless --servers says); the K hosts then "
+                   "run only workers. DDP's ring uses the K hosts")
     p.add_argument("--link", default="1gbit", help="tc rate of every host's link, both ways (e.g. 1gbit); 'none'")
     p.add_argument("--model", default="resnet50_v1", help="parameter shapes: resnet50_v1 or vgg16")
     p.add_argument("--scale", type=float, default=1.0,
@@ -417,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--servers takes a number or a comma list of numbers, got {args.servers!r}")
     if min(server_counts) < 0 or (args.servers and min(server_counts) < 1):
         p.error(f"--servers must be >= 1, got {args.servers!r}")
+    if args.server_hosts < 0:
+        p.error(f"--server-hosts must be >= 0, got {args.server_hosts}")
     if args.quick:
         shapes, args.compute, args.steps, args.warmup, args.reps = shapes[:12], 0.05, 3, 1, 1
     impls = [i for i in args.impls.split(",") if i]
@@ -434,16 +461,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for k in counts:
             args.hosts = k
-            with Hosts(k, args.link) as hosts:
+            with Hosts(k + args.server_hosts, args.link) as hosts:
                 for rep in range(args.reps):
                     for n in server_counts:
                         args.servers = n
                         for impl in impls if rep % 2 == 0 else impls[::-1]:
-                            if impl_env(impl).joint and n not in (0, k):
-                                continue            # joint: one shard per host, whatever --servers says
+                            if impl_env(impl).joint and (n not in (0, k) or args.server_hosts):
+                                continue            # joint: one shard per worker host, no server hosts
                             run = run_once(hosts, args, impl, rep, shapes)
                             runs.append(run)
-                            print(f"# K={k} S={run.servers} {impl} rep {rep}: step {run.step_s:.3f}s  efficiency "
+                            print(f"# K={k}{f'+{args.server_hosts}' if args.server_hosts else ''} S={run.servers} {impl} rep {rep}: step {run.step_s:.3f}s  efficiency "
                                   f"{run.efficiency:.2f}  {run.mb_per_host_step:.1f} MB/host/step  forward waits "
                                   f"{run.stall_s:.3f}s (first key {run.key0_stall_s:.3f}s)  links busy "
                                   f"{run.busy_util:.0%}, idle {run.idle_s:.3f}s/step  CPU load {run.cpu_load:.0%}  "

@@ -36,6 +36,7 @@ class Run:
     conns: float = 0.0          # ... most established TCP connections of one process
     threads: float = 0.0        # ... most threads of one process
     sched_cpu: float = 0.0      # the scheduler's CPU time per wall second over the timed steps
+    server_hosts: int = 0       # hosts that ran only servers (--server-hosts), besides the K
 
 
 CPU_LIMIT = 0.70     # a run above this share of the machine's CPUs measures the machine, not the system
@@ -48,7 +49,8 @@ def read_csv(path: str) -> list[Run]:
     """The runs of a CSV :func:`write_csv` wrote, older ones too (their missing columns 0)."""
     with open(path, newline="") as fh:
         return [Run(r["impl"], int(r["rep"]), int(r["hosts"]), *(float(r.get(f) or 0) for f in FLOATS[:7]),
-                    servers=int(r.get("servers") or r["hosts"]), **{f: float(r.get(f) or 0) for f in FLOATS[7:]})
+                    servers=int(r.get("servers") or r["hosts"]), server_hosts=int(r.get("server_hosts") or 0),
+                    **{f: float(r.get(f) or 0) for f in FLOATS[7:]})
                 for r in csv.DictReader(fh)]
 
 
@@ -63,9 +65,9 @@ def write_csv(path: str, runs: list[Run]) -> None:
 def report_runs(runs: list[Run], args: argparse.Namespace, shapes: list) -> None:
     """A table for each K and server count (``args.hosts`` set to each K in turn), then the
     ``--plot`` chart."""
-    for k, n in sorted({(r.hosts, r.servers) for r in runs}):
+    for k, m, n in sorted({(r.hosts, r.server_hosts, r.servers) for r in runs}):
         args.hosts = k
-        report([r for r in runs if r.hosts == k and r.servers == n], args, shapes)
+        report([r for r in runs if (r.hosts, r.server_hosts, r.servers) == (k, m, n)], args, shapes)
     if args.plot:
         plot(runs, args, args.plot)
 
@@ -110,7 +112,8 @@ def plot(runs: list[Run], args: argparse.Namespace, path: str) -> None:
 def report(runs: list[Run], args: argparse.Namespace, shapes: list) -> None:
     model_mb = sum(math.prod(s) for s in shapes) * 4 / 1e6
     reps = len({r.rep for r in runs})
-    print(f"\n# {args.hosts} hosts, {runs[0].servers} servers, link {args.link or 'unshaped'} both ways, {args.model}"
+    where = f" on {runs[0].server_hosts} server-only hosts" if runs[0].server_hosts else ""
+    print(f"\n# {args.hosts} hosts, {runs[0].servers} servers{where}, link {args.link or 'unshaped'} both ways, {args.model}"
           f"{' x%g' % args.scale if getattr(args, 'scale', 1.0) != 1.0 else ''} "
           f"({len(shapes)} keys, {model_mb:.1f} MB), compute {runs[0].compute_s:g}s, median of {reps} reps")
     if getattr(args, "scaled_env", None):

@@ -1,16 +1,18 @@
 """The PyTorch worker of the multi-host benchmark (``--impls ps-torch,ddp``): Horovod-style
 training steps on a model with a real model's parameter shapes, compute simulated per layer.
 
-The model is a chain of one autograd node per parameter: its forward sleeps that layer's
-share of the forward time, its backward sleeps its share of the backward time and hands the
-parameter a gradient. So autograd produces the gradients layer by layer, last layer first,
-exactly when a real backward would, and each system sends them the way it does for a real
-model: ``ps.torch.DistributedOptimizer`` from a hook per parameter, DDP (gloo) per bucket.
-``optimizer.step()`` waits for what is still in flight, as Horovod's does. The sleeps keep
-the CPUs free for the communication, as with a GPU.
+The model is a chain of modules of one parameter each, each one autograd node: its forward
+sleeps that layer's share of the forward time, its backward sleeps its share of the backward
+time and hands the parameter a gradient. So autograd produces the gradients layer by layer,
+last layer first, exactly when a real backward would, and each system sends them the way it
+does for a real model: ``ps.torch.DistributedOptimizer`` from a hook per parameter, DDP
+(gloo) per bucket (``bucket_cap_mb`` scaled with the model). ``optimizer.step()`` waits for
+what is still in flight, as Horovod's does; with ``ps-torch-cross``
+(``DistributedOptimizer(model=...)``) each module's forward waits for its own parameter
+instead. The sleeps keep the CPUs free for the communication, as with a GPU.
 
-Reports per step the time from the end of ``backward()`` to the end of ``step()`` (the
-communication that did not hide under the backward pass) as the run's ``stall``.
+Reports per step the time spent waiting for sums: from the end of ``backward()`` to the end
+of ``step()``, plus the forward pass's time beyond its compute, as the run's ``stall``.
 """
 from __future__ import annotations
 
@@ -44,14 +46,22 @@ def run(spec: dict[str, Any]) -> None:
             time.sleep(bwd[ctx.i])
             return grad, torch.full(shapes[ctx.i], 0.001, dtype=torch.float32), None
 
+    class Holder(torch.nn.Module):
+        def __init__(self, i: int) -> None:
+            super().__init__()
+            self.i, self.weight = i, torch.nn.Parameter(torch.zeros(shapes[i]))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return Layer.apply(x, self.weight, self.i)
+
     class Chain(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(s)) for s in shapes)
+            self.layers = torch.nn.ModuleList(Holder(i) for i in range(len(shapes)))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            for i, w in enumerate(self.weights):
-                x = Layer.apply(x, w, i)
+            for layer in self.layers:
+                x = layer(x)
             return x
 
     model = Chain()
@@ -59,14 +69,15 @@ def run(spec: dict[str, Any]) -> None:
         import torch.distributed as dist
         dist.init_process_group("gloo")
         rank = dist.get_rank()
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=spec.get("bucket_mb", 25.0))
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
     else:
         import ps.torch as hvd
         hvd.init()
         rank = hvd.rank()
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
-                                       named_parameters=model.named_parameters())
+                                       named_parameters=model.named_parameters(),
+                                       model=model if spec["impl"] == "ps-torch-cross" else None)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     x = torch.zeros(1, requires_grad=True)
     steps, stalls = [], []
@@ -77,12 +88,15 @@ def run(spec: dict[str, Any]) -> None:
             print(f"TIMED {rank}", flush=True)
             window_start = start
         opt.zero_grad()
-        model(x).sum().backward()
+        forward_start = clock()
+        out = model(x).sum()
+        forward_wait = max(0.0, clock() - forward_start - compute / 3)
+        out.backward()
         backward_done = clock()
         opt.step()
         now = clock()
         steps.append(now - start)
-        stalls.append(now - backward_done)
+        stalls.append(now - backward_done + forward_wait)
         start = now
     timed = slice(spec["warmup"], None)
     print("RESULT " + json.dumps({"rank": rank, "window": [window_start, start],

@@ -18,6 +18,7 @@ import torch
 from ..collective import Average, Sum, predivide_factor, tensor_key
 from . import runtime
 from .compression import Compression
+from .cross_barrier import CrossBarrier
 from .gather import sparse_allreduce_async
 from .process_sets import Scope, outside, scope
 from .sums import as_array, ensure_keys, reduce_op, scaled
@@ -36,7 +37,7 @@ class _Distributed:
 
     def _ps_setup(self, named_parameters: Any, op: Any, compression: Any, passes: int,
                   predivide: float = 1.0, sparse_as_dense: bool = False, where: Scope | None = None,
-                  alone: bool = False) -> None:
+                  alone: bool = False, model: torch.nn.Module | None = None) -> None:
         if not isinstance(passes, int) or passes < 1:
             raise ValueError(f"backward_passes_per_step must be a positive integer, got {passes!r}")
         self._ps_op = reduce_op(op)
@@ -59,6 +60,8 @@ class _Distributed:
         # the later layers' under PS_SEND_WINDOW although its gradient is ready last
         self._ps_priority = {p: -i for i, p in enumerate(self._ps_names)}
         self._ps_inflight: dict[torch.Tensor, _Sent] = {}
+        self._ps_landing: dict[torch.Tensor, _Sent] = {}     # sent by a step() whose updates wait (model=)
+        self._ps_cross: CrossBarrier | None = None
         self._ps_sparse: list[torch.Tensor] = []        # sparse gradients, summed at synchronize()
         self._ps_synchronized = False
         self._ps_skip = False
@@ -70,6 +73,9 @@ class _Distributed:
         if alone:
             self._ps_hooks = []
             return
+        if model is not None:
+            self._ps_cross = CrossBarrier(model, self._ps_names, self, self._ps_land_all, self._ps_update,
+                                          self._ps_arrived)
         for p, name in self._ps_names.items():
             # the key is the gradient as it travels: a compressor may change its dtype or shape
             wire, _ = compression.compress(torch.zeros_like(p.detach()))
@@ -82,6 +88,8 @@ class _Distributed:
 
     def _ps_ready(self, p: torch.Tensor) -> None:
         """Autograd accumulated ``p.grad``: send it now if this was the last pass of the step."""
+        if self._ps_cross is not None:
+            self._ps_cross.name_stale(p)
         if p in self._ps_inflight or p in self._ps_sparse:
             raise RuntimeError(f"the gradient of {self._ps_names[p]!r} was computed again before step(): "
                                f"call optimizer.step() (or synchronize()) after every {self._ps_passes} "
@@ -122,25 +130,10 @@ class _Distributed:
         if self._ps_alone:
             self._ps_synchronized = True
             return
-        for p in self._ps_names:
-            if p not in self._ps_inflight and p not in self._ps_sparse:
-                self._ps_send(p)
-        divide = self._ps_where.size if self._ps_op is Average else 1
-        factor = self._ps_predivide / divide
+        self.finish_updates()
+        self._ps_send_unsent()
         for p, sent in list(self._ps_inflight.items()):
-            if sent.handle is not None:
-                sent.handle.wait()
-            summed = torch.from_numpy(sent.result).view(sent.wire.shape)
-            with torch.no_grad():
-                if summed.dtype in (torch.float32, torch.float64):
-                    summed = summed.mul_(factor) if factor != 1.0 else summed
-                else:
-                    summed = scaled(summed, factor)
-                value = self._ps_compression.decompress(summed.to(sent.wire.dtype), sent.ctx)
-                if p.grad.is_sparse:                  # sparse_as_dense: back to the form step() expects
-                    p.grad.zero_().add_(value.to_sparse())
-                elif value.data_ptr() != p.grad.data_ptr():
-                    p.grad.copy_(value)
+            self._ps_land(p, sent)
         for p in self._ps_sparse:
             summed = sparse_allreduce_async(p.grad, self._ps_names[p], Sum if self._ps_op is Sum else Average,
                                             self._ps_where)()
@@ -151,6 +144,62 @@ class _Distributed:
         for p in self._ps_counts:
             self._ps_counts[p] = 0
         self._ps_synchronized = True
+
+    def _ps_send_unsent(self) -> None:
+        """Gradients no backward pass produced on this worker (unused layers) go out as zeros:
+        the other workers wait for them."""
+        for p in self._ps_names:
+            if p not in self._ps_inflight and p not in self._ps_sparse:
+                self._ps_send(p)
+
+    def _ps_land(self, p: torch.Tensor, sent: _Sent) -> None:
+        """Wait for ``p``'s sum and put the average (or sum) into ``p.grad``."""
+        if sent.handle is not None:
+            sent.handle.wait()
+        factor = self._ps_predivide / (self._ps_where.size if self._ps_op is Average else 1)
+        summed = torch.from_numpy(sent.result).view(sent.wire.shape)
+        with torch.no_grad():
+            if summed.dtype in (torch.float32, torch.float64):
+                summed = summed.mul_(factor) if factor != 1.0 else summed
+            else:
+                summed = scaled(summed, factor)
+            value = self._ps_compression.decompress(summed.to(sent.wire.dtype), sent.ctx)
+            if p.grad.is_sparse:                  # sparse_as_dense: back to the form step() expects
+                p.grad.zero_().add_(value.to_sparse())
+            elif value.data_ptr() != p.grad.data_ptr():
+                p.grad.copy_(value)
+
+    def _ps_arrived(self, p: torch.Tensor) -> bool:
+        handle = self._ps_landing[p].handle
+        return handle is None or handle.done
+
+    def _ps_land_all(self, params: list[torch.Tensor]) -> None:
+        for p in params:
+            self._ps_land(p, self._ps_landing.pop(p))
+
+    def _ps_update(self, params: list[torch.Tensor], groups: list[dict]) -> None:
+        """The wrapped optimizer's own step on ``params`` alone, with ``groups``' settings."""
+        chosen, every = set(params), self.param_groups
+        self.param_groups = [{**settings, "params": mine} for settings, group in zip(groups, every)
+                             if (mine := [p for p in group["params"] if p in chosen])]
+        try:
+            super().step()
+        finally:
+            self.param_groups = every
+
+    def finish_updates(self) -> None:
+        """With ``model=``: wait for every sum of the last ``step()`` and apply its updates now
+        (before reading the weights outside the model's forward pass)."""
+        if self._ps_cross is not None:
+            self._ps_cross.finish()
+
+    def state_dict(self) -> dict:
+        self.finish_updates()
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.finish_updates()
+        super().load_state_dict(state_dict)
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -163,6 +212,17 @@ class _Distributed:
             self._ps_skip = False
 
     def step(self, closure: Any = None) -> Any:
+        if (self._ps_cross is not None and closure is None and not self._ps_skip and not self._ps_synchronized
+                and not self._ps_sparse):
+            self._ps_cross.finish()              # updates of modules the last forward pass did not run
+            self._ps_send_unsent()
+            sent = list(self._ps_inflight)
+            self._ps_landing.update(self._ps_inflight)
+            self._ps_inflight.clear()
+            for p in self._ps_counts:
+                self._ps_counts[p] = 0
+            self._ps_cross.defer(sent, [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups])
+            return None
         if not self._ps_skip:
             if self._ps_synchronized:
                 # Horovod's warning (Horovod then sums the gradients again; ps has nothing left
@@ -180,6 +240,8 @@ class _Distributed:
         if self._ps_inflight or self._ps_sparse:
             raise RuntimeError("optimizer.zero_grad() was called after loss.backward() but before "
                                "optimizer.step() or optimizer.synchronize(): the gradients are still being summed")
+        if not set_to_none:
+            self.finish_updates()                # zeroing in place would erase the sums still to be applied
         super().zero_grad(set_to_none=set_to_none)
 
 
@@ -242,12 +304,17 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          compression: Any = Compression.none, backward_passes_per_step: int = 1,
                          op: Any = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups: Any = None, sparse_as_dense: bool = False,
-                         process_set: Any = None) -> torch.optim.Optimizer:
+                         process_set: Any = None, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so its gradients are averaged (``op=Sum``: summed) over every worker
     before each step. Collective: every worker calls it with the same parameters. Sparse
     gradients (``nn.Embedding(sparse=True)``) are summed as an allgather of their rows, or
     dense with ``sparse_as_dense=True``. With ``process_set``, over its members; a worker
-    outside it steps on its own gradients, as under Horovod."""
+    outside it steps on its own gradients, as under Horovod.
+
+    With ``model`` (ps's cross-barrier, ps/torch/cross_barrier.py): ``step()`` returns once
+    every gradient is on its way, and the next forward pass waits, module by module, for the
+    sums of that module's parameters and updates them then: communication overlaps the next
+    forward pass. Same numbers; see docs/torch.md for what it needs."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if not runtime.is_initialized():
@@ -260,5 +327,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     wrapped = base.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)        # same param_groups, state, defaults
     wrapped._ps_setup(named_parameters, op, compression, backward_passes_per_step, gradient_predivide_factor,
-                      sparse_as_dense, where, alone)
+                      sparse_as_dense, where, alone, model)
     return wrapped

@@ -263,8 +263,10 @@ def test_cluster_check_names_the_host_whose_link_is_slow(launch, sshd, ns_hosts,
         assert job.wait(120) == 1, job.output            # --strict: a slow path fails the job
         found = json.loads(out.read_text())
         assert len(found["paths"]) == 9 and found["workers"] == 3 and found["servers"] == 3, found
-        # by rate (a round trip can be named too on a loaded machine: not what is tested here)
-        slow = {(p["server_host"], p["worker_host"]) for p in found["paths"] if "MB/s against" in p["slow"]}
+        # by rate, across hosts (a round trip, or a same-host path, compared only with the other
+        # same-host paths, can be named too on a loaded machine: CPU noise, not what is tested)
+        slow = {(p["server_host"], p["worker_host"]) for p in found["paths"]
+                if "MB/s against" in p["slow"] and not p["same_host"]}
         expected = {(p["server_host"], p["worker_host"]) for p in found["paths"]
                     if p["server_host"] == slow_host and p["worker_host"] != slow_host}
         assert expected and slow == expected, found

@@ -92,6 +92,26 @@ def test_mode_mpi_over_ssh_runs_joint_workers_and_no_server(launch, sshd, tmp_pa
                                           f"[worker {rank}] rank={rank} sum=6.0 task={rank}"], job.output
 
 
+def test_server_hosts_hold_the_servers_and_the_cluster_check_sees_it(launch, sshd, tmp_path):
+    """--server-hosts: the servers run only on the hosts given for them, the workers on -H's;
+    `python -m ps.check` measures every path across the two."""
+    with open(f'{sshd["SSHD_DIR"]}/hosts') as f:
+        hosts = f.read().split()             # 127.0.0.1:port, 127.0.0.2:port
+    (tmp_path / "workers").write_text(hosts[0] + "\n")
+    (tmp_path / "servers").write_text(hosts[1] + "\n")
+    out = tmp_path / "check.json"
+    job = launch(["-n", "2", "-H", str(tmp_path / "workers"), "--server-hosts", str(tmp_path / "servers"),
+                  PY, "-m", "ps.check", "--mb", "2", "--path-mb", "1", "--pings", "3", "--rounds", "1",
+                  "--json", str(out)], env=ssh_env(sshd))
+    assert job.wait(90) == 0, job.output
+    assert re.search(r"^\[launcher\] 2 servers, 2 workers on 2 hosts; ", job.output, re.MULTILINE), job.output
+    found = json.loads(out.read_text())
+    worker_host, server_host = (h.split(":")[0] for h in hosts[:2])
+    assert sorted((p["server"], p["server_host"], p["worker"], p["worker_host"]) for p in found["paths"]) == [
+        (s, server_host, w, worker_host) for s in range(2) for w in range(2)], found
+    assert not any(p["same_host"] for p in found["paths"]), found
+
+
 def test_remote_processes_stop_when_the_launcher_is_killed(launch, sshd):
     """SIGKILL leaves the launcher no chance to clean up: the closed ssh connections do it."""
     job = launch(["-n", "1", "-s", "1", "-H", f'{sshd["SSHD_DIR"]}/hosts', "--env", "PS_TEST_HANG:1",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+from dataclasses import replace
 
 import pytest
 
@@ -120,6 +121,58 @@ def test_placement_servers_first_round_robin():
     assert [(t.role, t.rank, t.task_id, t.host.name) for t in tasks] == [
         ("server", 0, 0, "h1"), ("server", 1, 1, "h2"), ("server", 2, 2, "h3"),
         ("worker", 0, 3, "h4"), ("worker", 1, 4, "h5"), ("worker", 2, 5, "h1")]
+
+
+def test_role_marks_put_servers_on_their_own_hosts():
+    hosts = parse_hostfile("w1\nw2 role=worker\ns1 role=server\ns2:2222 role=server slots=8\n")
+    assert hosts[3] == Host("s2", 2222, 8, "server")
+    tasks = place(3, 4, hosts)      # servers round robin on s1, s2; workers on w1, w2
+    assert [(t.role, t.rank, t.task_id, t.host.name) for t in tasks] == [
+        ("server", 0, 0, "s1"), ("server", 1, 1, "s2"), ("server", 2, 2, "s1"),
+        ("worker", 0, 3, "w1"), ("worker", 1, 4, "w2"), ("worker", 2, 5, "w1"), ("worker", 3, 6, "w2")]
+    # only workers marked: the unmarked hosts take the servers and workers too
+    tasks = place(2, 2, parse_hostfile("a role=worker\nb\n"))
+    assert [(t.role, t.host.name) for t in tasks] == [("server", "b"), ("server", "b"), ("worker", "a"),
+                                                      ("worker", "b")]
+    with pytest.raises(HostfileError, match="role must be server or worker"):
+        parse_hostfile("h role=scheduler")
+
+
+def test_server_hosts_option(tmp_path):
+    (tmp_path / "servers").write_text("s1\ns2\n")
+    spec = spec_of("-n", "2", "--server-hosts", str(tmp_path / "servers"), "x", hostfile_text="w1\nw2\n",
+                   tmp_path=tmp_path)
+    assert spec.num_servers == 2 and spec.hosts[2:] == (Host("s1", role="server"), Host("s2", role="server"))
+    cmds = {c.name: c.host for c in ssh.build_commands(spec, JOB, {})}
+    assert cmds == {"server 0": "s1", "server 1": "s2", "worker 0": "w1", "worker 1": "w2"}
+    assert ssh.host_count(spec) == 4
+    mpi_argv = mpi.build_commands(replace(spec, launcher="mpi"), JOB, {}, {}, "openmpi", False)
+    assert [c.argv[c.argv.index("-H") + 1] for c in mpi_argv] == ["s1:1,s2:1", "w1:1,w2:1"]
+    (tmp_path / "bad").write_text("s1 role=worker\n")
+    for argv, message in [
+            (["--server-hosts", str(tmp_path / "servers"), "-n", "1", "x"], "needs -H/--hostfile: the workers' hosts"),
+            (["-H", str(tmp_path / "servers"), "--server-hosts", str(tmp_path / "bad"), "-n", "1", "x"],
+             "s1 is marked role=worker"),
+            (["-H", str(tmp_path / "servers"), "--server-hosts", str(tmp_path / "servers"), "--mode", "mpi",
+              "-n", "1", "x"], "with --mode mpi: there are no server processes")]:
+        with pytest.raises(SpecError, match=message):
+            spec_of(*argv)
+    with pytest.raises(HostfileError, match="every host is marked role=server: no host for the workers"):
+        spec_of("-n", "1", "x", hostfile_text="s1 role=server\n", tmp_path=tmp_path)
+    with pytest.raises(HostfileError, match="every host is marked role=worker: no host for the 1 server"):
+        spec_of("-n", "1", "x", hostfile_text="w1 role=worker\n", tmp_path=tmp_path)
+
+
+def test_a_server_moved_off_a_dead_host_stays_on_the_server_hosts(tmp_path):
+    spec = spec_of("-n", "2", "-s", "2", "--max-restarts", "1", "x",
+                   hostfile_text="w1\nw2\ns1 role=server\ns2 role=server\n", tmp_path=tmp_path)
+    cmds = {c.name: c for c in ssh.build_commands(spec, JOB, {})}
+
+    class Running:
+        running = [type("P", (), {"cmd": c})() for n, c in cmds.items() if n != "server 0"]
+
+    move = ssh.Relocation(spec, JOB, ENV, answers=lambda host: host.name != "s1")
+    assert move(cmds["server 0"], 255, True, Running()).host == "s2"    # not w1/w2, which run fewer
 
 
 # --- env ----------------------------------------------------------------------------------

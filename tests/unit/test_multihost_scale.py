@@ -23,3 +23,17 @@ def test_at_a_twentieth_of_its_bytes_resnet50_splits_the_same_tensors_over_the_s
     assert split(small, 1_000_000) == []             # unscaled: every key on one server
     # and the bound knows it: one server's port takes every worker's push of a whole key
     assert simple_bound(small, 8, 0.0, 6.25e6, bigarray_bound=bound) < simple_bound(small, 8, 0.0, 6.25e6)
+
+
+def test_server_only_hosts_halve_what_a_worker_host_sends_at_k4():
+    """--server-hosts M: a worker host sends its model once a step, not 2(K-1)/K times; with
+    fewer server hosts than workers, the server hosts' links are the bound."""
+    shapes = load_model("resnet50_v1")
+    model = 4 * sum(math.prod(s) for s in shapes)
+    link = 125e6                                                  # 1 Gbit/s
+    colocated = simple_bound(shapes, 4, 0.0, link)
+    apart = simple_bound(shapes, 4, 0.0, link, servers=4, server_hosts=4)
+    assert math.isclose(apart, model / link, rel_tol=0.05), (apart, model / link)
+    assert math.isclose(colocated / apart, 1.5, rel_tol=0.08), (colocated, apart)
+    two = simple_bound(shapes, 4, 0.0, link, servers=2, server_hosts=2)
+    assert math.isclose(two, 2 * model / link, rel_tol=0.1), (two, model / link)   # 4 workers' pushes on 2 links

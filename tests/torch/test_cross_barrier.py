@@ -1,0 +1,44 @@
+"""DistributedOptimizer(model=...): the next forward pass waits per module instead of step()
+for every gradient. Real workers and servers through the launcher; the weights must equal
+the waiting path's bit for bit, and what it cannot do is refused by name."""
+import json
+
+import pytest
+
+from tests.helpers import PYTHON, ROOT, cluster_env
+
+pytestmark = pytest.mark.process
+
+torch = pytest.importorskip("torch")
+
+SCRIPT = str(ROOT / "tests" / "torch" / "cross_worker.py")
+
+
+def run(procs, *args):
+    env = cluster_env(0, PS_MXNET_AUTOLOAD="0", PS_STALL_WARNING="30")
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local",
+                            PYTHON, SCRIPT, *args], env)
+    code, out, err = procs.finish(launcher, timeout=170)
+    assert code == 0, out + err
+    found = [json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line]
+    assert sorted(r["rank"] for r in found) == [0, 1], out + err
+    return found
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("args", [[], ["--passes", "2"], ["--autocast"]],
+                         ids=["one-pass", "backward_passes_per_step-2", "autocast-bf16"])
+def test_per_module_updates_equal_the_waiting_step_for_every_per_parameter_optimizer(procs, args):
+    """SGD (Nesterov momentum, weight decay), Adam (L2), AdamW, RMSprop (momentum), Adagrad,
+    with a StepLR schedule, a module the forward pass skips on odd steps, and an evaluation
+    pass between steps."""
+    for found in run(procs, *args):
+        assert found["moved"], found                   # the weights trained at all
+        assert found["same"] == {name: True for name in ("sgd", "adam", "adamw", "rmsprop", "adagrad")}, found
+        if not args:
+            said = found["refused"]
+            assert "LBFGS is not one of them: pass model=None" in said["lbfgs"], said
+            assert "are not parameters of that model" in said["foreign"], said
+            assert "torch.compile'd model" in said["compiled"], said
+            assert "'s.weight' got a new gradient before its update" in said["stale"] \
+                or "'s.bias' got a new gradient before its update" in said["stale"], said

@@ -62,24 +62,29 @@ class CrossBarrier:
         self._hooks.append(model.register_state_dict_pre_hook(lambda *args: self.finish()))
 
     def _before(self, params: list[torch.Tensor]):
-        """The module's own parameters, and with them every other whose sum is already back:
-        one optimizer call for many parameters costs less than one each (same arithmetic)."""
+        """The module's own parameters, and with them the next ones (in the order their sums
+        were asked for, first layers first) whose sums are already back: one optimizer call
+        for many parameters costs less than one each (same arithmetic). The scan stops at
+        the first sum still on its way, so a forward pass costs O(parameters), not O(P²)."""
         def hook(_module: torch.nn.Module, _inputs: Any) -> None:
-            if self._pending:
-                mine = [p for p in params if p in self._pending]
-                if mine:
-                    chosen = set(mine)
-                    self.finish(mine + [p for p in self._pending if p not in chosen and self._arrived(p)])
+            mine = [p for p in params if p in self._pending]
+            if not mine:
+                return
+            chosen = set(mine)
+            for p in self._pending:
+                if p not in chosen:
+                    if not self._arrived(p):
+                        break
+                    mine.append(p)
+            self.finish(mine)
         return hook
 
     def defer(self, params: list[torch.Tensor], groups: list[dict]) -> None:
-        """``step()``: the updates of ``params`` wait for their module's next forward."""
+        """``step()``: the updates of ``params`` (in the order their sums come back) wait for
+        their module's next forward."""
         self._groups.append(groups)
         for p in params:
             self._pending[p] = (p.grad, len(self._groups) - 1)
-
-    def is_pending(self, p: torch.Tensor) -> bool:
-        return p in self._pending
 
     def name_stale(self, p: torch.Tensor) -> None:
         """A new gradient of a parameter whose update has not run: the forward pass read it

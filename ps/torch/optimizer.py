@@ -216,7 +216,7 @@ class _Distributed:
                 and not self._ps_sparse):
             self._ps_cross.finish()              # updates of modules the last forward pass did not run
             self._ps_send_unsent()
-            sent = list(self._ps_inflight)
+            sent = sorted(self._ps_inflight, key=self._ps_priority.__getitem__, reverse=True)   # first layers first
             self._ps_landing.update(self._ps_inflight)
             self._ps_inflight.clear()
             for p in self._ps_counts:

@@ -199,7 +199,7 @@ class Postoffice:
         self.restarted = int(table.get("restart", 0))
         for row in table["nodes"]:
             node = Node.from_row(row)
-            self.nodes[node.node_id] = node
+            self.nodes.setdefault(node.node_id, node)   # the I/O thread's rows are as new or newer
         self.server_ids = sorted(i for i, n in self.nodes.items() if n.role == Role.SERVER)
         self.worker_ids = sorted(i for i, n in self.nodes.items() if n.role == Role.WORKER)
         given = table.get("ring")
@@ -208,8 +208,9 @@ class Postoffice:
                                 f"which is not each of the {len(self.server_ids)} server ranks once")
         self.ring = given if given is not None else list(range(len(self.server_ids)))
         if self.role == Role.WORKER:
-            for sid in self.server_ids:
-                self.connect(sid)
+            # on the I/O thread, in order with the NODE_UPs it handles: an address read here
+            # could be a dead server's whose restart's NODE_UP is being handled meanwhile
+            self.call_soon(lambda: [self.connect(sid) for sid in self.server_ids])
 
     def connect(self, node_id: int) -> None:
         """Open the data connection to a node of the table, or reopen it to a restarted
@@ -252,8 +253,14 @@ class Postoffice:
             self.handlers[cmd](msg)
         elif cmd == Command.NODE_TABLE:
             # here, on the I/O thread: a NODE_DOWN or NODE_UP right behind the table must
-            # change this, not be overwritten when the main thread adopts the table
+            # change these, not be overwritten when the main thread adopts the table (a
+            # restarted server's new address overwritten by its dead self's: every request
+            # to it lost)
             self.down = {int(k): v for k, v in msg.body.get("down", {}).items()}
+            try:
+                self.nodes.update((n.node_id, n) for n in map(Node.from_row, msg.body["nodes"]))
+            except (KeyError, TypeError, ValueError):
+                pass                        # _adopt parses it again, and says what is wrong
             with self._cond:
                 self._table = msg.body
                 self._cond.notify_all()

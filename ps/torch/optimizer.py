@@ -62,7 +62,9 @@ class _Distributed:
         self._ps_inflight: dict[torch.Tensor, _Sent] = {}
         self._ps_landing: dict[torch.Tensor, _Sent] = {}     # sent by a step() whose updates wait (model=)
         self._ps_cross: CrossBarrier | None = None
-        self._ps_sparse: list[torch.Tensor] = []        # sparse gradients, summed at synchronize()
+        # sparse gradients, summed at synchronize(), in order: a dict, since a tensor's `in`
+        # on a list compares values (elementwise) once two differ in identity
+        self._ps_sparse: dict[torch.Tensor, None] = {}
         self._ps_synchronized = False
         self._ps_skip = False
         self.timeline: list[tuple[str, float]] = []    # (name, time.perf_counter()) of each send
@@ -104,7 +106,7 @@ class _Distributed:
         grad = p.grad
         if grad.is_sparse:
             if not self._ps_sparse_as_dense:
-                self._ps_sparse.append(p)           # an allgather: made at synchronize(), in order
+                self._ps_sparse[p] = None           # an allgather: made at synchronize(), in order
                 return
             grad = grad.to_dense()
         if self._ps_predivide != 1.0:      # in place: the average comes back into p.grad anyway

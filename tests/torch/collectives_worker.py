@@ -85,11 +85,15 @@ def horovods_rules(out, r):
     out["sparse"] = hvd.sparse_allreduce_async(dense.to_sparse(), name="sp", op=hvd.Sum)().to_dense().tolist()
     for as_dense in (False, True):                  # Embedding(sparse=True) through the optimizer
         emb = torch.nn.Embedding(5, 2, sparse=True)
+        other = torch.nn.Embedding(5, 2, sparse=True)   # two sparse parameters in one optimizer
         torch.nn.init.zeros_(emb.weight)
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=1.0), sparse_as_dense=as_dense)
-        emb(torch.tensor([r, 4])).sum().backward()
+        torch.nn.init.zeros_(other.weight)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD([emb.weight, other.weight], lr=1.0),
+                                       sparse_as_dense=as_dense)
+        (emb(torch.tensor([r, 4])).sum() + other(torch.tensor([r, 4])).sum()).backward()
         opt.step()
         out[f"emb_{as_dense}"] = emb.weight.detach().tolist()
+        out[f"other_{as_dense}"] = other.weight.detach().tolist()
     model = torch.nn.Linear(3, 2)                   # the checkpoint pattern: only the root has state
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     if r == 0:

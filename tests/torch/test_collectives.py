@@ -89,8 +89,9 @@ def test_allgather_alltoall_reducescatter_and_min_max_product_on_three_workers(p
         assert g["custom"] == [6.0, 6.0]                # compressed, summed, decompressed
         assert g["sparse"] == [[1.0] * 2, [2.0] * 2, [3.0] * 2, [0.0] * 2, [3.0] * 2]
         for as_dense in (False, True):                  # rows 0-2 looked up once, row 4 by all, averaged
-            np.testing.assert_allclose(g[f"emb_{as_dense}"], [[-1 / 3] * 2] * 3 + [[0.0] * 2, [-1.0] * 2],
-                                       rtol=1e-6, err_msg=str(as_dense))
+            for name in ("emb", "other"):        # two sparse parameters in one optimizer
+                np.testing.assert_allclose(g[f"{name}_{as_dense}"], [[-1 / 3] * 2] * 3 + [[0.0] * 2, [-1.0] * 2],
+                                           rtol=1e-6, err_msg=f"{name} {as_dense}")
         assert [s[0] for s in g["opt_state"]] == [1.0, 1.0] and g["params_kept"], g["opt_state"]
         assert g["opt_state"] == got[0]["opt_state"]    # the root's moments everywhere
         assert g["bcast_grad"] == ([1.0, 1.0] if r == 1 else [0.0, 0.0])

@@ -23,6 +23,7 @@ from . import keys as keys_mod
 from ._timing import Deadline
 from .config import Config
 from .customer import Handle, Request
+from .embed import Table, TableSpec
 from .errors import ClosedError, ConfigError, PSError, PSTimeoutError
 from .message import Op, Role, dtype_code, namespace_field
 from .postoffice import Postoffice
@@ -401,6 +402,14 @@ class KVStore:
             return handle
         self._worker.flush()
         return handle.wait()
+
+    def table(self, spec: TableSpec) -> Table:
+        """Declare the embedding table ``spec`` on every server and return it (ps/embed/).
+        Every worker declares it alike; a different one under the same name is refused,
+        naming both."""
+        self._check_open()
+        self._worker.command("table", {"spec": spec.to_wire()})
+        return Table(spec, self._worker, self.num_servers)
 
     def check_deadlocks(self, describe: Callable[[str], str] | None = None) -> WaitReporter | None:
         """Have the scheduler judge this worker's long waits (PS_DEADLOCK_CHECK, ps/waits.py):

@@ -16,7 +16,8 @@ Row-sparse entries (``Op.ROWS``, ``row_len`` elements per row) move whole rows o
 row-aligned slice: a request carries a frame of uint32 row ids local to the server's slice
 (and, for a push, then a frame of those rows' values); ``offset``/``length``/``total``
 count rows of the request (a push may come in chunks), while the pull reply counts
-elements of the rows asked for, in the order asked. Nothing here unpickles: a frame that
+elements of the rows asked for, in the order asked. Embedding-table entries (``Op.TABLE``)
+are laid out alike, with int64 ids of the table's (any value) instead. Nothing here unpickles: a frame that
 is not what the meta says is a :class:`ProtocolError`, logged and dropped by the van.
 """
 from __future__ import annotations
@@ -89,6 +90,7 @@ class Op:
     STREAM = 128    # a pushpull across a network: answer each chunk as soon as it is summed (Values._stream)
     CREATE = 256    # a push that makes its key, zeros, if the server has none (KVStore.declare)
     JOINABLE = 512  # a push whose round may close without joined workers, their share zero (KVStore.join)
+    TABLE = 1024    # an embedding table's rows by int64 id (``key``: the table's): as ROWS, made on first touch
 
 
 DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (
@@ -129,6 +131,7 @@ class Rows(NamedTuple):
 
 
 ROW_ID = np.dtype("<u4")
+TABLE_ID = np.dtype("<i8")     # Op.TABLE: any int64 id
 
 
 class Batch:
@@ -274,7 +277,7 @@ def payload_bytes(frames: Sequence[Any]) -> int:
 def entry_has_data(request: bool, op: int, error: Any) -> bool:
     """Whether the entry owns a data item (an array, or Rows for a row-sparse request)."""
     if request:
-        return bool(op & (Op.PUSH | Op.INIT | Op.ROWS))
+        return bool(op & (Op.PUSH | Op.INIT | Op.ROWS | Op.TABLE))
     return bool(op & Op.PULL) and error is None
 
 
@@ -350,7 +353,7 @@ def _frame(it: Any, key: int, dtype: np.dtype, n: int) -> np.ndarray:
 
 
 def _rows(it: Any, key: int, op: int, n: int, row_len: int, code: int) -> Rows:
-    ids = _frame(it, key, ROW_ID, n)
+    ids = _frame(it, key, TABLE_ID if op & Op.TABLE else ROW_ID, n)
     if not op & Op.PUSH:
         return Rows(ids)
     return Rows(ids, _frame(it, key, DTYPES[code], n * row_len))
@@ -369,12 +372,12 @@ def _data_arrays(entries: Any, frames: Sequence[Any], request: bool) -> list[np.
         ts, op, key, off, n, total, code, error, row_len, seq, priority = raw
         if not all(isinstance(v, int) for v in (ts, op, key, off, n, total, code, row_len, seq, priority)) or \
                 not (0 <= off and 0 <= n and off + n <= total) or not 0 <= code < len(DTYPES) or \
-                (op & Op.ROWS and row_len <= 0):
+                (op & (Op.ROWS | Op.TABLE) and row_len <= 0):
             raise ProtocolError(f"malformed entry {raw!r:.100}")
         entries[i] = _new_entry(Entry, raw)
         if not entry_has_data(request, op, error):
             continue
-        if request and op & Op.ROWS:
+        if request and op & (Op.ROWS | Op.TABLE):
             arrays.append(_rows(it, key, op, n, row_len, code))
             continue
         dtype, nbytes = _frame_layout(request, op, code, n)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -27,6 +27,16 @@ from .sendqueue import SendQueue
 logger = logging.getLogger(__name__)
 
 PUSHPULL = Op.PUSH | Op.PULL
+
+
+class TablePart(NamedTuple):
+    """An embedding-table request's share for one server: its ids (int64), and for a push
+    their gradient rows; ``first``: where its rows start among the request's (a pull's ``out``)."""
+
+    server: int
+    ids: np.ndarray
+    values: np.ndarray | None = None
+    first: int = 0
 
 
 class KVWorker:
@@ -179,6 +189,34 @@ class KVWorker:
                     m = min(per_chunk, n - off)
                     self._emit(sid, Entry(req.ts, op, key, off, m, n, code, None, row_len, seq, priority),
                                Rows(ids[off:off + m], values[lo + off:lo + off + m].reshape(-1)), req, priority)
+        return req
+
+    def request_table(self, op: int, key: int, code: int, row_len: int, parts: list[TablePart],
+                      out: np.ndarray | None, what: str, priority: int = 0) -> Request:
+        """Queue an embedding table's push (each part's ``values``: a row per id) or pull (into
+        flat ``out``, the parts' rows one after another) of int64 ids (ps/embed/client.py
+        says which server holds which). A push goes to every part it is given, empty ones too:
+        a sync round counts one push per worker."""
+        op |= Op.TABLE
+        if op & Op.PUSH:
+            req = self.customer.new_request(len(parts), None, {server_id(p.server): 0 for p in parts}, what)
+        else:
+            req = self.customer.new_request(sum(len(p.ids) for p in parts) * row_len, out,
+                                            {server_id(p.server): p.first * row_len for p in parts}, what)
+        per_chunk = max(1, CHUNK_BYTES // (row_len * DTYPES[code].itemsize))
+        with self._lock:
+            seq = req.seq = self._next_seq(op, key)
+            req.key = key
+            for part in parts:
+                sid, n = server_id(part.server), len(part.ids)
+                if not op & Op.PUSH:
+                    self._emit(sid, Entry(req.ts, op, key, 0, n, n, code, None, row_len, seq, priority),
+                               Rows(part.ids), req, priority)
+                    continue
+                for off in range(0, max(n, 1), per_chunk):
+                    m = min(per_chunk, n - off)
+                    self._emit(sid, Entry(req.ts, op, key, off, m, n, code, None, row_len, seq, priority),
+                               Rows(part.ids[off:off + m], part.values[off:off + m].reshape(-1)), req, priority)
         return req
 
     def _emit(self, sid: int, entry: Entry, data: np.ndarray | Rows | None, req: Request | None = None,

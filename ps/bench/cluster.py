@@ -234,3 +234,16 @@ def _pump(stream: Any, q: queue.Queue) -> None:
     except (OSError, ValueError):
         pass
     q.put(None)
+
+
+def worker_results(what: str, workers: list[Any], outs: list[tuple[str, str]], logs: list[Any]) -> list[dict]:
+    """The ``RESULT {json}`` line each finished worker printed (``python -m ps.bench.torch``,
+    ``ps.bench.embedding``); a worker that failed or printed none raises with its log's end."""
+    found = []
+    for w, (out, _), log in zip(workers, outs, logs):
+        lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+        if w.returncode != 0 or not lines:
+            log.seek(0)
+            raise RuntimeError(f"{what} worker failed (exit {w.returncode}):\n{log.read()[-3000:]}")
+        found.append(json.loads(lines[0][len("RESULT "):]))
+    return found

@@ -22,6 +22,8 @@ import time
 from launcher.process import start_group, stop_group
 from ps.netutil import free_port
 
+from .cluster import worker_results
+
 PYTHON = sys.executable
 IN, OUT = 512, 10
 
@@ -102,14 +104,7 @@ def run_job(mode: str, args: argparse.Namespace) -> float:
     finally:
         for p in workers + procs:
             stop_group(p, grace=10)
-    medians = []
-    for w, (out, _), log in zip(workers, outs, logs):
-        lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-        if w.returncode != 0 or not lines:
-            log.seek(0)
-            raise RuntimeError(f"{mode} worker failed (exit {w.returncode}):\n{log.read()[-3000:]}")
-        medians.append(statistics.median(json.loads(lines[0][7:])["step_ms"]))
-    return max(medians)
+    return max(statistics.median(r["step_ms"]) for r in worker_results(mode, workers, outs, logs))
 
 
 def main(argv: list[str] | None = None) -> int:

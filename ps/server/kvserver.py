@@ -29,6 +29,7 @@ from .replication import Replication
 from .replies import Outbox, ReplySender
 from .rounds import Reply, Stall
 from .store import Store
+from .tables import Tables
 from .updaters import Updater
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class KVServer:
         self._early: list[Message] = []
         self.profiler: ServerProfiler | None = None     # made by the first "profiler" command
         self.sender = ReplySender(self.po, self.guard)
+        self.tables = Tables(self.po.num_workers, replicated=config.max_restarts > 0)
         self.po.on(Command.DATA, self._on_data)
         self.po.on(Command.SERVER_CMD, self._on_command)
         self.po.on(Command.WORKER_CLOSED, self._on_worker_closed)
@@ -74,6 +76,7 @@ class KVServer:
     def start(self) -> None:
         self.po.start()
         self.store.sync, self.store.name = self.po.sync, self.name
+        self.tables.name = self.name
         error = self.replication.start()
         if self.po.restarted:
             if error is not None:
@@ -157,7 +160,7 @@ class KVServer:
             if profiler is not None:
                 start, due = time.perf_counter(), len(replies)
             try:
-                replies += store.handle(msg.sender, entry, data)
+                replies += (self.tables if entry.op & Op.TABLE else store).handle(msg.sender, entry, data)
             except Exception as exc:  # noqa: BLE001 - a bug or a failing optimizer: answer, never hang
                 logger.exception("%s: %r failed", self.name, entry)
                 replies.append(Reply(msg.sender, entry.failed(type(exc).__name__, f"{self.name}: {exc}"), None))
@@ -169,6 +172,8 @@ class KVServer:
         self.outbox.send(replies)
         if self._stalls:
             self._report_resumed()
+        if self.tables.warned:
+            self._tables_resumed()
 
     # -- stall warnings -------------------------------------------------------------------
     def _check_stalls(self) -> None:
@@ -181,6 +186,7 @@ class KVServer:
         if self._checks.hold():
             return
         after = self.po.config.stall_warning
+        self._warn_tables(after)
         self._report_resumed()
         found = self.store.stalls(after, self.po.worker_ids)
         new = [s for s in found if (s.key, s.round) not in self._stalls and s.missing]
@@ -200,6 +206,27 @@ class KVServer:
             for worker in waiting:
                 self.po.send(Message(Command.STALL, recver=worker, body={"text": text}, request=False,
                                      route=self.sender.routes.get(worker)))
+
+    def _warn_tables(self, after: float) -> None:
+        """Name embedding tables' stalled sync rounds as _check_stalls names keys'."""
+        self._tables_resumed()
+        for stall in self.tables.stalls(after):
+            text = (f"{self.name}: sync round {stall.round} of embedding table {stall.table!r} has waited "
+                    f"{stall.waited:.0f}s for {', '.join(self._describe(w) for w in stall.missing)}"
+                    f"{_waiting(list(stall.waiting))} (PS_STALL_WARNING={after:g}s)")
+            logger.warning("%s", text)
+            for worker in stall.waiting:
+                self.po.send(Message(Command.STALL, recver=worker, body={"text": text}, request=False,
+                                     route=self.sender.routes.get(worker)))
+
+    def _tables_resumed(self) -> None:
+        """Say when a table's round we warned about closed."""
+        for stall in self.tables.resumed():
+            text = f"{self.name}: the stalled sync round {stall.round} of embedding table {stall.table!r} went on"
+            logger.warning("%s", text)
+            for worker in stall.waiting:
+                self.po.send(Message(Command.STALL, recver=worker, body={"text": text, "over": True},
+                                     request=False, route=self.sender.routes.get(worker)))
 
     def _report_resumed(self) -> None:
         """Say when a round we warned about closes (its key counted one more round)."""
@@ -366,7 +393,23 @@ class KVServer:
             self.profiler = self.sender.profiler = ServerProfiler(self.po.rank, self.name)
         return self.profiler.command(body)
 
+    def _table(self, store: Store, body: dict[str, Any]) -> dict[str, int]:
+        return self.tables.declare(body)
+
+    def _table_export(self, store: Store, body: dict[str, Any]) -> dict[str, Any]:
+        return self.tables.export(body)
+
+    def _table_saved(self, store: Store, body: dict[str, Any]) -> None:
+        self.tables.saved(body)
+
+    def _table_put(self, store: Store, body: dict[str, Any]) -> int:
+        return self.tables.put(body)
+
     _COMMANDS: dict[str, Callable[[KVServer, Store, dict[str, Any]], Any]] = {
+        "table": _table,
+        "table_export": _table_export,
+        "table_saved": _table_saved,
+        "table_put": _table_put,
         "set_optimizer": _set_optimizer,
         "set_optimizer_pickle": _set_optimizer_pickle,
         "set_params": _set_params,
@@ -393,7 +436,7 @@ class KVServer:
 
     # -- lifecycle messages ---------------------------------------------------------------
     def _on_worker_closed(self, msg: Message) -> None:
-        self.outbox.send(self.store.worker_closed(msg.body["id"]))
+        self.outbox.send(self.store.worker_closed(msg.body["id"]) + self.tables.worker_closed(msg.body["id"]))
 
     def _on_drop_rounds(self, msg: Message) -> None:
         """The scheduler found the workers deadlocked (ps/waits.py): drop the rounds they left

@@ -9,6 +9,7 @@ from ..collective import nccl_built
 from ..errors import CollectiveError as HorovodInternalError
 from . import elastic
 from .compression import Compression, Compressor
+from .embedding import Embedding, EmbeddingBag, EmbeddingBagCollection
 from .gather import (allgather, allgather_async, allgather_object, alltoall, alltoall_async, grouped_allgather,
                      grouped_allgather_async, grouped_reducescatter, grouped_reducescatter_async, reducescatter,
                      reducescatter_async, sparse_allreduce_async)
@@ -25,7 +26,7 @@ from .runtime import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, 
                       is_homogeneous, is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
                       mpi_threads_supported, rank, rocm_built, size, start_timeline, stop_timeline)
 
-__all__ = ["Adasum", "Average", "Compression", "Compressor", "DistributedOptimizer", "HorovodInternalError", "Max",
+__all__ = ["Adasum", "Average", "Compression", "Compressor", "DistributedOptimizer", "Embedding", "EmbeddingBag", "EmbeddingBagCollection", "HorovodInternalError", "Max",
            "Min", "ProcessSet", "Product",
            "ServerOptimizer", "Sum", "SyncBatchNorm", "add_process_set", "allgather", "allgather_async", "allgather_object",
            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",

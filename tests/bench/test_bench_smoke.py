@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -131,6 +132,28 @@ def test_torch_bench_runs_ps_ddp_and_one_process(tmp_path):
             if line.startswith("| ") and not line.startswith("| mode")}
     assert set(rows) == {"ps.torch DistributedOptimizer", "torch DDP (gloo)", "one process"}, stdout
     assert all(ms > 0 for ms in rows.values()), stdout
+
+
+def test_embedding_bench_runs_torchs_tables_and_ps_tables(tmp_path):
+    """A tiny `python -m ps.bench.embedding`: one process and ps-held sync tables train, and the
+    table says how close ps's bytes per sample come to the floor."""
+    pytest.importorskip("torch")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MASTER_"))}
+    proc = start_group([sys.executable, "-m", "ps.bench.embedding", "--rows", "2600", "--batch", "64", "--steps", "6",
+                        "--warmup", "1", "--eval-every", "3", "--eval-samples", "500", "--modes", "one,ps-sync",
+                        "--timeout", "100"], env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=170)
+    finally:
+        stop_group(proc)
+    assert proc.returncode == 0, stderr[-3000:]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| mode")}
+    assert set(rows) == {"one", "ps-sync"}, stdout
+    assert all(float(r[0]) > 0 and 0 < float(r[1]) < 1 and 0 < float(r[2]) <= 1 for r in rows.values()), stdout
+    sent, floor = re.match(r"(\d+) \((\d+)\)", rows["ps-sync"][4]).groups()
+    assert int(floor) <= int(sent) <= 1.2 * int(floor), stdout        # ids and rows, nothing else
 
 
 def _multihost_smoke(tmp_path, *args: str) -> tuple[str, list[dict]]:

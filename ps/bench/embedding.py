@@ -1,0 +1,260 @@
+"""Embedding benchmark: a click model (ps/bench/ctr.py) trained with its tables held by ps's
+servers, against torch's ways of doing it, on this machine.
+
+Modes, each a job of ``-w`` workers (``one``: a single process on the whole batch):
+
+* ``one``: ``nn.EmbeddingBag(sparse=True)``, torch's Adagrad: the quality reference;
+* ``ddp``: torch DDP (gloo), every table replicated on every worker (dense gradients);
+* ``ps-allgather``: today's ps.torch without ps tables: sparse gradients through
+  ``DistributedOptimizer`` (an allgather), tables replicated;
+* ``ps-sync``, ``ps-async``: ``ps.torch.EmbeddingBag``, the tables on ``-s`` servers.
+
+Embeddings train with Adagrad (lr 0.05), the dense layers with Adam (1e-3). Reported: samples
+per second, held-out log-loss and AUC after the run against the teacher's (the best any model
+can reach), the training time until the held-out log-loss came within 1% of the teacher's,
+for ps tables the bytes per sample against the floor 2*U*d*4 (U: distinct ids per worker
+batch), and peak RSS per worker and server.
+
+    python -m ps.bench.embedding                      # 10^6 rows, W2 S2, 300 steps of 512
+    python -m ps.bench.embedding --rows 20000 --steps 20 --modes one,ps-sync   # quick
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from launcher.process import start_group, stop_group
+from ps.netutil import free_port
+
+from . import ctr
+from .cluster import worker_results
+from .measure import proc_status
+
+PYTHON = sys.executable
+MODES = ("one", "ddp", "ps-allgather", "ps-sync", "ps-async")
+EVAL_SEED = 10**9
+
+
+def _tables(mode: str, per_feature: int):
+    if mode in ("ps-sync", "ps-async"):
+        import ps.torch as hvd
+        from ps.embed import Init
+        from ps.optim import rowwise
+        return hvd.EmbeddingBagCollection(ctr.SPARSE, ctr.DIM, "sum", prefix="feature", init=Init("uniform", 0.05),
+                                          optimizer=rowwise.Adagrad(lr=0.05), consistency=mode[3:])
+    return ctr.torch_tables(per_feature, sparse=mode != "ddp")
+
+
+def worker(mode: str, args: argparse.Namespace) -> None:
+    """One process of a job: train, time each step, evaluate, print RESULT."""
+    import torch
+    import torch.nn.functional as F
+    torch.set_num_threads(1)
+    per_feature = args.rows // ctr.SPARSE
+    rank, size, hvd = 0, 1, None
+    if mode.startswith("ps-"):
+        import ps.torch as hvd
+        hvd.init()
+        rank, size = hvd.rank(), hvd.size()
+    elif mode == "ddp":
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        rank, size = dist.get_rank(), dist.get_world_size()
+    model = ctr.make_model(_tables(mode, per_feature))
+    dense = [p for n, p in model.named_parameters() if not n.startswith("embed.")]
+    sparse = [p for n, p in model.named_parameters() if n.startswith("embed.")]
+    if mode == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    optimizers = [torch.optim.Adam(dense, lr=1e-3)] + ([torch.optim.Adagrad(sparse, lr=0.05)] if sparse else [])
+    if hvd is not None:
+        named = dict(model.named_parameters())
+        optimizers = [hvd.DistributedOptimizer(opt, named_parameters=[(n, p) for n, p in named.items()
+                                                                      if any(p is q for q in group)])
+                      for opt, group in zip(optimizers, [dense, sparse])]
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hashed = mode in ("ps-sync", "ps-async")
+    workers = args.workers
+    held_out = ctr.batch(EVAL_SEED, args.eval_samples, per_feature)
+
+    def payload_now() -> int:
+        if not hashed:
+            return 0
+        return sum(b.table().payload_sent + b.table().payload_received for b in model.embed.bags)
+
+    evaluated = 0      # table bytes the evaluations moved (not the training's)
+
+    def evaluate() -> tuple[float, float]:
+        nonlocal evaluated
+        before = payload_now()
+        model.eval()
+        with torch.no_grad():
+            ids = held_out.hashed if hashed else held_out.raw
+            p = torch.sigmoid(model(torch.from_numpy(ids), torch.from_numpy(held_out.dense))).numpy()
+        model.train()
+        evaluated += payload_now() - before
+        return ctr.log_loss(p, held_out.clicks), ctr.auc(p, held_out.clicks)
+
+    times, curve, uniques, trained = [], [], [], 0.0
+    for step in range(args.steps):
+        parts = [ctr.batch(step * 1000 + r, args.batch, per_feature) for r in (range(workers) if mode == "one"
+                                                                              else [rank])]
+        ids = np.concatenate([b.hashed if hashed else b.raw for b in parts])
+        x = torch.from_numpy(np.concatenate([b.dense for b in parts]))
+        y = torch.from_numpy(np.concatenate([b.clicks for b in parts]))
+        uniques.append(sum(len(np.unique(ids[:, f])) for f in range(ctr.SPARSE)))
+        start = time.perf_counter()
+        for opt in optimizers:
+            opt.zero_grad()
+        F.binary_cross_entropy_with_logits(model(torch.from_numpy(ids), x), y).backward()
+        for opt in optimizers:
+            opt.step()
+        took = time.perf_counter() - start
+        if step >= args.warmup:
+            times.append(took)
+        trained += took
+        if rank == 0 and args.eval_every and (step + 1) % args.eval_every == 0:
+            curve.append((trained, *evaluate()))
+    payload = payload_now()
+    result = {"step_s": times, "unique_ids": statistics.mean(uniques), "curve": curve}
+    if hashed:
+        model.embed.flush()
+        result["payload_bytes"] = payload - evaluated
+    if rank == 0:
+        result["final"] = evaluate()
+    result["peak_rss"] = proc_status(os.getpid()).get("VmHWM", 0)
+    if mode == "ddp":
+        import torch.distributed as dist
+        dist.barrier()
+    print("RESULT " + json.dumps(result), flush=True)
+    if hvd is not None:
+        hvd.shutdown()
+    elif mode == "ddp":      # destroy_process_group can hang when rank 0's store closes first
+        sys.stdout.flush()
+        os._exit(0)
+
+
+class _PeakWatch(threading.Thread):
+    """The highest VmHWM the servers reach (they exit before the driver could ask)."""
+
+    def __init__(self, pids: list[int]):
+        super().__init__(daemon=True)
+        self.pids, self.peak, self.done = pids, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.5):
+            for pid in self.pids:
+                self.peak = max(self.peak, proc_status(pid).get("VmHWM", 0))
+
+
+def run_job(mode: str, args: argparse.Namespace) -> tuple[list[dict], int]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MASTER_"))}
+    env.update(OMP_NUM_THREADS="1", PS_MXNET_AUTOLOAD="0")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    me = [PYTHON, "-m", "ps.bench.embedding", "--worker-mode", mode, "--rows", str(args.rows), "--batch",
+          str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup), "-w", str(args.workers),
+          "--eval-every", str(args.eval_every), "--eval-samples", str(args.eval_samples)]
+    n = 1 if mode == "one" else args.workers
+    logs = [tempfile.TemporaryFile("w+") for _ in range(n)]
+    procs, workers = [], []
+    if mode.startswith("ps-"):
+        env.update(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(free_port()),
+                   DMLC_NUM_SERVER=str(args.servers), DMLC_NUM_WORKER=str(n), PS_CONNECT_TIMEOUT="120")
+        procs = [start_group([PYTHON, "-m", "ps"], {**env, "DMLC_ROLE": "scheduler"})]
+        procs += [start_group([PYTHON, "-m", "ps"], {**env, "DMLC_ROLE": "server"}) for _ in range(args.servers)]
+        workers = [start_group(me, {**env, "DMLC_ROLE": "worker"}, stdout=-1, stderr=log, text=True) for log in logs]
+    elif mode == "ddp":
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(n))
+        workers = [start_group(me, {**env, "RANK": str(r)}, stdout=-1, stderr=log, text=True)
+                   for r, log in enumerate(logs)]
+    else:
+        workers = [start_group(me, env, stdout=-1, stderr=logs[0], text=True)]
+    watch = _PeakWatch([p.pid for p in procs[1:]])
+    watch.start()
+    try:
+        outs = [w.communicate(timeout=args.timeout) for w in workers]
+    finally:
+        watch.done.set()
+        for p in workers + procs:
+            stop_group(p, grace=10)
+    return worker_results(mode, workers, outs, logs), watch.peak
+
+
+def report(args: argparse.Namespace, runs: dict[str, list[tuple[list[dict], int]]]) -> None:
+    per_feature = args.rows // ctr.SPARSE
+    held_out = ctr.batch(EVAL_SEED, args.eval_samples, per_feature)
+    best_ll, best_auc = ctr.log_loss(held_out.p, held_out.clicks), ctr.auc(held_out.p, held_out.clicks)
+    target = 1.01 * best_ll
+    print(f"\n{ctr.SPARSE} tables of {per_feature} rows (dim {ctr.DIM}, {args.rows:.0e} rows), batch "
+          f"{args.batch}/worker, W{args.workers} (ps: S{args.servers}), {args.steps} steps, one thread per "
+          f"process; median of {args.reps} job(s). Teacher on {args.eval_samples} held-out samples: log-loss "
+          f"{best_ll:.4f}, AUC {best_auc:.4f}")
+    print("| mode | samples/s | held-out log-loss | AUC | s to 1% of teacher | bytes/sample (floor) | "
+          "peak RSS worker / server MB |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for mode, jobs in runs.items():
+        rates, lls, aucs, reach, byts, floor, rss_w, rss_s = [], [], [], [], [], [], [], []
+        for found, server_peak in jobs:
+            step = max(statistics.median(r["step_s"]) for r in found)
+            samples = args.batch * args.workers
+            rates.append(samples / step)
+            first = next(r for r in found if "final" in r)
+            lls.append(first["final"][0])
+            aucs.append(first["final"][1])
+            hit = next((t for t, ll, _ in first["curve"] if ll <= target), None)
+            reach.append(hit)
+            if "payload_bytes" in found[0]:
+                byts.append(statistics.mean(r["payload_bytes"] / (args.batch * args.steps) for r in found))
+                floor.append(statistics.mean(2 * r["unique_ids"] * ctr.DIM * 4 / args.batch for r in found))
+            rss_w.append(max(r["peak_rss"] for r in found) / 2**20)
+            rss_s.append(server_peak / 2**20)
+        reached = [t for t in reach if t is not None]
+        when = f"{statistics.median(reached):.1f}" if len(reached) == len(reach) else "not reached"
+        traffic = f"{statistics.median(byts):.0f} ({statistics.median(floor):.0f})" if byts else "-"
+        server = f"{statistics.median(rss_s):.0f}" if any(rss_s) else "-"
+        print(f"| {mode} | {statistics.median(rates):.0f} | {statistics.median(lls):.4f} | "
+              f"{statistics.median(aucs):.4f} | {when} | {traffic} | {statistics.median(rss_w):.0f} / {server} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=10**6, help="rows over all 26 tables")
+    ap.add_argument("--batch", type=int, default=512, help="samples per worker and step")
+    ap.add_argument("-w", "--workers", type=int, default=2)
+    ap.add_argument("-s", "--servers", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations (rank 0)")
+    ap.add_argument("--eval-samples", type=int, default=20000)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--reps", type=int, default=1, help="jobs per mode (alternating)")
+    ap.add_argument("--timeout", type=float, default=1800.0)
+    ap.add_argument("--worker-mode", metavar="MODE", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker_mode:
+        worker(args.worker_mode, args)
+        return 0
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        ap.error(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
+    runs: dict[str, list] = {m: [] for m in modes}
+    for _ in range(args.reps):
+        for mode in modes:
+            started = time.perf_counter()
+            runs[mode].append(run_job(mode, args))
+            print(f"  {mode:12s} job done in {time.perf_counter() - started:.0f}s", flush=True)
+    report(args, runs)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,75 @@
+"""Saving an embedding table to a directory and loading it back, onto any number of servers.
+
+One worker drives it (the tables are on the servers; the directory is on that worker's
+machine): the rows come in chunks of about 8 MB, server by server, and go to one ``.npz``
+file each, with their optimizer state and the table's step count; ``table.json`` says what
+table it is. A load sends each row to the server that holds its id now, so a table saved from
+S servers loads onto S' of them. An incremental save holds only the rows updated since the
+previous save; loading the full save and then the incremental ones in order gives the table
+as of the last.
+
+Files are read with ``allow_pickle=False``: a checkpoint is data, never code.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .spec import TableSpec
+from .table import Chunk
+
+FORMAT = 1
+
+
+def save(table: Any, path: str | os.PathLike, incremental: bool = False) -> int:
+    """Write ``table``'s rows (all, or with ``incremental`` those updated since its last save)
+    to the new directory ``path``; the rows written."""
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=False)
+    rows, parts, steps = 0, 0, 0
+    for chunk in table.chunks(changed_only=incremental):
+        steps = max(steps, chunk.steps)
+        if not len(chunk.ids):
+            continue
+        np.savez(out / f"rows-{parts:05d}.npz", ids=chunk.ids, values=chunk.values,
+                 **{f"state_{k}": v for k, v in chunk.state.items()})
+        rows, parts = rows + len(chunk.ids), parts + 1
+    (out / "table.json").write_text(json.dumps({"format": FORMAT, "spec": table.spec.to_wire(), "rows": rows,
+                                               "parts": parts, "steps": steps, "incremental": incremental}))
+    table.mark_saved()
+    return rows
+
+
+def load(table: Any, path: str | os.PathLike) -> int:
+    """Put the rows saved in ``path`` into ``table`` (the same dimension and dtype; an optimizer
+    that keeps the same state, its hyper-parameters may differ); the rows loaded."""
+    src = Path(path)
+    try:
+        meta = json.loads((src / "table.json").read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{src} holds no saved table (no table.json)") from None
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{src}: checkpoint format {meta.get('format')!r}, this ps reads {FORMAT}")
+    saved = TableSpec.from_wire(meta["spec"])
+    for what in ("dim", "dtype"):
+        if getattr(saved, what) != getattr(table.spec, what):
+            raise ValueError(f"{src}: the saved table {saved.name!r} has {what} {getattr(saved, what)!r}; table "
+                             f"{table.spec.name!r} has {getattr(table.spec, what)!r}")
+    rows = 0
+    for i in range(meta["parts"]):
+        with np.load(src / f"rows-{i:05d}.npz", allow_pickle=False) as f:
+            state = {k[len("state_"):]: f[k] for k in f.files if k.startswith("state_")}
+            chunk = Chunk(f["ids"], f["values"], state, meta["steps"])
+        table.put(chunk)
+        rows += len(chunk.ids)
+    if not meta["parts"]:       # no rows, but the step count still counts
+        widths = table.spec.optimizer.state(table.spec.dim)
+        table.put(Chunk(np.empty(0, np.int64), np.empty((0, table.spec.dim), table.spec.np_dtype),
+                        {k: np.empty((0, w), table.spec.np_dtype) for k, (w, _) in widths.items()}, meta["steps"]))
+    if rows != meta["rows"]:
+        raise ValueError(f"{src}: table.json says {meta['rows']} rows, its files hold {rows}")
+    return rows

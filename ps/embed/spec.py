@@ -1,0 +1,83 @@
+"""TableSpec: what every worker declares a table as, and what a server checks the next
+declaration of the same name against."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..optim import rowwise
+from .hashing import table_key
+from .init import Init
+
+CONSISTENCY = ("sync", "async")
+DTYPES = ("float32", "float64")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """``consistency``: ``sync`` closes a round once every worker pushed, and applies their
+    gradients' mean (one process on the whole batch); ``async`` applies each worker's
+    gradient as it comes (MXNet's dist_async)."""
+
+    name: str
+    dim: int
+    optimizer: rowwise.RowOptimizer = field(default_factory=rowwise.SGD)
+    init: Init = field(default_factory=Init)
+    consistency: str = "sync"
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a table's name must be a non-empty str, got {self.name!r}")
+        if not isinstance(self.dim, int) or isinstance(self.dim, bool) or self.dim <= 0:
+            raise ValueError(f"table {self.name!r}: embedding_dim must be an int > 0, got {self.dim!r}")
+        if not isinstance(self.optimizer, rowwise.RowOptimizer):
+            raise TypeError(f"table {self.name!r}: optimizer must be one of ps.optim.rowwise's "
+                            f"({', '.join(c.__name__ for c in rowwise.ROW_OPTIMIZERS.values())}), "
+                            f"got {self.optimizer!r:.100}")
+        if self.consistency not in CONSISTENCY:
+            raise ValueError(f"table {self.name!r}: consistency must be one of {', '.join(CONSISTENCY)}, "
+                             f"got {self.consistency!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"table {self.name!r}: dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+
+    @property
+    def key(self) -> int:
+        return table_key(self.name)
+
+    @staticmethod
+    def key_of(name: object) -> int:
+        if not isinstance(name, str):
+            raise ValueError(f"a table's name must be a str, got {name!r:.100}")
+        return table_key(name)
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"name": self.name, "dim": self.dim, "optimizer": self.optimizer.spec(),
+                "init": [self.init.kind, self.init.scale], "consistency": self.consistency, "dtype": self.dtype}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> "TableSpec":
+        if not isinstance(body, dict):
+            raise ValueError(f"a table declaration is a dict, got {body!r:.100}")
+        try:
+            kind, scale = body["init"]
+            return cls(body["name"], body["dim"], rowwise.from_spec(body["optimizer"]), Init(kind, scale),
+                       body["consistency"], body["dtype"])
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed table declaration {body!r:.200}: {exc}") from None
+
+    def mismatch(self, other: "TableSpec") -> str | None:
+        """How ``other``, declared under this table's name, differs from it (None: alike)."""
+        for what in ("dim", "dtype", "consistency", "optimizer", "init"):
+            mine, theirs = getattr(self, what), getattr(other, what)
+            if mine != theirs:
+                label = "dimension" if what == "dim" else what
+                return (f"table {self.name!r} exists with {label} {mine!r}; this declaration asks for {theirs!r} "
+                        "(every worker must declare a table alike)")
+        return None

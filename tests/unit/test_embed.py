@@ -1,0 +1,287 @@
+"""Embedding tables' pure parts (ps/embed, ps/optim/rowwise, ps/server/tables): the id index,
+the first rows, the sharding, the row-wise optimizers against torch's sparse paths, and a
+server's rounds driven entry by entry. No processes, no sockets."""
+import numpy as np
+import pytest
+
+from ps.embed import Init, LocalTable, TableSpec, initial_rows
+from ps.embed.hashing import name_seed, server_of
+from ps.embed.index import IdIndex
+from ps.embed.table import RowTable, sum_rows
+from ps.message import Command, Entry, Message, Op, Rows, decode, encode, worker_id
+from ps.optim import rowwise
+from ps.server.tables import Tables
+
+EXTREMES = np.array([0, -1, 1, 2**62, -(2**63), 2**63 - 1, -(2**40) + 3], np.int64)
+
+
+def test_the_index_finds_every_id_it_holds_and_none_it_does_not_across_growth():
+    rng = np.random.default_rng(0)
+    ids = np.unique(np.r_[EXTREMES, rng.integers(-(2**63), 2**63 - 1, 20000, dtype=np.int64),
+                          np.arange(0, 4096 * 1024, 1024)])         # ids that share their low bits
+    rng.shuffle(ids)
+    index = IdIndex(16)
+    rows = np.concatenate([index.add(part) for part in np.array_split(ids, 37)])
+    assert np.array_equal(rows, np.arange(len(ids)))
+    assert index.size == len(ids) and index.capacity >= 2 * len(ids)
+    assert np.array_equal(index.find(ids), rows)
+    absent = np.setdiff1d(rng.integers(-(2**63), 2**63 - 1, 5000, dtype=np.int64), ids)
+    assert (index.find(absent) == -1).all()
+    assert len(index.find(np.empty(0, np.int64))) == 0
+
+
+def test_a_row_first_value_depends_on_table_and_id_only():
+    seed = name_seed("t")
+    ids = np.r_[EXTREMES, np.arange(100, 200)]
+    whole = initial_rows(seed, ids, 16, Init(), np.float32)
+    parts = np.concatenate([initial_rows(seed, ids[i::3], 16, Init(), np.float32) for i in range(3)])
+    order = np.concatenate([np.arange(len(ids))[i::3] for i in range(3)])
+    assert np.array_equal(parts, whole[order])               # any batch, any order: the same rows
+    assert not np.array_equal(whole, initial_rows(name_seed("u"), ids, 16, Init(), np.float32))
+    assert len({row.tobytes() for row in whole}) == len(ids)
+
+
+@pytest.mark.parametrize("init,mean,std", [(Init("normal", 1.0), 0.0, 1.0), (Init("uniform", 0.5), 0.0, 0.5 / 3 ** 0.5),
+                                           (Init("normal", 0.01), 0.0, 0.01)])
+def test_first_values_have_the_distribution_asked_for(init, mean, std):
+    rows = initial_rows(name_seed("dist"), np.arange(20000), 8, init, np.float64)
+    assert abs(rows.mean() - mean) < 0.02 * std and abs(rows.std() - std) < 0.02 * std
+    if init.kind == "uniform":
+        assert np.abs(rows).max() <= init.scale
+    assert not initial_rows(name_seed("z"), np.arange(5), 4, Init("zeros"), np.float32).any()
+
+
+@pytest.mark.parametrize("ids", [np.arange(40000), np.arange(0, 4 * 40000, 4), np.arange(-20000, 20000) * 2**32],
+                         ids=["sequential", "multiples-of-S", "high-bits-only"])
+def test_ids_spread_evenly_over_servers(ids):
+    counts = np.bincount(server_of(ids, 4), minlength=4)
+    assert (np.abs(counts - len(ids) / 4) < 0.03 * len(ids) / 4).all(), counts
+
+
+def test_a_lookup_that_grows_the_table_returns_the_new_rows():
+    table = RowTable(TableSpec("grow", 2), capacity=4)
+    ids = np.arange(-50, 50) * 3
+    assert np.array_equal(table.lookup(ids), initial_rows(table.seed, ids, 2, Init(), np.float32))
+    assert len(table) == 100
+
+
+def test_an_id_twice_in_a_lookup_gets_one_row():
+    table = RowTable(TableSpec("twice", 2))
+    rows = table.lookup(np.array([8, 8, -8, 8]))
+    assert len(table) == 2 and np.array_equal(rows[0], rows[1]) and np.array_equal(rows[0], rows[3])
+    assert sorted(table.index.find(np.array([8, -8]))) == [0, 1]
+
+
+def test_sum_rows_adds_each_ids_rows_once():
+    ids = np.array([5, -1, 5, 3, -1, 5])
+    grads = np.arange(12, dtype=np.float32).reshape(6, 2)
+    uids, sums = sum_rows(ids, grads)
+    assert uids.tolist() == [-1, 3, 5]
+    assert sums.tolist() == [[2 + 8, 3 + 9], [6, 7], [0 + 4 + 10, 1 + 5 + 11]]
+
+
+torch = pytest.importorskip("torch")
+
+
+def _sparse_steps(make_torch, row_opt, steps=8, rows=30, dim=5):
+    """The same sparse gradients (duplicate ids, rows never touched) through a torch optimizer
+    and a RowTable; the rows after each step."""
+    rng = np.random.default_rng(1)
+    spec = TableSpec("opt", dim, row_opt)
+    table = RowTable(spec, capacity=4)            # grows on the way
+    ids = np.arange(rows, dtype=np.int64) * 7919 - 50000
+    start = initial_rows(table.seed, ids, dim, Init(), np.float32)
+    weight = torch.nn.Parameter(torch.from_numpy(start.copy()))
+    opt = make_torch([weight])
+    for step in range(steps):
+        picked = rng.integers(0, rows // 2 + step, 9)       # later steps reach rows never seen
+        grads = rng.standard_normal((9, dim)).astype(np.float32)
+        weight.grad = torch.sparse_coo_tensor(torch.from_numpy(picked)[None], torch.from_numpy(grads), (rows, dim))
+        opt.step()
+        table.apply(*sum_rows(ids[picked], grads))
+        seen = np.unique(picked)
+        np.testing.assert_allclose(table.lookup(ids[seen]), weight.detach().numpy()[seen], rtol=0, atol=2e-6,
+                                   err_msg=f"step {step + 1}")
+    return table
+
+
+@pytest.mark.parametrize("make_torch,row_opt", [
+    (lambda p: torch.optim.SGD(p, lr=0.3), rowwise.SGD(lr=0.3)),
+    (lambda p: torch.optim.Adagrad(p, lr=0.2, lr_decay=0.1, initial_accumulator_value=0.5),
+     rowwise.Adagrad(lr=0.2, lr_decay=0.1, initial_accumulator_value=0.5)),
+    (lambda p: torch.optim.SparseAdam(p, lr=0.05, betas=(0.8, 0.99)), rowwise.Adam(lr=0.05, betas=(0.8, 0.99))),
+], ids=["sgd", "adagrad", "sparse-adam"])
+def test_row_optimizers_make_torchs_sparse_updates(make_torch, row_opt):
+    with torch.sparse.check_sparse_tensor_invariants():     # (without it torch warns it checks nothing)
+        table = _sparse_steps(make_torch, row_opt)
+    assert table.steps == 8
+
+
+def test_rowwise_adagrad_keeps_one_accumulator_per_row():
+    spec = TableSpec("rw", 4, rowwise.RowWiseAdagrad(lr=0.5, initial_accumulator_value=0.25))
+    table = RowTable(spec)
+    ids = np.array([3, 9])
+    before = table.lookup(ids)
+    g = np.array([[1, 1, 1, 1], [2, 0, 0, 0]], np.float32)
+    table.apply(ids, g)
+    acc = 0.25 + np.array([[1.0], [1.0]])                    # mean of the squares: 1 and 4/4
+    np.testing.assert_allclose(table.lookup(ids), before - 0.5 * g / (np.sqrt(acc) + 1e-10), rtol=1e-6)
+    assert table.state["sum"].shape[1] == 1
+
+
+def test_bad_specs_are_named():
+    with pytest.raises(ValueError, match="embedding_dim must be an int > 0, got 0"):
+        TableSpec("t", 0)
+    with pytest.raises(ValueError, match="consistency must be one of sync, async, got 'ssp'"):
+        TableSpec("t", 4, consistency="ssp")
+    with pytest.raises(TypeError, match="optimizer must be one of ps.optim.rowwise's"):
+        TableSpec("t", 4, optimizer=torch.optim.SGD)
+    with pytest.raises(ValueError, match="lr must be a number > 0, got -1"):
+        rowwise.SGD(lr=-1)
+    with pytest.raises(ValueError, match="unknown row optimizer 'lamb'"):
+        rowwise.from_spec({"name": "lamb", "params": {}})
+    with pytest.raises(ValueError, match="has no parameter momentum"):
+        rowwise.from_spec({"name": "sgd", "params": {"momentum": 0.9}})
+    spec = TableSpec("t", 4, rowwise.Adam(lr=0.1))
+    assert TableSpec.from_wire(spec.to_wire()) == spec
+    assert "dimension 4; this declaration asks for 8" in spec.mismatch(TableSpec("t", 8, rowwise.Adam(lr=0.1)))
+
+
+def test_a_table_alone_checks_ids_and_gradients():
+    table = LocalTable(TableSpec("alone", 3))
+    with pytest.raises(TypeError, match="ids must be integers, got dtype float64"):
+        table.pull(np.array([1.0]))
+    with pytest.raises(ValueError, match="ids must be distinct"):
+        table.pull(np.array([4, 4]))
+    with pytest.raises(ValueError, match=r"gradients of shape \(2, 4\) for 2 ids; table 'alone' wants \(2, 3\)"):
+        table.push(np.array([1, 2]), np.zeros((2, 4), np.float32))
+    with pytest.raises(TypeError, match="gradients of dtype float64; table 'alone' holds float32"):
+        table.push(np.array([1, 2]), np.zeros((2, 3)))
+
+
+def _trained(spec, steps, seed=0):
+    table = LocalTable(spec)
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        ids = np.unique(rng.integers(-1000, 1000, 50))
+        table.push(ids, rng.standard_normal((len(ids), spec.dim)).astype(np.float32))
+    return table
+
+
+def test_a_saved_table_loads_with_its_rows_state_and_steps(tmp_path):
+    from ps.embed import checkpoint
+    spec = TableSpec("ckpt", 4, rowwise.Adam(lr=0.1))
+    table = _trained(spec, 5)
+    assert checkpoint.save(table, tmp_path / "full") == len(table.rows)
+    _trained_more = np.random.default_rng(9)
+    ids = np.unique(_trained_more.integers(-1000, 1000, 30))
+    table.push(ids, np.ones((len(ids), 4), np.float32))
+    assert checkpoint.save(table, tmp_path / "incr", incremental=True) == len(ids)     # only what changed
+    fresh = LocalTable(spec)
+    checkpoint.load(fresh, tmp_path / "full")
+    checkpoint.load(fresh, tmp_path / "incr")
+    probe = np.arange(-1000, 1000)
+    assert np.array_equal(fresh.pull(probe), table.pull(probe))
+    assert fresh.rows.steps == table.rows.steps == 6
+    for name in ("exp_avg", "exp_avg_sq"):
+        mine = fresh.rows.state[name][fresh.rows.index.find(ids)]
+        assert np.array_equal(mine, table.rows.state[name][table.rows.index.find(ids)])
+    with pytest.raises(FileExistsError):
+        checkpoint.save(table, tmp_path / "full")
+    with pytest.raises(FileNotFoundError, match="holds no saved table"):
+        checkpoint.load(fresh, tmp_path / "nothing")
+    with pytest.raises(ValueError, match="has dim 4; table 'other' has 8"):
+        checkpoint.load(LocalTable(TableSpec("other", 8, rowwise.Adam())), tmp_path / "full")
+    with pytest.raises(ValueError, match=r"optimizer state \['exp_avg', 'exp_avg_sq'\], this table's optimizer "
+                                         r"keeps \['sum'\]"):
+        checkpoint.load(LocalTable(TableSpec("ada", 4, rowwise.Adagrad())), tmp_path / "full")
+
+
+# -- a server's rounds, entry by entry ----------------------------------------------------
+W0, W1 = worker_id(0), worker_id(1)
+
+
+def _push(spec, seq, ids, grads, off=0, total=None, ts=1):
+    ids = np.asarray(ids, np.int64)
+    total = len(ids) if total is None else total
+    entry = Entry(ts, Op.PUSH | Op.TABLE, spec.key, off, len(ids), total, 0, None, spec.dim, seq)
+    return entry, Rows(ids, np.asarray(grads, np.float32).reshape(-1))
+
+
+def _pull(spec, ids, ts=9):
+    ids = np.asarray(ids, np.int64)
+    return Entry(ts, Op.PULL | Op.TABLE, spec.key, 0, len(ids), len(ids), 0, None, spec.dim, 0), Rows(ids)
+
+
+def test_a_sync_round_applies_the_workers_mean_once_all_pushed():
+    tables = Tables(num_workers=2)
+    spec = TableSpec("s", 2, rowwise.SGD(lr=1.0))
+    tables.declare({"spec": spec.to_wire()})
+    [first] = tables.handle(W0, *_pull(spec, [7, -3]))
+    start = first.data.reshape(2, 2).copy()
+    assert tables.handle(W0, *_push(spec, 1, [7], [[2, 4]])) == []          # waits for worker 1
+    assert tables.handle(W1, *_push(spec, 1, [7, -3], [[2, 0], [6, 6]], total=3)) == []   # a chunk of 2 of 3 rows
+    replies = tables.handle(W1, *_push(spec, 1, [11], [[1, 1]], off=2, total=3))
+    assert sorted(r.dest for r in replies) == [W0, W1] and all(r.entry.error is None for r in replies)
+    [after] = tables.handle(W0, *_pull(spec, [7, -3]))
+    np.testing.assert_allclose(after.data.reshape(2, 2), start - np.array([[2, 2], [3, 3]]))
+    # a push resent for a round already applied is answered, not applied again
+    [again] = tables.handle(W0, *_push(spec, 1, [7], [[2, 4]]))
+    assert again.entry.error is None
+    assert tables.tables[spec.key].rows.steps == 1
+
+
+def test_a_worker_that_closed_its_store_no_longer_holds_rounds_back():
+    tables = Tables(num_workers=2)
+    spec = TableSpec("c", 1)
+    tables.declare({"spec": spec.to_wire()})
+    assert tables.handle(W0, *_push(spec, 1, [1], [[1]])) == []
+    replies = tables.worker_closed(W1)
+    assert [r.dest for r in replies] == [W0]
+
+
+def test_a_stalled_sync_round_is_named_once_with_the_worker_it_waits_for():
+    tables = Tables(num_workers=2)
+    spec = TableSpec("slow", 1)
+    tables.declare({"spec": spec.to_wire()})
+    tables.handle(W0, *_push(spec, 1, [1], [[1]]))
+    assert tables.stalls(60.0) == []
+    [stall] = tables.stalls(0.0)
+    assert (stall.table, stall.round, stall.missing, stall.waiting) == ("slow", 1, (W1,), (W0,))
+    assert tables.stalls(0.0) == []                  # named once
+    assert tables.resumed() == []
+    tables.handle(W1, *_push(spec, 1, [2], [[1]]))
+    assert [s.round for s in tables.resumed()] == [1]
+
+
+def test_async_pushes_apply_as_they_come():
+    tables = Tables(num_workers=2)
+    spec = TableSpec("a", 1, rowwise.SGD(lr=1.0), Init("zeros"), consistency="async")
+    tables.declare({"spec": spec.to_wire()})
+    assert len(tables.handle(W0, *_push(spec, 1, [5], [[2]]))) == 1
+    [rows] = tables.handle(W1, *_pull(spec, [5]))
+    assert rows.data.tolist() == [-2.0]
+
+
+def test_a_server_names_what_is_wrong_with_a_table_request():
+    tables = Tables(num_workers=1)
+    spec = TableSpec("e", 4)
+    [unknown] = tables.handle(W0, *_pull(spec, [1]))
+    assert unknown.entry.error[0] == "KeyError" and "declare it first" in unknown.entry.error[1]
+    tables.declare({"spec": spec.to_wire()})
+    entry, rows = _pull(spec, [1])
+    [wrong] = tables.handle(W0, entry._replace(row_len=3), rows)
+    assert "table 'e' has dimension 4, the request 3" in wrong.entry.error[1]
+    with pytest.raises(ValueError, match="exists with dimension 4; this declaration asks for 5"):
+        tables.declare({"spec": TableSpec("e", 5).to_wire()})
+    with pytest.raises(NotImplementedError, match="not replicated yet"):
+        Tables(num_workers=1, replicated=True).declare({"spec": spec.to_wire()})
+
+
+def test_table_entries_cross_the_wire_with_any_int64_id():
+    spec = TableSpec("w", 3)
+    entry, rows = _push(spec, 1, EXTREMES, np.arange(21).reshape(7, 3))
+    msg = Message(Command.DATA, 9, 8, [entry], [rows.ids, rows.values])
+    back = decode(encode(msg))
+    assert back.body[0] == entry
+    assert back.frames[0].ids.tolist() == EXTREMES.tolist() and back.frames[0].values.tolist() == list(range(21))

@@ -209,14 +209,13 @@ class KVWorker:
             req.key = key
             for part in parts:
                 sid, n = server_id(part.server), len(part.ids)
-                if not op & Op.PUSH:
-                    self._emit(sid, Entry(req.ts, op, key, 0, n, n, code, None, row_len, seq, priority),
-                               Rows(part.ids), req, priority)
-                    continue
+                # in chunks of about CHUNK_BYTES of rows both ways (offset/length/total count rows);
+                # a push to every server it is given, empty or not
                 for off in range(0, max(n, 1), per_chunk):
                     m = min(per_chunk, n - off)
+                    values = None if not op & Op.PUSH else part.values[off:off + m].reshape(-1)
                     self._emit(sid, Entry(req.ts, op, key, off, m, n, code, None, row_len, seq, priority),
-                               Rows(part.ids[off:off + m], part.values[off:off + m].reshape(-1)), req, priority)
+                               Rows(part.ids[off:off + m], values), req, priority)
         return req
 
     def _emit(self, sid: int, entry: Entry, data: np.ndarray | Rows | None, req: Request | None = None,

@@ -94,6 +94,7 @@ def torch_tables(per_feature: int, sparse: bool):
     class Tables(nn.Module):
         def __init__(self):
             super().__init__()
+            torch.manual_seed(1)        # the same first rows in every job
             self.bags = nn.ModuleList(nn.EmbeddingBag(per_feature, DIM, mode="sum", sparse=sparse)
                                       for _ in range(SPARSE))
             with torch.no_grad():

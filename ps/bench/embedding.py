@@ -7,9 +7,16 @@ Modes, each a job of ``-w`` workers (``one``: a single process on the whole batc
 * ``ddp``: torch DDP (gloo), every table replicated on every worker (dense gradients);
 * ``ps-allgather``: today's ps.torch without ps tables: sparse gradients through
   ``DistributedOptimizer`` (an allgather), tables replicated;
-* ``ps-sync``, ``ps-async``: ``ps.torch.EmbeddingBag``, the tables on ``-s`` servers.
+* ``ps-sync``: ``ps.torch.EmbeddingBagCollection``, the tables on ``-s`` servers, sync
+  rounds; the dense layers through ``DistributedOptimizer``;
+* ``ps-async``, ``ps-ssp``: the tables ``async`` and ``ssp:4``, and the dense layers' Adam on
+  the servers too (``ServerOptimizer`` in ``dist_async``), so no worker waits for another
+  but for the staleness bound.
 
-Embeddings train with Adagrad (lr 0.05), the dense layers with Adam (1e-3). Reported: samples
+``--straggler``: worker 1 takes twice its compute time every step (it sleeps as long as its
+step took).
+
+Embeddings train with Adagrad (``--lr``), the dense layers with Adam (1e-3). Reported: samples
 per second, held-out log-loss and AUC after the run against the teacher's (the best any model
 can reach), the training time until the held-out log-loss came within 1% of the teacher's,
 for ps tables the bytes per sample against the floor 2*U*d*4 (U: distinct ids per worker
@@ -39,17 +46,19 @@ from .cluster import worker_results
 from .measure import proc_status
 
 PYTHON = sys.executable
-MODES = ("one", "ddp", "ps-allgather", "ps-sync", "ps-async")
+MODES = ("one", "ddp", "ps-allgather", "ps-sync", "ps-async", "ps-ssp")
+SSP = "ssp:4"
 EVAL_SEED = 10**9
 
 
-def _tables(mode: str, per_feature: int):
-    if mode in ("ps-sync", "ps-async"):
+def _tables(mode: str, per_feature: int, lr: float):
+    if mode in ("ps-sync", "ps-async", "ps-ssp"):
         import ps.torch as hvd
         from ps.embed import Init
         from ps.optim import rowwise
         return hvd.EmbeddingBagCollection(ctr.SPARSE, ctr.DIM, "sum", prefix="feature", init=Init("uniform", 0.05),
-                                          optimizer=rowwise.Adagrad(lr=0.05), consistency=mode[3:])
+                                          optimizer=rowwise.Adagrad(lr=lr),
+                                          consistency=SSP if mode == "ps-ssp" else mode[3:])
     return ctr.torch_tables(per_feature, sparse=mode != "ddp")
 
 
@@ -60,27 +69,29 @@ def worker(mode: str, args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     per_feature = args.rows // ctr.SPARSE
     rank, size, hvd = 0, 1, None
+    server_side = mode in ("ps-async", "ps-ssp")
     if mode.startswith("ps-"):
         import ps.torch as hvd
-        hvd.init()
+        hvd.init(kvstore="dist_async" if server_side else "dist_sync")
         rank, size = hvd.rank(), hvd.size()
     elif mode == "ddp":
         import torch.distributed as dist
         dist.init_process_group("gloo")
         rank, size = dist.get_rank(), dist.get_world_size()
-    model = ctr.make_model(_tables(mode, per_feature))
+    model = ctr.make_model(_tables(mode, per_feature, args.lr))
     dense = [p for n, p in model.named_parameters() if not n.startswith("embed.")]
     sparse = [p for n, p in model.named_parameters() if n.startswith("embed.")]
     if mode == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
-    optimizers = [torch.optim.Adam(dense, lr=1e-3)] + ([torch.optim.Adagrad(sparse, lr=0.05)] if sparse else [])
+    optimizers = [torch.optim.Adam(dense, lr=1e-3)] + ([torch.optim.Adagrad(sparse, lr=args.lr)] if sparse else [])
     if hvd is not None:
         named = dict(model.named_parameters())
-        optimizers = [hvd.DistributedOptimizer(opt, named_parameters=[(n, p) for n, p in named.items()
-                                                                      if any(p is q for q in group)])
+        wrap = hvd.ServerOptimizer if server_side else hvd.DistributedOptimizer
+        optimizers = [wrap(opt, named_parameters=[(n, p) for n, p in named.items() if any(p is q for q in group)])
                       for opt, group in zip(optimizers, [dense, sparse])]
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hashed = mode in ("ps-sync", "ps-async")
+        if not server_side:
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hashed = mode in ("ps-sync", "ps-async", "ps-ssp")
     workers = args.workers
     held_out = ctr.batch(EVAL_SEED, args.eval_samples, per_feature)
 
@@ -116,6 +127,8 @@ def worker(mode: str, args: argparse.Namespace) -> None:
         F.binary_cross_entropy_with_logits(model(torch.from_numpy(ids), x), y).backward()
         for opt in optimizers:
             opt.step()
+        if args.straggler and rank == 1:
+            time.sleep(time.perf_counter() - start)
         took = time.perf_counter() - start
         if step >= args.warmup:
             times.append(took)
@@ -123,7 +136,7 @@ def worker(mode: str, args: argparse.Namespace) -> None:
         if rank == 0 and args.eval_every and (step + 1) % args.eval_every == 0:
             curve.append((trained, *evaluate()))
     payload = payload_now()
-    result = {"step_s": times, "unique_ids": statistics.mean(uniques), "curve": curve}
+    result = {"step_s": times, "samples": len(y), "unique_ids": statistics.mean(uniques), "curve": curve}
     if hashed:
         model.embed.flush()
         result["payload_bytes"] = payload - evaluated
@@ -161,7 +174,10 @@ def run_job(mode: str, args: argparse.Namespace) -> tuple[list[dict], int]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     me = [PYTHON, "-m", "ps.bench.embedding", "--worker-mode", mode, "--rows", str(args.rows), "--batch",
           str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup), "-w", str(args.workers),
+          "--lr", str(args.lr),
           "--eval-every", str(args.eval_every), "--eval-samples", str(args.eval_samples)]
+    if args.straggler:
+        me.append("--straggler")
     n = 1 if mode == "one" else args.workers
     logs = [tempfile.TemporaryFile("w+") for _ in range(n)]
     procs, workers = [], []
@@ -193,35 +209,79 @@ def report(args: argparse.Namespace, runs: dict[str, list[tuple[list[dict], int]
     held_out = ctr.batch(EVAL_SEED, args.eval_samples, per_feature)
     best_ll, best_auc = ctr.log_loss(held_out.p, held_out.clicks), ctr.auc(held_out.p, held_out.clicks)
     target = 1.01 * best_ll
+    # the one process's final held-out log-loss: a target every mode can reach in the same steps
+    ref = statistics.median(found[0]["final"][0] for found, _ in runs["one"]) * 1.01 if "one" in runs else None
     print(f"\n{ctr.SPARSE} tables of {per_feature} rows (dim {ctr.DIM}, {args.rows:.0e} rows), batch "
-          f"{args.batch}/worker, W{args.workers} (ps: S{args.servers}), {args.steps} steps, one thread per "
+          f"{args.batch}/worker, W{args.workers} (ps: S{args.servers}){', worker 1 a 2x straggler' if args.straggler else ''}, "
+          f"{args.steps} steps, one thread per "
           f"process; median of {args.reps} job(s). Teacher on {args.eval_samples} held-out samples: log-loss "
           f"{best_ll:.4f}, AUC {best_auc:.4f}")
-    print("| mode | samples/s | held-out log-loss | AUC | s to 1% of teacher | bytes/sample (floor) | "
-          "peak RSS worker / server MB |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| mode | samples/s | held-out log-loss | AUC | s to 1% of teacher | s to 1% of one process | "
+          "bytes/sample (floor) | peak RSS worker / server MB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for mode, jobs in runs.items():
-        rates, lls, aucs, reach, byts, floor, rss_w, rss_s = [], [], [], [], [], [], [], []
+        rates, lls, aucs, reach, near, byts, floor, rss_w, rss_s = [], [], [], [], [], [], [], [], []
         for found, server_peak in jobs:
-            step = max(statistics.median(r["step_s"]) for r in found)
-            samples = args.batch * args.workers
-            rates.append(samples / step)
+            # the mean step, not the median: under async and ssp a worker runs ahead, then waits
+            rates.append(sum(r["samples"] / statistics.mean(r["step_s"]) for r in found))
             first = next(r for r in found if "final" in r)
             lls.append(first["final"][0])
             aucs.append(first["final"][1])
-            hit = next((t for t, ll, _ in first["curve"] if ll <= target), None)
-            reach.append(hit)
+            reach.append(next((t for t, ll, _ in first["curve"] if ll <= target), None))
+            if ref is not None:
+                near.append(next((t for t, ll, _ in first["curve"] if ll <= ref), None))
             if "payload_bytes" in found[0]:
                 byts.append(statistics.mean(r["payload_bytes"] / (args.batch * args.steps) for r in found))
                 floor.append(statistics.mean(2 * r["unique_ids"] * ctr.DIM * 4 / args.batch for r in found))
             rss_w.append(max(r["peak_rss"] for r in found) / 2**20)
             rss_s.append(server_peak / 2**20)
-        reached = [t for t in reach if t is not None]
-        when = f"{statistics.median(reached):.1f}" if len(reached) == len(reach) else "not reached"
+        when, when_ref = _when(reach), _when(near) if near else "-"
         traffic = f"{statistics.median(byts):.0f} ({statistics.median(floor):.0f})" if byts else "-"
         server = f"{statistics.median(rss_s):.0f}" if any(rss_s) else "-"
         print(f"| {mode} | {statistics.median(rates):.0f} | {statistics.median(lls):.4f} | "
-              f"{statistics.median(aucs):.4f} | {when} | {traffic} | {statistics.median(rss_w):.0f} / {server} |")
+              f"{statistics.median(aucs):.4f} | {when} | {when_ref} | {traffic} | {statistics.median(rss_w):.0f} / {server} |")
+
+
+def server_rate(rows: int, reps: int = 50) -> None:
+    """What one server thread does per second, in process (no network): ``--server-rate``."""
+    from ps.embed import TableSpec
+    from ps.embed.table import RowTable, sum_rows
+    from ps.optim import rowwise
+    rng = np.random.default_rng(0)
+    batches = [np.unique(ctr.batch(i, 512, rows // ctr.SPARSE).hashed) for i in range(reps)]
+    grads = [rng.standard_normal((len(b), ctr.DIM)).astype(np.float32) for b in batches]
+    n = sum(len(b) for b in batches)
+    print(f"\nOne server thread, dim {ctr.DIM}, a table of {rows:.0e} rows, {n // reps} distinct ids per request "
+          f"(a batch of 512 of ps.bench.ctr's data)")
+    print("| operation | M rows/s |")
+    print("|---|---:|")
+    for name, opt in (("SGD", rowwise.SGD(lr=0.1)), ("Adagrad", rowwise.Adagrad(lr=0.1)),
+                      ("Adam", rowwise.Adam(lr=0.1))):
+        table = RowTable(TableSpec("rate", ctr.DIM, opt))
+        table.lookup(np.unique(rng.integers(-2**62, 2**62, rows)))      # the table's size
+        start = time.perf_counter()
+        for b in batches:
+            table.lookup(b)
+        made = time.perf_counter() - start
+        start = time.perf_counter()
+        for b in batches:
+            table.lookup(b)
+        looked = time.perf_counter() - start
+        start = time.perf_counter()
+        for b, g in zip(batches, grads):
+            table.apply(*sum_rows(b, g))
+        applied = time.perf_counter() - start
+        if name == "SGD":
+            print(f"| making new rows (normal init) | {n / made / 1e6:.2f} |")
+            print(f"| lookup of rows that exist | {n / looked / 1e6:.2f} |")
+        print(f"| {name} update | {n / applied / 1e6:.2f} |")
+
+
+def _when(times: list[float | None]) -> str:
+    """The median training time to a target, or that some job never reached it."""
+    if any(t is None for t in times):
+        return "not reached"
+    return f"{statistics.median(times):.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,11 +296,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-samples", type=int, default=20000)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--reps", type=int, default=1, help="jobs per mode (alternating)")
+    ap.add_argument("--straggler", action="store_true", help="worker 1 takes twice its compute time")
+    ap.add_argument("--lr", type=float, default=0.05, help="the tables' Adagrad learning rate")
+    ap.add_argument("--server-rate", action="store_true", help="only: rows/s of one server thread, in process")
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--worker-mode", metavar="MODE", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker_mode:
         worker(args.worker_mode, args)
+        return 0
+    if args.server_rate:
+        server_rate(args.rows)
         return 0
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]

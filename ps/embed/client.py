@@ -16,16 +16,8 @@ from ..message import Op, dtype_code, server_id
 from ..worker import KVWorker, TablePart
 from .hashing import server_of
 from .spec import TableSpec
-from .table import Chunk, RowTable, chunk_from_wire, chunk_to_wire
+from .table import Chunk, RowTable, chunk_from_wire, chunk_to_wire, rows_per_chunk
 
-CHUNK_BYTES = 8 << 20      # a checkpoint's rows travel in server commands of about this size
-
-
-def rows_per_chunk(table: RowTable | TableSpec) -> int:
-    spec = table if isinstance(table, TableSpec) else table.spec
-    widths = spec.optimizer.state(spec.dim)
-    per_row = 8 + spec.np_dtype.itemsize * (spec.dim + sum(w for w, _ in widths.values()))
-    return max(1, CHUNK_BYTES // per_row)
 
 
 
@@ -177,7 +169,7 @@ class LocalTable:
 
     def chunks(self, changed_only: bool) -> Iterator[Chunk]:
         rows = self.rows.saved_rows(changed_only)
-        count = rows_per_chunk(self.rows)
+        count = rows_per_chunk(self.spec)
         for start in range(0, len(rows), count):
             yield self.rows.chunk(rows[start:start + count])
 

@@ -11,7 +11,7 @@ from ..optim import rowwise
 from .hashing import table_key
 from .init import Init
 
-CONSISTENCY = ("sync", "async")
+CONSISTENCY = ("sync", "async", "ssp:S")
 DTYPES = ("float32", "float64")
 
 
@@ -19,7 +19,9 @@ DTYPES = ("float32", "float64")
 class TableSpec:
     """``consistency``: ``sync`` closes a round once every worker pushed, and applies their
     gradients' mean (one process on the whole batch); ``async`` applies each worker's
-    gradient as it comes (MXNet's dist_async)."""
+    gradient as it comes (MXNet's dist_async); ``ssp:S`` (bounded staleness) applies them as
+    ``async`` does, but a worker's pull at its clock c (its pushes so far) waits until every
+    worker has pushed c - S times: no worker runs more than S steps ahead of the slowest."""
 
     name: str
     dim: int
@@ -37,11 +39,21 @@ class TableSpec:
             raise TypeError(f"table {self.name!r}: optimizer must be one of ps.optim.rowwise's "
                             f"({', '.join(c.__name__ for c in rowwise.ROW_OPTIMIZERS.values())}), "
                             f"got {self.optimizer!r:.100}")
-        if self.consistency not in CONSISTENCY:
-            raise ValueError(f"table {self.name!r}: consistency must be one of {', '.join(CONSISTENCY)}, "
-                             f"got {self.consistency!r}")
+        if self.consistency not in CONSISTENCY[:2] and _ssp_bound(self.consistency) is None:
+            raise ValueError(f"table {self.name!r}: consistency must be one of {', '.join(CONSISTENCY)} "
+                             f"(S a whole number of steps), got {self.consistency!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"table {self.name!r}: dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+
+    @property
+    def staleness(self) -> int | None:
+        """``ssp:S``'s S (None under sync and async)."""
+        return _ssp_bound(self.consistency)
+
+    @property
+    def waits_for_all(self) -> bool:
+        """Whether every worker must push every step (sync and ssp) or none waits (async)."""
+        return self.consistency != "async"
 
     @property
     def key(self) -> int:
@@ -81,3 +93,10 @@ class TableSpec:
                 return (f"table {self.name!r} exists with {label} {mine!r}; this declaration asks for {theirs!r} "
                         "(every worker must declare a table alike)")
         return None
+
+
+def _ssp_bound(consistency: object) -> int | None:
+    if not isinstance(consistency, str) or not consistency.startswith("ssp:"):
+        return None
+    bound = consistency[4:]
+    return int(bound) if bound.isdigit() else None

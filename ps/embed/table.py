@@ -27,6 +27,16 @@ def sum_rows(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return ids[starts], np.add.reduceat(grads, starts, axis=0)
 
 
+CHUNK_BYTES = 8 << 20      # a checkpoint's rows travel in server commands of about this size
+
+
+def rows_per_chunk(spec: TableSpec) -> int:
+    """The rows of a checkpoint chunk: ids, values and optimizer state in about CHUNK_BYTES."""
+    widths = spec.optimizer.state(spec.dim)
+    per_row = 8 + spec.np_dtype.itemsize * (spec.dim + sum(w for w, _ in widths.values()))
+    return max(1, CHUNK_BYTES // per_row)
+
+
 class Chunk(NamedTuple):
     """Rows of a table as a checkpoint holds them: ids, values, each state array's rows, and
     the table's step count (Adam's bias correction goes on from it)."""

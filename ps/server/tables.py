@@ -7,7 +7,9 @@ it, in order: the pushes' rows are summed per id, divided by the workers that pu
 mean, as DistributedOptimizer averages dense gradients: one process on the whole batch),
 and applied by the table's optimizer in one step; then every push of the round is answered,
 so a worker's next pull sees the update. Under ``async`` each push is applied, as it is,
-once all its chunks are in. A pull is answered at once, with rows made on first touch.
+once all its chunks are in. A pull is answered at once, with rows made on first touch; under
+``ssp:S`` too, as soon as every worker has pushed at least c - S times, c being the puller's
+own pushes so far (the entry's ``seq``); until then it waits here.
 
 Tables are not replicated yet: a job with ``--max-restarts`` is refused at the declaration.
 """
@@ -21,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..embed.spec import TableSpec
-from ..embed.table import RowTable, chunk_from_wire, chunk_to_wire, sum_rows
+from ..embed.table import RowTable, chunk_from_wire, chunk_to_wire, rows_per_chunk, sum_rows
 from ..message import DTYPES, Entry, Op, Rows, dtype_code, worker_id
 from .rounds import Reply
 
@@ -43,6 +45,15 @@ class _Push:
         return self.rows >= self.entry.total
 
 
+class _Held(NamedTuple):
+    """An ssp pull that waits until the slowest worker is close enough."""
+
+    sender: int
+    entry: Entry
+    data: Rows
+    came: float
+
+
 @dataclass
 class _Served:
     spec: TableSpec
@@ -51,6 +62,8 @@ class _Served:
     rounds: dict[int, dict[int, _Push]] = field(default_factory=dict)   # seq -> worker -> push
     closed: int = 0                        # sync rounds closed (they close in order)
     exporting: np.ndarray | None = None    # the rows of the save under way (fixed at its first chunk)
+    clocks: dict[int, int] = field(default_factory=dict)     # ssp: worker -> its pushes applied
+    held: list[_Held] = field(default_factory=list)           # ssp: pulls of workers too far ahead
 
 
 def _answer(push: _Push) -> Entry:
@@ -107,9 +120,9 @@ class Tables:
 
     def export(self, body: dict) -> dict:
         """Rows ``start`` .. ``start + count`` of a save (every row, or with ``changed`` those
-        updated since the last save), and how many the save has in all."""
+        updated since the last save; at most a chunk's worth), and how many the save has in all."""
         served = self._named(body)
-        start, count = int(body["start"]), int(body["count"])
+        start, count = int(body["start"]), min(int(body["count"]), rows_per_chunk(served.spec))
         if start == 0 or served.exporting is None:
             served.exporting = served.rows.saved_rows(bool(body.get("changed")))
         rows = served.exporting[start:start + count]
@@ -134,12 +147,32 @@ class Tables:
             served = self._served(entry)
             if entry.op & Op.PUSH:
                 return self._push(served, sender, entry, data)
-            values = served.rows.lookup(data.ids)
-            n = values.size
-            return [Reply(sender, Entry(entry.ts, entry.op, entry.key, 0, n, n, entry.dtype_code, None,
-                                        entry.row_len, entry.seq), values.reshape(-1))]
+            if served.spec.staleness is not None and not self._fresh_enough(served, entry.seq):
+                served.held.append(_Held(sender, entry, data, time.monotonic()))
+                return []
+            return [self._rows(served, sender, entry, data)]
         except TableError as exc:
             return [Reply(sender, entry.failed(exc.kind, f"{self.name}: {exc}"), None)]
+
+    @staticmethod
+    def _rows(served: _Served, sender: int, entry: Entry, data: Rows) -> Reply:
+        values = served.rows.lookup(data.ids)
+        width = entry.row_len     # the request counts rows, the reply elements
+        return Reply(sender, Entry(entry.ts, entry.op, entry.key, entry.offset * width, values.size,
+                                   entry.total * width, entry.dtype_code, None, width, entry.seq), values.reshape(-1))
+
+    def _fresh_enough(self, served: _Served, clock: int) -> bool:
+        """ssp: whether every worker still in the job has pushed ``clock - S`` times."""
+        floor = clock - served.spec.staleness
+        return all(served.clocks.get(w, 0) >= floor for w in self._needed())
+
+    def _release(self, served: _Served) -> list[Reply]:
+        """ssp: answer the held pulls the slowest worker's progress now allows."""
+        ready, keep = [], []
+        for held in served.held:
+            (ready if self._fresh_enough(served, held.entry.seq) else keep).append(held)
+        served.held = keep
+        return [self._rows(served, h.sender, h.entry, h.data) for h in ready]
 
     def _served(self, entry: Entry) -> _Served:
         served = self.tables.get(entry.key)
@@ -167,14 +200,18 @@ class Tables:
         push.rows += entry.length
         if not push.complete:
             return []
-        if served.spec.consistency == "async":
-            del pushes[sender]
-            if not pushes:
-                del served.rounds[entry.seq]
-            if push.ids:
-                served.rows.apply(*sum_rows(np.concatenate(push.ids), np.concatenate(push.grads)))
-            return [Reply(sender, _answer(push), None)]
-        return self._close_rounds(served)
+        if served.spec.consistency == "sync":
+            return self._close_rounds(served)
+        del pushes[sender]                  # async and ssp: applied now, as it is
+        if not pushes:
+            del served.rounds[entry.seq]
+        if push.ids:
+            served.rows.apply(*sum_rows(np.concatenate(push.ids), np.concatenate(push.grads)))
+        replies = [Reply(sender, _answer(push), None)]
+        if served.spec.staleness is not None:
+            served.clocks[sender] = max(served.clocks.get(sender, 0), entry.seq)
+            replies += self._release(served)
+        return replies
 
     def _needed(self) -> set[int]:
         return {worker_id(r) for r in range(self.num_workers)} - self.closed_workers
@@ -205,27 +242,48 @@ class Tables:
         for served in self.tables.values():
             if served.spec.consistency == "sync":
                 replies += self._close_rounds(served)
+            elif served.spec.staleness is not None:
+                replies += self._release(served)
         return replies
 
     def stalls(self, after: float) -> list[TableStall]:
-        """Sync rounds that have waited ``after`` seconds or more since their first push and
-        were not named yet (PS_STALL_WARNING): a worker that stopped pushing holds the others."""
+        """Rounds that have waited ``after`` seconds or more and were not named yet
+        (PS_STALL_WARNING): a sync round since its first push, an ssp pull since it came. A
+        worker that stopped pushing holds the others."""
         now, found = time.monotonic(), []
         needed = self._needed()
         for key, served in self.tables.items():
-            pushes = served.rounds.get(served.closed + 1)
-            if served.spec.consistency != "sync" or not pushes or (key, served.closed + 1) in self.warned:
-                continue
-            waited = now - min(p.came for p in pushes.values())
-            if waited >= after:
+            if served.spec.consistency == "sync":
+                pushes = served.rounds.get(served.closed + 1)
+                if not pushes:
+                    continue
+                rnd, since = served.closed + 1, min(p.came for p in pushes.values())
                 done = {w for w, p in pushes.items() if p.complete}
-                stall = TableStall(served.spec.name, served.closed + 1, waited, tuple(sorted(needed - done)),
-                                   tuple(sorted(done)))
-                self.warned[(key, stall.round)] = stall
-                found.append(stall)
+                missing, waiting = needed - done, done
+            elif served.held:
+                oldest = min(served.held, key=lambda h: h.came)
+                rnd, since = oldest.entry.seq, oldest.came
+                floor = rnd - served.spec.staleness
+                missing = {w for w in needed if served.clocks.get(w, 0) < floor}
+                waiting = {h.sender for h in served.held if h.entry.seq == rnd}
+            else:
+                continue
+            if (key, rnd) in self.warned or now - since < after:
+                continue
+            stall = TableStall(served.spec.name, rnd, now - since, tuple(sorted(missing)), tuple(sorted(waiting)))
+            self.warned[(key, rnd)] = stall
+            found.append(stall)
         return found
 
     def resumed(self) -> list[TableStall]:
-        """The stalls named before whose rounds have closed since."""
-        over = [k for k in self.warned if k[0] not in self.tables or self.tables[k[0]].closed >= k[1]]
+        """The stalls named before that are over: the round closed, or no pull waits at that clock."""
+        over = [k for k in self.warned if not self._waiting(k)]
         return [self.warned.pop(k) for k in over]
+
+    def _waiting(self, warned: tuple[int, int]) -> bool:
+        served = self.tables.get(warned[0])
+        if served is None:
+            return False
+        if served.spec.consistency == "sync":
+            return served.closed < warned[1]
+        return any(h.entry.seq == warned[1] for h in served.held)

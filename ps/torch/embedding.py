@@ -68,7 +68,7 @@ class _Table(nn.Module):
     def flush(self) -> None:
         """Wait until the last gradient pushed was applied (before reading the table elsewhere)."""
         table = self.table()
-        if self._owed and self.spec.consistency == "sync":
+        if self._owed and self.spec.waits_for_all:
             # a training forward whose output got no gradient: the round still needs this
             # worker's push, or every other worker would wait for it
             self._pushed = table.push(_NO_IDS, _no_rows(self.spec), block=False)

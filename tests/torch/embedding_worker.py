@@ -144,6 +144,16 @@ def main() -> None:
     hvd.barrier()
     diffs["async"] = float(np.abs(lone.table().pull(np.array([5])) + sum(range(1, size + 1))).max())
 
+    # bounded staleness: rank 1 is slow; every push is applied as it is, none lost
+    bounded = hvd.Embedding(2, name="ssp", optimizer=rowwise.SGD(lr=1.0), init=Init("zeros"), consistency="ssp:1")
+    for _ in range(4):
+        if rank == 1:
+            time.sleep(0.3)
+        (bounded(torch.tensor([7])).sum() * (rank + 1)).backward()
+    bounded.flush()
+    hvd.barrier()
+    diffs["ssp"] = float(np.abs(bounded.table().pull(np.array([7])) + 4 * sum(range(1, size + 1))).max())
+
     # a worker late to a sync round: the servers name it (PS_STALL_WARNING=1 in the test)
     slow = hvd.Embedding(2, name="slow")
     out = slow(torch.tensor([rank]))

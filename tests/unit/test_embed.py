@@ -132,7 +132,7 @@ def test_rowwise_adagrad_keeps_one_accumulator_per_row():
 def test_bad_specs_are_named():
     with pytest.raises(ValueError, match="embedding_dim must be an int > 0, got 0"):
         TableSpec("t", 0)
-    with pytest.raises(ValueError, match="consistency must be one of sync, async, got 'ssp'"):
+    with pytest.raises(ValueError, match="consistency must be one of sync, async, ssp:S .*got 'ssp'"):
         TableSpec("t", 4, consistency="ssp")
     with pytest.raises(TypeError, match="optimizer must be one of ps.optim.rowwise's"):
         TableSpec("t", 4, optimizer=torch.optim.SGD)
@@ -254,6 +254,31 @@ def test_a_stalled_sync_round_is_named_once_with_the_worker_it_waits_for():
     assert [s.round for s in tables.resumed()] == [1]
 
 
+def test_under_ssp_a_pull_waits_only_while_its_worker_is_more_than_s_pushes_ahead():
+    tables = Tables(num_workers=2)
+    spec = TableSpec("ssp", 1, rowwise.SGD(lr=1.0), Init("zeros"), consistency="ssp:1")
+    tables.declare({"spec": spec.to_wire()})
+
+    def pull(worker, clock):
+        entry, rows = _pull(spec, [5])
+        return tables.handle(worker, entry._replace(seq=clock), rows)
+
+    assert len(pull(W0, 0)) == 1 and len(pull(W0, 1)) == 1     # worker 1 has pushed 0 times: 1 - 1 = 0
+    assert len(tables.handle(W0, *_push(spec, 1, [5], [[1]]))) == 1      # applied at once, as it is
+    assert len(tables.handle(W0, *_push(spec, 2, [5], [[1]]))) == 1
+    assert pull(W0, 2) == []                                    # 2 ahead of worker 1: it waits
+    [stall] = tables.stalls(0.0)
+    assert (stall.table, stall.round, stall.missing, stall.waiting) == ("ssp", 2, (W1,), (W0,))
+    replies = tables.handle(W1, *_push(spec, 1, [5], [[1]]))
+    assert [r.dest for r in replies] == [W1, W0]                # its push, then the held pull
+    assert replies[1].data.tolist() == [-3.0]
+    assert [s.round for s in tables.resumed()] == [2]
+    assert pull(W0, 3) == []
+    assert [r.dest for r in tables.worker_closed(W1)] == [W0]  # nobody left to wait for
+    with pytest.raises(ValueError, match="ssp:S"):
+        TableSpec("bad", 1, consistency="ssp:x")
+
+
 def test_async_pushes_apply_as_they_come():
     tables = Tables(num_workers=2)
     spec = TableSpec("a", 1, rowwise.SGD(lr=1.0), Init("zeros"), consistency="async")
@@ -285,3 +310,4 @@ def test_table_entries_cross_the_wire_with_any_int64_id():
     back = decode(encode(msg))
     assert back.body[0] == entry
     assert back.frames[0].ids.tolist() == EXTREMES.tolist() and back.frames[0].values.tolist() == list(range(21))
+

@@ -163,7 +163,7 @@ ALLOWED = {
     "bench.sparse": {"launcher.process", "mxnet", "netutil"},
     "bench.torch": {"bench.cluster", "launcher.process", "netutil", "torch"},
     "bench.ctr": {"embed", "embed.hashing"},
-    "bench.embedding": {"bench.cluster", "bench.ctr", "bench.measure", "embed", "launcher.process", "netutil", "optim.rowwise", "torch"},
+    "bench.embedding": {"bench.cluster", "bench.ctr", "bench.measure", "embed", "embed.table", "launcher.process", "netutil", "optim.rowwise", "torch"},
     "bench.cli": {"bench.cluster", "bench.gluon", "bench.measure", "bench.report", "netutil"},
     "bench.__main__": {"bench.cli", "bench.multihost"},
     "bench.netns": set(),

@@ -1,0 +1,29 @@
+"""Embedding tables through a whole cluster in this process (ps.testing.local_cluster): what
+the pure tests of tests/unit/test_embed.py cannot show, requests cut into chunks and put back
+together."""
+import numpy as np
+import pytest
+
+from ps.embed import Init, TableSpec, initial_rows
+from ps.embed.hashing import name_seed
+from ps.optim import rowwise
+from ps.testing import local_cluster
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_a_pull_and_a_push_of_many_rows_travel_in_chunks_and_come_back_whole():
+    """Over 16,384 rows of dimension 16 a request is cut into chunks of about 1 MiB each way;
+    the rows come back in the order asked, whatever server and chunk they came from."""
+    spec = TableSpec("big", 16, rowwise.SGD(lr=1.0), Init("uniform", 1.0))
+    ids = np.unique(np.random.default_rng(2).integers(-(2**62), 2**62, 40000))
+    with local_cluster(num_servers=2, num_workers=1) as c:
+        def job(kv):
+            table = kv.table(spec)
+            first = table.pull(ids)
+            table.push(ids, np.ones((len(ids), 16), np.float32))
+            return first, table.pull(ids[::-1])
+        [(first, after)] = c.run(job)
+    want = initial_rows(name_seed("big"), ids, 16, Init("uniform", 1.0), np.float32)
+    assert np.array_equal(first, want)
+    assert np.array_equal(after, (want - 1.0)[::-1])

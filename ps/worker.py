@@ -192,11 +192,12 @@ class KVWorker:
         return req
 
     def request_table(self, op: int, key: int, code: int, row_len: int, parts: list[TablePart],
-                      out: np.ndarray | None, what: str, priority: int = 0) -> Request:
+                      out: np.ndarray | None, what: str, priority: int = 0, ahead: int = 0) -> Request:
         """Queue an embedding table's push (each part's ``values``: a row per id) or pull (into
         flat ``out``, the parts' rows one after another) of int64 ids (ps/embed/client.py
         says which server holds which). A push goes to every part it is given, empty ones too:
-        a sync round counts one push per worker."""
+        a sync round counts one push per worker. A pull carries this worker's pushes so far plus
+        ``ahead`` (an ssp table's server answers by it)."""
         op |= Op.TABLE
         if op & Op.PUSH:
             req = self.customer.new_request(len(parts), None, {server_id(p.server): 0 for p in parts}, what)
@@ -205,7 +206,7 @@ class KVWorker:
                                             {server_id(p.server): p.first * row_len for p in parts}, what)
         per_chunk = max(1, CHUNK_BYTES // (row_len * DTYPES[code].itemsize))
         with self._lock:
-            seq = req.seq = self._next_seq(op, key)
+            seq = req.seq = self._next_seq(op, key) + ahead
             req.key = key
             for part in parts:
                 sid, n = server_id(part.server), len(part.ids)

@@ -13,6 +13,9 @@ Modes, each a job of ``-w`` workers (``one``: a single process on the whole batc
   the servers too (``ServerOptimizer`` in ``dist_async``), so no worker waits for another
   but for the staleness bound.
 
+With ``--prefetch`` they pull the next batch's rows during backward
+(``EmbeddingBagCollection.prefetch``).
+
 ``--straggler``: worker 1 takes twice its compute time every step (it sleeps as long as its
 step took).
 
@@ -114,9 +117,14 @@ def worker(mode: str, args: argparse.Namespace) -> None:
         return ctr.log_loss(p, held_out.clicks), ctr.auc(p, held_out.clicks)
 
     times, curve, uniques, trained = [], [], [], 0.0
+    prefetch = args.prefetch and server_side
+
+    def data(step: int) -> list[ctr.Batch]:
+        return [ctr.batch(step * 1000 + r, args.batch, per_feature) for r in (range(workers) if mode == "one"
+                                                                             else [rank])]
+    upcoming = data(0)
     for step in range(args.steps):
-        parts = [ctr.batch(step * 1000 + r, args.batch, per_feature) for r in (range(workers) if mode == "one"
-                                                                              else [rank])]
+        parts, upcoming = upcoming, data(step + 1) if step + 1 < args.steps else None
         ids = np.concatenate([b.hashed if hashed else b.raw for b in parts])
         x = torch.from_numpy(np.concatenate([b.dense for b in parts]))
         y = torch.from_numpy(np.concatenate([b.clicks for b in parts]))
@@ -124,7 +132,10 @@ def worker(mode: str, args: argparse.Namespace) -> None:
         start = time.perf_counter()
         for opt in optimizers:
             opt.zero_grad()
-        F.binary_cross_entropy_with_logits(model(torch.from_numpy(ids), x), y).backward()
+        logits = model(torch.from_numpy(ids), x)
+        if prefetch and upcoming is not None:       # the next batch's rows, pulled during backward
+            model.embed.prefetch(torch.from_numpy(np.concatenate([b.hashed for b in upcoming])))
+        F.binary_cross_entropy_with_logits(logits, y).backward()
         for opt in optimizers:
             opt.step()
         if args.straggler and rank == 1:
@@ -178,6 +189,8 @@ def run_job(mode: str, args: argparse.Namespace) -> tuple[list[dict], int]:
           "--eval-every", str(args.eval_every), "--eval-samples", str(args.eval_samples)]
     if args.straggler:
         me.append("--straggler")
+    if args.prefetch:
+        me.append("--prefetch")
     n = 1 if mode == "one" else args.workers
     logs = [tempfile.TemporaryFile("w+") for _ in range(n)]
     procs, workers = [], []
@@ -299,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--straggler", action="store_true", help="worker 1 takes twice its compute time")
     ap.add_argument("--lr", type=float, default=0.05, help="the tables' Adagrad learning rate")
     ap.add_argument("--server-rate", action="store_true", help="only: rows/s of one server thread, in process")
+    ap.add_argument("--prefetch", action="store_true",
+                    help="ps-async, ps-ssp: pull the next batch's rows during backward")
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--worker-mode", metavar="MODE", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

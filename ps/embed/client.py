@@ -62,10 +62,12 @@ class Table:
                  for s in range(self._num_servers)]
         return order, parts
 
-    def pull(self, ids: Any, block: bool = True) -> np.ndarray | Handle:
+    def pull(self, ids: Any, block: bool = True, ahead: int = 0) -> np.ndarray | Handle:
         """The current rows of distinct ``ids`` (any int64; a row never touched is made,
         deterministically, on its server): shape (len(ids), dim). ``block=False``: a Handle
-        whose ``wait()`` gives them; pulls started together leave as one message per server."""
+        whose ``wait()`` gives them; pulls started together leave as one message per server.
+        ``ahead``: an ssp table answers as if this worker had pushed that many steps more (a
+        prefetch for the next step)."""
         what = f"pull of table {self.spec.name!r}"
         ids = check_ids(ids, what)
         out = np.empty((len(ids), self.spec.dim), self.spec.np_dtype)
@@ -75,7 +77,7 @@ class Table:
         grouped = np.empty_like(out)
         parts = [p for p in parts if len(p.ids)]
         req = self._worker.request_table(Op.PULL, self.spec.key, self._code, self.spec.dim, parts,
-                                         grouped.reshape(-1), what)
+                                         grouped.reshape(-1), what, ahead=ahead)
         self.payload_sent += ids.nbytes
         self.payload_received += out.nbytes
 
@@ -157,7 +159,7 @@ class LocalTable:
         self.spec = spec
         self.rows = RowTable(spec)
 
-    def pull(self, ids: Any, block: bool = True) -> np.ndarray | _Done:
+    def pull(self, ids: Any, block: bool = True, ahead: int = 0) -> np.ndarray | _Done:
         rows = self.rows.lookup(check_ids(ids, f"pull of table {self.spec.name!r}"))
         return rows if block else _Done(rows)
 

@@ -53,6 +53,7 @@ class _Table(nn.Module):
         self._table: Any = None
         self._pushed: Any = None        # the last push's handle
         self._owed = False              # a training forward whose gradient has not been pushed
+        self._prefetched: tuple[torch.Tensor, _Lookup] | None = None     # prefetch(): ids, their pull
 
     def extra_repr(self) -> str:
         s = self.spec
@@ -103,11 +104,31 @@ class _Table(nn.Module):
             raise TypeError(f"{type(self).__name__} {self.spec.name!r}: ids must be an integer tensor "
                             f"(torch.long), got {ids.dtype}")
         self.flush()
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None and prefetched[0].shape == ids.shape and torch.equal(prefetched[0], ids):
+            return prefetched[1]
+        return self._begin(ids, ahead=0)
+
+    def _begin(self, ids: torch.Tensor, ahead: int) -> _Lookup:
         table = self.table()
         unique, inverse = torch.unique(ids.detach().reshape(-1).to(torch.int64, copy=False), sorted=True,
                                        return_inverse=True)
         keys = unique.numpy()
-        return _Lookup(table, keys, table.pull(keys, block=False), inverse.view(ids.shape))
+        return _Lookup(table, keys, table.pull(keys, block=False, ahead=ahead), inverse.view(ids.shape))
+
+    def prefetch(self, ids: torch.Tensor) -> None:
+        """Start pulling the next batch's rows now, while this step computes (``async`` and
+        ``ssp`` tables only): the next forward with equal ``ids`` uses them. Under ``ssp:S`` the
+        server answers once every worker is within S steps of the next one, as it would the
+        next forward's own pull; the rows may lack this worker's own last update, which is
+        still on its way."""
+        if self.spec.consistency == "sync":
+            raise ValueError(f"{type(self).__name__} {self.spec.name!r}: prefetch() reads rows before this "
+                             "step's sync round closes, so they would not be one process's; use an async or "
+                             "ssp table")
+        if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise TypeError(f"{type(self).__name__} {self.spec.name!r}: ids must be an integer tensor (torch.long)")
+        self._prefetched = (ids.detach().clone(), self._begin(ids, ahead=1))
 
     def _finish(self, lookup: _Lookup) -> tuple[torch.Tensor, torch.Tensor]:
         rows = torch.from_numpy(lookup.pending.wait())
@@ -236,6 +257,13 @@ class EmbeddingBagCollection(nn.Module):
             rows, index = bag._finish(lookup)
             outs.append(F.embedding_bag(index, rows, mode=bag.mode))
         return torch.stack(outs, 1)
+
+    def prefetch(self, ids: torch.Tensor) -> None:
+        """Start pulling the next batch's rows of every table now (``async`` and ``ssp`` only;
+        see ``EmbeddingBag.prefetch``): ``ids`` as the next ``forward`` will get them."""
+        per_bag = ids if ids.dim() == 3 else ids.unsqueeze(2)
+        for t, bag in enumerate(self.bags):
+            bag.prefetch(per_bag[:, t])
 
     def flush(self) -> None:
         for bag in self.bags:

@@ -149,7 +149,9 @@ def main() -> None:
     for _ in range(4):
         if rank == 1:
             time.sleep(0.3)
-        (bounded(torch.tensor([7])).sum() * (rank + 1)).backward()
+        out = bounded(torch.tensor([7]))
+        bounded.prefetch(torch.tensor([7]))             # the next step's rows, pulled meanwhile
+        (out.sum() * (rank + 1)).backward()
     bounded.flush()
     hvd.barrier()
     diffs["ssp"] = float(np.abs(bounded.table().pull(np.array([7])) + 4 * sum(range(1, size + 1))).max())
@@ -167,6 +169,7 @@ def main() -> None:
         "float ids": refused(lambda: bag(torch.tensor([1.0, 2.0]), torch.tensor([0]))),
         "offsets": refused(lambda: bag(torch.tensor([1, 2, 3]), torch.tensor([0, 5]))),
         "dimension": refused(lambda: hvd.EmbeddingBag(DIM + 1, name="sgd-sum")(torch.tensor([[1]]))),
+        "prefetch": refused(lambda: bag.prefetch(torch.tensor([1]))),
     }
     print("RESULT " + json.dumps({"rank": rank, "size": size, "diffs": diffs, "moved": moved, "said": said}),
           flush=True)

@@ -39,6 +39,7 @@ def check(found, size):
     assert "ids must be an integer tensor (torch.long), got torch.float32" in said["float ids"], said
     assert "offsets [0, 5] do not match an input of 3 ids" in said["offsets"], said
     assert "table 'sgd-sum' exists with dimension 8; this declaration asks for 9" in said["dimension"], said
+    assert "prefetch() reads rows before this step's sync round closes" in said["prefetch"], said
 
 
 @pytest.mark.timeout(180)

@@ -4,6 +4,7 @@ updated by a row-wise optimizer where they live (docs/embeddings.md).
 * ``hashing``: which server holds an id, a server's slots, a table's seed;
 * ``init``: a row's first value from (table, id) alone (``Init``);
 * ``index``: ``IdIndex``, int64 id -> row, open addressing in numpy;
+* ``limits``: ``Limits`` (capacity, eviction, admission) and the count-min sketch it counts with;
 * ``spec``: ``TableSpec``, what every worker declares;
 * ``table``: ``RowTable``, one server's rows and their optimizer state;
 * ``client``: ``Table``, a worker's pulls and pushes (made by ``KVStore.table``), and
@@ -16,6 +17,7 @@ from ..optim import rowwise
 from .checkpoint import load, save
 from .client import LocalTable, Table
 from .init import Init, initial_rows
+from .limits import Limits
 from .spec import TableSpec
 
-__all__ = ["Init", "LocalTable", "Table", "TableSpec", "initial_rows", "load", "rowwise", "save"]
+__all__ = ["Init", "Limits", "LocalTable", "Table", "TableSpec", "initial_rows", "load", "rowwise", "save"]

@@ -10,6 +10,7 @@ import numpy as np
 from ..optim import rowwise
 from .hashing import table_key
 from .init import Init
+from .limits import Limits
 
 CONSISTENCY = ("sync", "async", "ssp:S")
 DTYPES = ("float32", "float64")
@@ -29,6 +30,7 @@ class TableSpec:
     init: Init = field(default_factory=Init)
     consistency: str = "sync"
     dtype: str = "float32"
+    limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -42,6 +44,8 @@ class TableSpec:
         if self.consistency not in CONSISTENCY[:2] and _ssp_bound(self.consistency) is None:
             raise ValueError(f"table {self.name!r}: consistency must be one of {', '.join(CONSISTENCY)} "
                              f"(S a whole number of steps), got {self.consistency!r}")
+        if not isinstance(self.limits, Limits):
+            raise TypeError(f"table {self.name!r}: limits must be a ps.embed.Limits, got {self.limits!r:.100}")
         if self.dtype not in DTYPES:
             raise ValueError(f"table {self.name!r}: dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 
@@ -71,7 +75,8 @@ class TableSpec:
 
     def to_wire(self) -> dict[str, Any]:
         return {"name": self.name, "dim": self.dim, "optimizer": self.optimizer.spec(),
-                "init": [self.init.kind, self.init.scale], "consistency": self.consistency, "dtype": self.dtype}
+                "init": [self.init.kind, self.init.scale], "consistency": self.consistency, "dtype": self.dtype,
+                "limits": self.limits.to_wire()}
 
     @classmethod
     def from_wire(cls, body: Any) -> "TableSpec":
@@ -80,13 +85,13 @@ class TableSpec:
         try:
             kind, scale = body["init"]
             return cls(body["name"], body["dim"], rowwise.from_spec(body["optimizer"]), Init(kind, scale),
-                       body["consistency"], body["dtype"])
-        except (KeyError, TypeError) as exc:
+                       body["consistency"], body["dtype"], Limits.from_wire(body.get("limits", Limits().to_wire())))
+        except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed table declaration {body!r:.200}: {exc}") from None
 
     def mismatch(self, other: "TableSpec") -> str | None:
         """How ``other``, declared under this table's name, differs from it (None: alike)."""
-        for what in ("dim", "dtype", "consistency", "optimizer", "init"):
+        for what in ("dim", "dtype", "consistency", "optimizer", "init", "limits"):
             mine, theirs = getattr(self, what), getattr(other, what)
             if mine != theirs:
                 label = "dimension" if what == "dim" else what

@@ -14,6 +14,7 @@ from typing import NamedTuple
 from .hashing import name_seed
 from .index import IdIndex
 from .init import initial_rows
+from .limits import CountMin
 from .spec import TableSpec
 
 
@@ -62,24 +63,36 @@ class RowTable:
         self.steps = 0              # updates applied: Adam's bias correction, Adagrad's lr decay
         self.rows_created = 0
         self.changed = np.zeros(capacity, bool)     # updated since the last save (incremental saves)
+        limits = spec.limits
+        self.touched = np.zeros(capacity, np.int64)  # the step a row was last looked up or updated (lru)
+        self.hits = np.zeros(capacity, np.int64)     # lookups and updates of a row (lfu)
+        self.sketch = CountMin(1 << 18) if limits.admit_after > 1 else None
+        self.hold_evictions = False                  # a save is under way: row numbers must stay
+        self.evicted = self.not_admitted = self.dropped = 0
 
     def __len__(self) -> int:
         return self.index.size
 
-    def rows(self, ids: np.ndarray) -> np.ndarray:
-        """The row numbers of ``ids``, making the rows of new ones (an id twice gets one row)."""
+    def rows(self, ids: np.ndarray, admit: np.ndarray | None = None) -> np.ndarray:
+        """The row numbers of ``ids``, making the rows of new ones (an id twice gets one row);
+        ``admit``: per id, whether a new one may have a row (-1 where it gets none)."""
         rows = self.index.find(ids)
-        new = rows < 0
-        if new.any():
-            fresh, where = np.unique(ids[new], return_inverse=True)
-            start = self.index.size
-            self._reserve(start + len(fresh))
-            rows[new] = self.index.add(fresh)[where]
-            end = start + len(fresh)
-            self.ids[start:end] = fresh
-            self.values[start:end] = initial_rows(self.seed, fresh, self.spec.dim, self.spec.init,
-                                                  self.spec.np_dtype)
-            self.rows_created += len(fresh)
+        new = rows < 0 if admit is None else (rows < 0) & admit
+        if not new.any():
+            return rows
+        fresh, where = np.unique(ids[new], return_inverse=True)
+        capacity = self.spec.limits.capacity
+        if capacity is not None and self.index.size + len(fresh) > capacity and not self.hold_evictions:
+            self._evict_for(len(fresh), keep=rows[rows >= 0])
+            rows = self.index.find(ids)          # the row numbers moved
+        start = self.index.size
+        self._reserve(start + len(fresh))
+        rows[new] = self.index.add(fresh)[where]
+        end = start + len(fresh)
+        self.ids[start:end] = fresh
+        self.values[start:end] = initial_rows(self.seed, fresh, self.spec.dim, self.spec.init, self.spec.np_dtype)
+        self.touched[start:end], self.hits[start:end] = self.steps, 0
+        self.rows_created += len(fresh)
         return rows
 
     def _reserve(self, n: int) -> None:
@@ -91,21 +104,88 @@ class RowTable:
         used = self.index.size
         self.ids = _grown(self.ids, cap, used, 0)
         self.changed = _grown(self.changed, cap, used, False)
+        self.touched = _grown(self.touched, cap, used, 0)
+        self.hits = _grown(self.hits, cap, used, 0)
         self.values = _grown(self.values, cap, used, 0)
         self.state = {name: _grown(arr, cap, used, self._state_spec[name][1]) for name, arr in self.state.items()}
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
-        """The current rows of ``ids`` (a copy), made on first touch."""
-        rows = self.rows(ids)          # first: making rows may grow (replace) the arrays
-        return self.values[rows]
+        """The current rows of ``ids`` (a copy), made on first touch, or on the ``admit_after``-th
+        (an id not admitted yet gets its initial row, which is not kept)."""
+        admit = None
+        if self.sketch is not None:
+            admit = np.ones(len(ids), bool)
+            unknown = self.index.find(ids) < 0
+            if unknown.any():
+                admit[unknown] = self.sketch.add(ids[unknown]) >= self.spec.limits.admit_after
+        rows = self.rows(ids, admit)          # first: making rows may grow (replace) the arrays
+        have = rows >= 0
+        if have.all():
+            self._touch(rows)
+            return self.values[rows]
+        self.not_admitted += int((~have).sum())
+        out = initial_rows(self.seed, ids, self.spec.dim, self.spec.init, self.spec.np_dtype)
+        out[have] = self.values[rows[have]]
+        self._touch(rows[have])
+        return out
 
     def apply(self, ids: np.ndarray, grads: np.ndarray) -> None:
-        """One optimizer step on the rows of distinct ``ids`` (``sum_rows`` makes them so)."""
+        """One optimizer step on the rows of distinct ``ids`` (``sum_rows`` makes them so); the
+        gradients of ids not admitted yet are dropped."""
         self.steps += 1
         if len(ids):
-            rows = self.rows(ids)      # first: making rows may grow (replace) the arrays
+            admit = None
+            if self.sketch is not None:
+                admit = self.sketch.get(ids) >= self.spec.limits.admit_after
+            rows = self.rows(ids, admit)      # first: making rows may grow (replace) the arrays
+            keep = rows >= 0
+            if not keep.all():
+                self.dropped += int((~keep).sum())
+                rows, grads = rows[keep], grads[keep]
             self.spec.optimizer.update(self.values, self.state, rows, grads, self.steps)
             self.changed[rows] = True
+            self._touch(rows)
+        after = self.spec.limits.evict_after
+        if after is not None and self.steps % max(1, after // 4) == 0 and not self.hold_evictions:
+            n = self.index.size
+            self._drop(self.steps - self.touched[:n] > after)
+
+    def _touch(self, rows: np.ndarray) -> None:
+        self.touched[rows] = self.steps
+        self.hits[rows] += 1
+
+    # -- limits (ps/embed/limits.py) --------------------------------------------------------
+    def _evict_for(self, fresh: int, keep: np.ndarray) -> None:
+        """Make room for ``fresh`` new rows: the least recently (or often) used rows go, a tenth
+        of the capacity at least, never the rows of ``keep`` (the request's own)."""
+        n, capacity = self.index.size, self.spec.limits.capacity
+        count = min(n, max(n + fresh - capacity, capacity // 10))
+        score = (self.touched if self.spec.limits.evict == "lru" else self.hits)[:n].astype(np.float64)
+        score[keep] = np.inf
+        victims = np.argpartition(score, count - 1)[:count] if count else np.empty(0, np.int64)
+        victims = victims[np.isfinite(score[victims])]
+        mask = np.zeros(n, bool)
+        mask[victims] = True
+        self._drop(mask)
+
+    def _drop(self, mask: np.ndarray) -> None:
+        """Remove the rows where ``mask`` (over the rows in use) is set; the rest are renumbered
+        in order and the index is built again."""
+        gone = int(mask.sum())
+        if not gone:
+            return
+        n, kept = self.index.size, ~mask
+        m = n - gone
+        for name in ("ids", "values", "changed", "touched", "hits"):
+            arr = getattr(self, name)
+            arr[:m] = arr[:n][kept]
+        self.changed[m:n] = False
+        for name, arr in self.state.items():
+            arr[:m] = arr[:n][kept]
+            arr[m:n] = self._state_spec[name][1]      # a row made there later starts fresh
+        self.index = IdIndex(len(self.ids))
+        self.index.add(self.ids[:m])
+        self.evicted += gone
 
     # -- checkpoints ---------------------------------------------------------------------
     def saved_rows(self, changed_only: bool) -> np.ndarray:

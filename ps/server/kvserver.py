@@ -383,7 +383,10 @@ class KVServer:
         store.record(Event("compression", 0, 0, store.compression))
 
     def _stats(self, store: Store, body: dict[str, Any]) -> dict[str, Any]:
-        return store.stats()
+        stats = store.stats()
+        if self.tables.tables:
+            stats["tables"] = self.tables.stats()
+        return stats
 
     def _pushed(self, store: Store, body: dict[str, Any]) -> dict[int, int]:
         return store.pushed(int(body["worker"]))

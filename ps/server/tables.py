@@ -125,12 +125,14 @@ class Tables:
         start, count = int(body["start"]), min(int(body["count"]), rows_per_chunk(served.spec))
         if start == 0 or served.exporting is None:
             served.exporting = served.rows.saved_rows(bool(body.get("changed")))
+            served.rows.hold_evictions = True      # until saved(): the row numbers must stay
         rows = served.exporting[start:start + count]
         return {"total": len(served.exporting), **chunk_to_wire(served.rows.chunk(rows))}
 
     def saved(self, body: dict) -> None:
         served = self._named(body)
         served.exporting = None
+        served.rows.hold_evictions = False
         served.rows.saved()
 
     def put(self, body: dict) -> int:
@@ -139,7 +141,10 @@ class Tables:
         return len(served.rows)
 
     def stats(self) -> dict[str, dict[str, int]]:
-        return {t.spec.name: {"rows": len(t.rows), "steps": t.rows.steps} for t in self.tables.values()}
+        """Per table: rows held, steps, and what the limits did (KVStore.server_command("stats"))."""
+        return {t.spec.name: {"rows": len(t.rows), "steps": t.rows.steps, "created": t.rows.rows_created,
+                              "evicted": t.rows.evicted, "not_admitted": t.rows.not_admitted,
+                              "dropped": t.rows.dropped} for t in self.tables.values()}
 
     # -- requests --------------------------------------------------------------------------
     def handle(self, sender: int, entry: Entry, data: Rows) -> list[Reply]:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..embed import Init, LocalTable, TableSpec, checkpoint
+from ..embed import Init, Limits, LocalTable, TableSpec, checkpoint
 from ..optim import rowwise
 from . import runtime
 
@@ -42,13 +42,13 @@ class _Table(nn.Module):
     """What both modules share: the table, the lookup, the push of its gradient."""
 
     def __init__(self, embedding_dim: int, name: str | None, optimizer: rowwise.RowOptimizer | None,
-                 init: Init | None, consistency: str, dtype: torch.dtype):
+                 init: Init | None, consistency: str, dtype: torch.dtype, limits: Limits | None):
         super().__init__()
         if dtype not in _DTYPES:
             raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
         self.spec = TableSpec(name if name is not None else f"embedding{next(_names)}", embedding_dim,
                               optimizer if optimizer is not None else rowwise.SGD(), init or Init(), consistency,
-                              _DTYPES[dtype])
+                              _DTYPES[dtype], limits or Limits())
         self.embedding_dim = embedding_dim
         self._table: Any = None
         self._pushed: Any = None        # the last push's handle
@@ -167,8 +167,8 @@ class Embedding(_Table):
 
     def __init__(self, embedding_dim: int, *, name: str | None = None,
                  optimizer: rowwise.RowOptimizer | None = None, init: Init | None = None,
-                 consistency: str = "sync", dtype: torch.dtype = torch.float32):
-        super().__init__(embedding_dim, name, optimizer, init, consistency, dtype)
+                 consistency: str = "sync", dtype: torch.dtype = torch.float32, limits: Limits | None = None):
+        super().__init__(embedding_dim, name, optimizer, init, consistency, dtype, limits)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows, index = self._rows(ids)
@@ -181,10 +181,10 @@ class EmbeddingBag(_Table):
 
     def __init__(self, embedding_dim: int, mode: str = "mean", *, include_last_offset: bool = False,
                  name: str | None = None, optimizer: rowwise.RowOptimizer | None = None, init: Init | None = None,
-                 consistency: str = "sync", dtype: torch.dtype = torch.float32):
+                 consistency: str = "sync", dtype: torch.dtype = torch.float32, limits: Limits | None = None):
         if mode not in ("sum", "mean"):
             raise ValueError(f"EmbeddingBag mode must be 'sum' or 'mean', got {mode!r}")
-        super().__init__(embedding_dim, name, optimizer, init, consistency, dtype)
+        super().__init__(embedding_dim, name, optimizer, init, consistency, dtype, limits)
         self.mode = mode
         self.include_last_offset = include_last_offset
 
@@ -236,13 +236,13 @@ class EmbeddingBagCollection(nn.Module):
 
     def __init__(self, tables: int | list[str], embedding_dim: int, mode: str = "sum", *, prefix: str = "bag",
                  optimizer: rowwise.RowOptimizer | None = None, init: Init | None = None,
-                 consistency: str = "sync", dtype: torch.dtype = torch.float32):
+                 consistency: str = "sync", dtype: torch.dtype = torch.float32, limits: Limits | None = None):
         super().__init__()
         names = [f"{prefix}{i}" for i in range(tables)] if isinstance(tables, int) else list(tables)
         if not names:
             raise ValueError("EmbeddingBagCollection needs at least one table")
         self.bags = nn.ModuleList(EmbeddingBag(embedding_dim, mode, name=n, optimizer=optimizer, init=init,
-                                               consistency=consistency, dtype=dtype) for n in names)
+                                               consistency=consistency, dtype=dtype, limits=limits) for n in names)
         self.embedding_dim = embedding_dim
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

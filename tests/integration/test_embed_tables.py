@@ -27,3 +27,23 @@ def test_a_pull_and_a_push_of_many_rows_travel_in_chunks_and_come_back_whole():
     want = initial_rows(name_seed("big"), ids, 16, Init("uniform", 1.0), np.float32)
     assert np.array_equal(first, want)
     assert np.array_equal(after, (want - 1.0)[::-1])
+
+
+@pytest.mark.process
+@pytest.mark.timeout(60)
+def test_each_server_keeps_its_capacity_and_says_what_it_evicted():
+    from ps.embed import Limits
+    spec = TableSpec("capped", 4, limits=Limits(capacity=1000, admit_after=2))
+    with local_cluster(num_servers=2, num_workers=1) as c:
+        def job(kv):
+            table = kv.table(spec)
+            for start in range(0, 6000, 500):
+                batch = np.arange(start, start + 500)
+                table.pull(batch)
+                table.pull(batch)                   # the second sighting admits them
+            return kv.server_command("stats")
+        [stats] = c.run(job)
+    for server in stats.values():
+        s = server["tables"]["capped"]
+        assert s["rows"] <= 1000 and s["evicted"] > 0 and s["not_admitted"] > 0, stats
+    assert sum(server["tables"]["capped"]["created"] for server in stats.values()) >= 6000

@@ -311,3 +311,60 @@ def test_table_entries_cross_the_wire_with_any_int64_id():
     assert back.body[0] == entry
     assert back.frames[0].ids.tolist() == EXTREMES.tolist() and back.frames[0].values.tolist() == list(range(21))
 
+
+
+# -- limits: capacity, eviction, admission ----------------------------------------------------
+def test_at_capacity_the_least_recently_used_rows_go_first_and_the_index_stays_right():
+    from ps.embed import Limits
+    table = RowTable(TableSpec("lru", 2, rowwise.SGD(lr=1.0), Init("zeros"), limits=Limits(capacity=100)), capacity=8)
+    table.lookup(np.arange(100))
+    table.apply(np.arange(50, 100), np.ones((50, 2), np.float32))       # rows 50..99 used later
+    table.lookup(np.arange(1000, 1005))                                  # 5 new: a tenth (10) goes
+    assert len(table) == 95 and table.evicted == 10
+    gone = np.arange(100)[table.index.find(np.arange(100)) < 0]
+    assert len(gone) == 10 and (gone < 50).all()                         # among the least recently used
+    kept = np.r_[np.setdiff1d(np.arange(100), gone), np.arange(1000, 1005)]
+    rows = table.index.find(kept)
+    assert (rows >= 0).all() and np.array_equal(table.ids[rows], kept)
+    assert np.array_equal(table.lookup(np.arange(50, 53)), -np.ones((3, 2)))   # their updates kept
+    assert not table.lookup(gone[:3]).any()                              # back as new rows: zeros
+
+
+def test_lfu_keeps_the_rows_used_most():
+    from ps.embed import Limits
+    table = RowTable(TableSpec("lfu", 1, limits=Limits(capacity=20, evict="lfu")))
+    table.lookup(np.arange(20))
+    for _ in range(3):
+        table.lookup(np.arange(0, 20, 2))                                # the even ids, often
+    table.lookup(np.array([99]))
+    gone = np.arange(20)[table.index.find(np.arange(20)) < 0]
+    assert len(gone) == 2 and (gone % 2 == 1).all()
+
+
+def test_rows_not_touched_for_evict_after_steps_go():
+    from ps.embed import Limits
+    table = RowTable(TableSpec("age", 1, limits=Limits(evict_after=4)))
+    table.lookup(np.array([1, 2]))
+    for _ in range(8):
+        table.apply(np.array([1]), np.ones((1, 1), np.float32))
+    assert table.index.find(np.array([1, 2])).tolist()[1] == -1 and table.index.find(np.array([1]))[0] >= 0
+    assert table.evicted == 1
+
+
+def test_an_id_gets_a_row_on_its_kth_lookup_and_its_gradients_count_only_then():
+    from ps.embed import Limits
+    spec = TableSpec("admit", 2, rowwise.SGD(lr=1.0), Init("uniform", 1.0), limits=Limits(admit_after=3))
+    table = RowTable(spec)
+    first = initial_rows(table.seed, np.array([7]), 2, spec.init, np.float32)
+    for _ in range(2):
+        assert np.array_equal(table.lookup(np.array([7])), first)
+        table.apply(np.array([7]), np.ones((1, 2), np.float32))        # dropped: not admitted yet
+    assert len(table) == 0 and table.not_admitted == 2 and table.dropped == 2
+    assert np.array_equal(table.lookup(np.array([7])), first)           # the 3rd: admitted now
+    table.apply(np.array([7]), np.ones((1, 2), np.float32))
+    assert len(table) == 1 and np.array_equal(table.lookup(np.array([7])), first - 1)
+    with pytest.raises(ValueError, match="admit_after must be an int >= 1, got 0"):
+        Limits(admit_after=0)
+    with pytest.raises(ValueError, match="evict must be one of lru, lfu, got 'fifo'"):
+        Limits(evict="fifo")
+    assert TableSpec.from_wire(spec.to_wire()) == spec

@@ -74,11 +74,12 @@ ALLOWED = {
     "keyinfo": {"keys", "message"},
     # embedding tables: pure but for the worker's requests (client); the server's rounds are server.tables
     "embed.hashing": set(), "embed.index": {"embed.hashing"}, "embed.init": {"embed.hashing"},
-    "embed.spec": {"embed.hashing", "embed.init", "optim.rowwise"},
-    "embed.table": {"embed.hashing", "embed.index", "embed.init", "embed.spec"},
+    "embed.limits": {"embed.hashing"},
+    "embed.spec": {"embed.hashing", "embed.init", "embed.limits", "optim.rowwise"},
+    "embed.table": {"embed.hashing", "embed.index", "embed.init", "embed.limits", "embed.spec"},
     "embed.client": {"customer", "embed.hashing", "embed.spec", "embed.table", "message", "worker"},
     "embed.checkpoint": {"embed.spec", "embed.table"},
-    "embed": {"embed.checkpoint", "embed.client", "embed.init", "embed.spec", "optim.rowwise"},
+    "embed": {"embed.checkpoint", "embed.client", "embed.init", "embed.limits", "embed.spec", "optim.rowwise"},
     # a joint process's server shard: the worker's store starts it (DMLC_ROLE=joint)
     "joint": {"config", "errors", "server"},
     "kvstore": {"_logging", "_timing", "compression", "config", "customer", "embed", "errors", "joint", "keys", "message",

@@ -202,10 +202,15 @@ class KVServer:
             text = (f"{self.name}: sync round {rnd} of {_keys(stalls)} has waited {max(s.waited for s in stalls):.0f}s "
                     f"for {', '.join(self._describe(w) for w in missing)}{_waiting(waiting)} "
                     f"(PS_STALL_WARNING={after:g}s; is that worker stuck in its data loader or a debugger?)")
-            logger.warning("%s", text)
-            for worker in waiting:
-                self.po.send(Message(Command.STALL, recver=worker, body={"text": text}, request=False,
-                                     route=self.sender.routes.get(worker)))
+            self._announce(text, waiting)
+
+    def _announce(self, text: str, workers: Any, over: bool = False) -> None:
+        """Log a stall (``over``: that it went on) and tell the workers that wait on it."""
+        logger.warning("%s", text)
+        body = {"text": text, "over": True} if over else {"text": text}
+        for worker in workers:
+            self.po.send(Message(Command.STALL, recver=worker, body=body, request=False,
+                                 route=self.sender.routes.get(worker)))
 
     def _warn_tables(self, after: float) -> None:
         """Name embedding tables' stalled sync rounds as _check_stalls names keys'."""
@@ -214,19 +219,13 @@ class KVServer:
             text = (f"{self.name}: sync round {stall.round} of embedding table {stall.table!r} has waited "
                     f"{stall.waited:.0f}s for {', '.join(self._describe(w) for w in stall.missing)}"
                     f"{_waiting(list(stall.waiting))} (PS_STALL_WARNING={after:g}s)")
-            logger.warning("%s", text)
-            for worker in stall.waiting:
-                self.po.send(Message(Command.STALL, recver=worker, body={"text": text}, request=False,
-                                     route=self.sender.routes.get(worker)))
+            self._announce(text, stall.waiting)
 
     def _tables_resumed(self) -> None:
         """Say when a table's round we warned about closed."""
         for stall in self.tables.resumed():
-            text = f"{self.name}: the stalled sync round {stall.round} of embedding table {stall.table!r} went on"
-            logger.warning("%s", text)
-            for worker in stall.waiting:
-                self.po.send(Message(Command.STALL, recver=worker, body={"text": text, "over": True},
-                                     request=False, route=self.sender.routes.get(worker)))
+            self._announce(f"{self.name}: the stalled sync round {stall.round} of embedding table "
+                           f"{stall.table!r} went on", stall.waiting, over=True)
 
     def _report_resumed(self) -> None:
         """Say when a round we warned about closes (its key counted one more round)."""
@@ -239,11 +238,8 @@ class KVServer:
             self._stall_opened.pop((s.key, s.round), None)
         self.po.stalled.set(bool(self._stalls))
         text = f"{self.name}: the stalled sync round {max(s.round for s in over)} of {_keys(over)} went on"
-        logger.warning("%s", text)
         still = {w for s in self._stalls.values() for w in s.waiting}    # named by a round still stalled
-        for worker in sorted({w for s in over for w in s.waiting} - still):
-            self.po.send(Message(Command.STALL, recver=worker, body={"text": text, "over": True}, request=False,
-                                 route=self.sender.routes.get(worker)))
+        self._announce(text, sorted({w for s in over for w in s.waiting} - still), over=True)
 
     def _report(self) -> dict[str, Any]:
         """Its part of the heartbeat's report (heartbeat thread): rounds closed, and the

@@ -58,6 +58,11 @@ class IdIndex:
         self.size += n
         return rows
 
+    def reserve(self, n: int) -> None:
+        """Room for ``n`` ids without growing again (a table about to be filled: a restore)."""
+        if 2 * n > len(self._rows):
+            self._grow(2 * n)
+
     def _place(self, keys: np.ndarray, rows: np.ndarray) -> None:
         while len(keys):
             slots = self._slots(keys)

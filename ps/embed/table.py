@@ -69,13 +69,15 @@ class RowTable:
         self.sketch = CountMin(1 << 18) if limits.admit_after > 1 else None
         self.hold_evictions = False                  # a save is under way: row numbers must stay
         self.evicted = self.not_admitted = self.dropped = 0
+        self.gone: list[np.ndarray] | None = None    # a server's: ids evicted since it last journaled them
 
     def __len__(self) -> int:
         return self.index.size
 
-    def rows(self, ids: np.ndarray, admit: np.ndarray | None = None) -> np.ndarray:
+    def rows(self, ids: np.ndarray, admit: np.ndarray | None = None, fill: bool = True) -> np.ndarray:
         """The row numbers of ``ids``, making the rows of new ones (an id twice gets one row);
-        ``admit``: per id, whether a new one may have a row (-1 where it gets none)."""
+        ``admit``: per id, whether a new one may have a row (-1 where it gets none); ``fill``
+        False: the caller writes the new rows' values (no initial values computed)."""
         rows = self.index.find(ids)
         new = rows < 0 if admit is None else (rows < 0) & admit
         if not new.any():
@@ -90,10 +92,17 @@ class RowTable:
         rows[new] = self.index.add(fresh)[where]
         end = start + len(fresh)
         self.ids[start:end] = fresh
-        self.values[start:end] = initial_rows(self.seed, fresh, self.spec.dim, self.spec.init, self.spec.np_dtype)
+        if fill:
+            self.values[start:end] = initial_rows(self.seed, fresh, self.spec.dim, self.spec.init,
+                                                  self.spec.np_dtype)
         self.touched[start:end], self.hits[start:end] = self.steps, 0
         self.rows_created += len(fresh)
         return rows
+
+    def reserve(self, n: int) -> None:
+        """Room for ``n`` rows at once (a restore about to put them: no growing by doubling)."""
+        self._reserve(n)
+        self.index.reserve(n)
 
     def _reserve(self, n: int) -> None:
         cap = len(self.ids)
@@ -102,11 +111,12 @@ class RowTable:
         while cap < n:
             cap *= 2
         used = self.index.size
-        self.ids = _grown(self.ids, cap, used, 0)
+        # ids, values, touched and hits are written when a row is made: no fill
+        self.ids = _grown(self.ids, cap, used, None)
         self.changed = _grown(self.changed, cap, used, False)
-        self.touched = _grown(self.touched, cap, used, 0)
-        self.hits = _grown(self.hits, cap, used, 0)
-        self.values = _grown(self.values, cap, used, 0)
+        self.touched = _grown(self.touched, cap, used, None)
+        self.hits = _grown(self.hits, cap, used, None)
+        self.values = _grown(self.values, cap, used, None)
         self.state = {name: _grown(arr, cap, used, self._state_spec[name][1]) for name, arr in self.state.items()}
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
@@ -171,11 +181,13 @@ class RowTable:
     def _drop(self, mask: np.ndarray) -> None:
         """Remove the rows where ``mask`` (over the rows in use) is set; the rest are renumbered
         in order and the index is built again."""
-        gone = int(mask.sum())
-        if not gone:
+        count = int(mask.sum())
+        if not count:
             return
         n, kept = self.index.size, ~mask
-        m = n - gone
+        m = n - count
+        if self.gone is not None:
+            self.gone.append(self.ids[:n][mask])     # a copy (boolean indexing), taken before the move
         for name in ("ids", "values", "changed", "touched", "hits"):
             arr = getattr(self, name)
             arr[:m] = arr[:n][kept]
@@ -185,7 +197,16 @@ class RowTable:
             arr[m:n] = self._state_spec[name][1]      # a row made there later starts fresh
         self.index = IdIndex(len(self.ids))
         self.index.add(self.ids[:m])
-        self.evicted += gone
+        self.evicted += count
+
+    def remove(self, ids: np.ndarray) -> None:
+        """Drop the rows of ``ids`` (a backup's copy following its primary's evictions)."""
+        rows = self.index.find(ids)
+        rows = rows[rows >= 0]
+        if len(rows):
+            mask = np.zeros(self.index.size, bool)
+            mask[rows] = True
+            self._drop(mask)
 
     # -- checkpoints ---------------------------------------------------------------------
     def saved_rows(self, changed_only: bool) -> np.ndarray:
@@ -196,12 +217,18 @@ class RowTable:
     def chunk(self, rows: np.ndarray) -> Chunk:
         return Chunk(self.ids[rows], self.values[rows], {k: v[rows] for k, v in self.state.items()}, self.steps)
 
+    def chunk_of(self, ids: np.ndarray) -> Chunk:
+        """The rows ``ids`` have now (ids without one, not admitted, left out)."""
+        rows = self.index.find(ids)
+        return self.chunk(rows[rows >= 0])
+
     def saved(self) -> None:
         """A save completed: later incremental saves hold only rows updated after it."""
         self.changed[:] = False
 
-    def put(self, chunk: Chunk) -> None:
-        """Rows from a checkpoint: made if new, overwritten if not, with their optimizer state."""
+    def put(self, chunk: Chunk, changed: bool = False) -> None:
+        """Rows from a checkpoint (or a backup's copy: ``changed`` marks them updated since the
+        last save): made if new, overwritten if not, with their optimizer state."""
         if set(chunk.state) != set(self.state):
             raise ValueError(f"table {self.spec.name!r}: the checkpoint holds optimizer state "
                              f"{sorted(chunk.state)}, this table's optimizer keeps {sorted(self.state)}")
@@ -209,15 +236,18 @@ class RowTable:
         if chunk.values.shape != (n, self.spec.dim):
             raise ValueError(f"table {self.spec.name!r}: checkpoint rows of shape {chunk.values.shape} for "
                              f"{n} ids; the table has dimension {self.spec.dim}")
-        rows = self.rows(chunk.ids)
+        rows = self.rows(chunk.ids, fill=False)
         self.values[rows] = chunk.values
         for name, arr in chunk.state.items():
-            self.state[name][rows] = arr.reshape(n, -1)
+            self.state[name][rows] = arr.reshape(n, self.widths[name])
+        if changed:
+            self.changed[rows] = True
         self.steps = max(self.steps, chunk.steps)
 
 
-def _grown(arr: np.ndarray, cap: int, used: int, fill: float) -> np.ndarray:
-    out = np.full((cap, *arr.shape[1:]), fill, arr.dtype)
+def _grown(arr: np.ndarray, cap: int, used: int, fill: float | None) -> np.ndarray:
+    shape = (cap, *arr.shape[1:])
+    out = np.empty(shape, arr.dtype) if fill is None else np.full(shape, fill, arr.dtype)
     out[:used] = arr[:used]
     return out
 

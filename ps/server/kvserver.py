@@ -61,14 +61,14 @@ class KVServer:
         self._early: list[Message] = []
         self.profiler: ServerProfiler | None = None     # made by the first "profiler" command
         self.sender = ReplySender(self.po, self.guard)
-        self.tables = Tables(self.po.num_workers, replicated=config.max_restarts > 0)
+        self.tables = Tables(self.po.num_workers, journal=lambda: self.store.journal)
         self.po.on(Command.DATA, self._on_data)
         self.po.on(Command.SERVER_CMD, self._on_command)
         self.po.on(Command.WORKER_CLOSED, self._on_worker_closed)
         self.po.on(Command.DROP_ROUNDS, self._on_drop_rounds)
         self.po.on(Command.TERMINATE, self._on_terminate)
         self.po.add_failure_listener(self._on_failure)
-        self.replication = Replication(self.po, lambda: self.name, self.store, self.sender)
+        self.replication = Replication(self.po, lambda: self.name, self.store, self.tables, self.sender)
         # where replies go: straight to the sender, or held for the backup (PS_MAX_RESTARTS)
         self.outbox: Outbox = self.replication if self.replication.enabled else self.sender
         self.po.add_node_listener(self._on_node)
@@ -385,7 +385,8 @@ class KVServer:
         return stats
 
     def _pushed(self, store: Store, body: dict[str, Any]) -> dict[int, int]:
-        return store.pushed(int(body["worker"]))
+        worker = int(body["worker"])
+        return {**store.pushed(worker), **self.tables.pushed(worker)}
 
     def _profile(self, store: Store, body: dict[str, Any]) -> dict[str, Any]:
         if self.profiler is None:

@@ -23,7 +23,11 @@ from ..errors import ProtocolError
 from ..message import DTYPES
 from .events import Event, Joins, Replays
 from .store import Store
+from .tables import Tables
 from .updaters import Optimizers, apply_rows
+
+TABLE_EVENTS = frozenset({"tdeclare", "tstate", "tdata", "trows", "tevict", "tsaved", "tput"})
+BULK = frozenset({"key", "tdata"})      # a snapshot's events that travel one per message
 
 # dtypes an event array may have: the key dtypes plus int64 row ids
 _ARRAY_DTYPES = (*DTYPES, np.dtype("<i8"), np.dtype("<u4"))
@@ -111,18 +115,23 @@ def key_event(key: int, state: Any, value: np.ndarray) -> Event:
                                  list(state.excused.items())], (value,))
 
 
-def snapshot(store: Store) -> list[Event]:
-    """Everything a backup needs to mirror ``store`` (call between rounds: see half_applied)."""
+def snapshot(store: Store, tables: Tables | None = None) -> list[Event]:
+    """Everything a backup needs to mirror ``store`` and ``tables`` (call between rounds: see
+    half_applied)."""
     events = state_events(store.opts, store.compression, store.members, store.replays, store.joins)
     events += [key_event(ks.key, ks, ks.value.copy()) for ks in store.keys.values() if ks.ready]
-    return events
+    return events + (tables.snapshot() if tables is not None else [])
 
 
-def restore(store: Store, events: list[Event]) -> None:
-    """Fill a restarted server's empty store from its backup's snapshot."""
+def restore(store: Store, events: list[Event], tables: Tables | None = None) -> None:
+    """Fill a restarted server's empty store and tables from its backup's snapshot."""
     opts = Optimizers()
     for ev in events:
-        if ev.kind == "key":
+        if ev.kind in TABLE_EVENTS:
+            if tables is None:
+                raise ProtocolError("the replica holds embedding tables and no table store was given")
+            tables.replay(ev)
+        elif ev.kind == "key":
             code, closed, applied, excused = ev.info
             store.restore_key(ev.key, code, ev.arrays[0].copy(), closed, {int(w): int(s) for w, s in applied},
                               {int(w): int(n) for w, n in excused})
@@ -168,6 +177,7 @@ class Mirror:
         self.broken: str | None = None      # a change it cannot replay arrived (the copy is useless)
         self.replays = Replays()            # the primary's restarted workers (ps/server/events.py)
         self.joins = Joins()                # the workers in join, as the primary sees them
+        self.tables = Tables(0, copy=True)  # its embedding tables
 
     def apply(self, events: list[Event]) -> None:
         for ev in events:
@@ -180,10 +190,10 @@ class Mirror:
     def snapshot(self) -> list[Event]:
         """This copy as the events :func:`restore` reads (the open rounds' sums left out)."""
         events = state_events(self.opts, self.compression, self.members, self.replays, self.joins)
-        return events + [key_event(key, mk, mk.value) for key, mk in self.keys.items()]
+        return events + [key_event(key, mk, mk.value) for key, mk in self.keys.items()] + self.tables.snapshot()
 
     def nbytes(self) -> int:
-        return sum(mk.value.nbytes for mk in self.keys.values())
+        return sum(mk.value.nbytes for mk in self.keys.values()) + self.tables.nbytes()
 
     # -- replay: the same calls the primary's Store made, on the same inputs -----------------
     def _key(self, ev: Event) -> MirrorKey:
@@ -296,6 +306,9 @@ class Mirror:
         for worker, rounds in ev.info:
             mk.excused[int(worker)] = mk.excused.get(int(worker), 0) + int(rounds)
 
+    def _on_table(self, ev: Event) -> None:
+        self.tables.replay(ev)
+
     def _updater(self, key: int) -> Any:
         return self._optimizer_of(self.opts.namespace(key))
 
@@ -311,6 +324,6 @@ class Mirror:
         "states": _on_states, "ns": _on_ns, "members": _on_members, "params": _on_params, "compression": _on_compression,
         "unreplicable": _on_unreplicable, "workers": _on_workers, "died": _on_replays,
         "caught_up": _on_replays, "setting": _on_replays, "joins": _on_joins, "join": _on_join,
-        "leave": _on_leave, "excused": _on_excused,
+        "leave": _on_leave, "excused": _on_excused, **dict.fromkeys(TABLE_EVENTS, _on_table),
     }
 

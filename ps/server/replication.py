@@ -30,10 +30,12 @@ from .events import Event
 from .replies import Outbox
 from .rounds import Reply
 from .store import Store
+from .tables import Tables
 
 logger = logging.getLogger(__name__)
 
 NO_SNAPSHOT_YET = "its primary has not sent a snapshot yet"
+COPY_WORK = 0.02    # seconds of a copy's queued embedding rows applied after each replica message
 
 
 class Backup(NamedTuple):
@@ -43,6 +45,7 @@ class Backup(NamedTuple):
     node: int
     route: bytes | None
     incarnation: int
+    holds: bool = False     # it still holds the copy it handed to this server's restart
 
 
 class Held(NamedTuple):
@@ -57,8 +60,8 @@ class Replication:
     """The server's outbox when it keeps a backup (:class:`ps.server.replies.Outbox`): replies
     go on to ``sender`` once the backup holds every change made before them."""
 
-    def __init__(self, po: Postoffice, name: Callable[[], str], store: Store, sender: Outbox):
-        self.po, self._name, self.store, self.sender = po, name, store, sender
+    def __init__(self, po: Postoffice, name: Callable[[], str], store: Store, tables: Tables, sender: Outbox):
+        self.po, self._name, self.store, self.tables, self.sender = po, name, store, tables, sender
         self.enabled = po.config.max_restarts > 0 and po.num_servers >= 2
         # primary side: the backup that subscribed, and replies held until it acknowledges
         self.subscriber: Backup | None = None
@@ -66,6 +69,7 @@ class Replication:
         self.seq = 0
         self.acked = 0
         self._held: collections.deque[Held] = collections.deque()
+        self._catch_up_until = 0    # a later subscriber's snapshot: answers wait only once it is whole
         self.bytes_sent = 0
         # backup side: the primary's copy
         self.mirror: replica.Mirror | None = None
@@ -80,6 +84,8 @@ class Replication:
         self._fetched = threading.Event()
         self._fetch_events: list[Event] = []
         self._fetch_error: str | None = None
+        self._restored_from: int | None = None   # the backup whose copy this restart now holds
+        self._handed_to: int | None = None       # backup side: the primary whose restart got our copy
         po.on(Command.REPLICA, self._on_replica)
         po.on(Command.SUBSCRIBE, self._on_subscribe)
         po.on(Command.FETCH, self._on_fetch)
@@ -112,8 +118,13 @@ class Replication:
         return None
 
     def _subscribe(self, primary: int) -> None:
-        """Ask for its snapshot and changes, naming which incarnation of this server asks."""
-        self.po.send(Message(Command.SUBSCRIBE, recver=primary, body={"incarnation": self.po.restarted}))
+        """Ask for its snapshot and changes, naming which incarnation of this server asks, and
+        whether the copy this server handed to the primary's restart is still the one it holds
+        (the restart then sends only its changes since, not a snapshot of everything)."""
+        holds = self._handed_to == primary and self.mirror is not None and self.mirror.primary == primary
+        self._handed_to = None
+        self.po.send(Message(Command.SUBSCRIBE, recver=primary,
+                             body={"incarnation": self.po.restarted, "holds": holds}))
 
     def _fetch(self) -> str | None:
         backup = self.backup
@@ -129,9 +140,11 @@ class Replication:
                 return (f"its backup {node_name(backup)} did not send the replica within "
                         f"{deadline.seconds:g}s (PS_CONNECT_TIMEOUT)")
         if self._fetch_error is None:
-            store = self.store
-            logger.warning("%s recovered %d keys (%.1f MB) from the replica on %s", self.name, len(store.keys),
-                           store.stats()["bytes"] / 1e6, node_name(backup))
+            store, rows = self.store, sum(len(t.rows) for t in self.tables.tables.values())
+            logger.warning("%s recovered %d keys (%.1f MB)%s from the replica on %s", self.name, len(store.keys),
+                           store.stats()["bytes"] / 1e6,
+                           f" and {len(self.tables.tables)} embedding tables ({rows} rows)" if self.tables.tables else "",
+                           node_name(backup))
         return self._fetch_error
 
     # -- primary side: the outbox ------------------------------------------------------------
@@ -147,12 +160,19 @@ class Replication:
 
     def _after(self, send: Callable[[Any], None], what: Any) -> None:
         """``send(what)`` (answers to workers) once the backup holds every change made so
-        far: stream this handler's changes first, then hold the answer until acknowledged."""
+        far: stream this handler's changes first, then hold the answer until acknowledged.
+        While a backup that came back (a restart) still takes in its snapshot, answers are not
+        held: until that snapshot is whole it could not recover this server anyway (this
+        server's death then ends the job, as while the backup was down), and its restart's
+        snapshot of 10^7 embedding rows takes seconds to replay."""
         store = self.store
         if self.subscriber is not None and store.journal:
             events, store.journal = store.journal, []
             self._send_events(events)
-            self._held.append(Held(self.seq, send, what))
+            if self._held or self.acked >= self._catch_up_until:
+                self._held.append(Held(self.seq, send, what))
+            else:
+                send(what)
         elif self._held:
             self._held.append(Held(self.seq, send, what))
         elif self._first_copy and self.backup not in self.po.down:
@@ -171,24 +191,30 @@ class Replication:
             self._held.extend(h._replace(seq=self.seq) for h in held)
             self._release()
         else:
+            self.store.journal = None       # nobody to send the changes kept since a recovery to
+            self._restored_from = None
             for h in held:
                 h.send(h.what)
 
     def _on_subscribe(self, msg: Message) -> None:
         self._restarted(msg)
         body = msg.body if isinstance(msg.body, dict) else {}
-        self._wanted = Backup(msg.sender, msg.route, int(body.get("incarnation", 0)))
+        self._wanted = Backup(msg.sender, msg.route, int(body.get("incarnation", 0)), bool(body.get("holds")))
         self._try_snapshot()
 
     def _try_snapshot(self) -> None:
         """Answer a subscription with a snapshot, but only between rounds: a copy taken while
         a round is half applied (chunk by chunk) would apply that round's first half twice."""
         store = self.store
+        if self._wanted is not None and self._wanted.holds and self._wanted.node == self._restored_from:
+            self._continue()
+            return
         if self._wanted is None or store.half_applied():
             return
         sub, self._wanted = self._wanted, None
+        self._restored_from = None
         try:
-            events = replica.snapshot(store)
+            events = replica.snapshot(store, self.tables)
         except ValueError as exc:
             logger.warning("%s keeps no replica: %s", self.name, exc)
             self._send(sub, {"seq": 0, "error": str(exc)}, [])
@@ -196,13 +222,28 @@ class Replication:
             return
         self.subscriber = sub
         store.journal = []
-        settings = [e for e in events if e.kind != "key"]
-        keys = [e for e in events if e.kind == "key"]
+        settings = [e for e in events if e.kind not in replica.BULK]
+        keys = [e for e in events if e.kind in replica.BULK]
         self._send_events(settings, reset=True, done=not keys)
         for i, ev in enumerate(keys):
             self._send_events([ev], done=i == len(keys) - 1)
-        logger.info("%s: %s now keeps a replica of this server (%d keys)", self.name, node_name(sub.node),
-                    len(events) - len(settings))
+        # the job's first copy must be whole before anything is answered (a primary that dies
+        # before it has answered nothing, and its restart may start empty); a later one need not
+        self._catch_up_until = 0 if self._first_copy else self.seq
+        logger.info("%s: %s now keeps a replica of this server (%d keys, %d embedding tables)", self.name,
+                    node_name(sub.node), len(store.keys), len(self.tables.tables))
+        self._end_first_copy()
+
+    def _continue(self) -> None:
+        """This restart's backup still holds the copy it recovered from: send it the changes
+        made since (journaled from the recovery on), not a snapshot of everything (at 10^7
+        embedding rows, the difference between seconds and a quarter of a minute)."""
+        assert self._wanted is not None
+        self.subscriber, self._wanted, self._restored_from = self._wanted, None, None
+        events, self.store.journal = self.store.journal or [], []
+        self._send_events(events)
+        logger.info("%s: %s keeps the copy it handed over; %d changes since sent", self.name,
+                    node_name(self.subscriber.node), len(events))
         self._end_first_copy()
 
     def _send_events(self, events: list[Event], reset: bool = False, done: bool = False) -> None:
@@ -245,6 +286,8 @@ class Replication:
             return
         try:
             target.apply(replica.decode_events(body.get("events"), msg.frames))
+            if target is self.mirror:       # a snapshot still arriving is only queued: see Tables.work
+                target.tables.work(COPY_WORK)
         except (ProtocolError, ValueError, TypeError, KeyError) as exc:
             logger.error("%s: the replica of %s is broken: %s", self.name, node_name(msg.sender), exc)
             self.mirror, self._incoming = None, None
@@ -266,6 +309,7 @@ class Replication:
         self.subscriber = None
         self.store.journal = None
         self.acked = self.seq
+        self._catch_up_until = 0
         self._release()
         self._end_first_copy()
 
@@ -282,8 +326,11 @@ class Replication:
         try:
             self._fetch_events += replica.decode_events(body.get("events"), msg.frames)
             if body.get("done"):
-                replica.restore(self.store, self._fetch_events)
+                replica.restore(self.store, self._fetch_events, self.tables)
                 self._fetch_events = []
+                # its changes from now on are kept: if the backup still holds the copy it
+                # handed over, they are all it needs (_continue)
+                self._restored_from, self.store.journal = msg.sender, []
                 self._fetched.set()
         except (ProtocolError, ValueError, TypeError, KeyError) as exc:
             self._fetch_error = f"the replica from {node_name(msg.sender)} could not be restored: {exc}"
@@ -307,17 +354,24 @@ class Replication:
                                         f"it keeps the replica of {node_name(mirror.primary)} instead")
             reply({"error": f"{self.name} holds no replica of {node_name(msg.sender)}: {why}"}, [])
             return
-        events = mirror.snapshot()
-        settings = [e for e in events if e.kind != "key"]
-        keys = [e for e in events if e.kind == "key"]
+        try:
+            events = mirror.snapshot()
+        except (ProtocolError, ValueError, TypeError, KeyError) as exc:
+            reply({"error": f"{self.name} holds no replica of {node_name(msg.sender)}: a change could not be "
+                            f"applied to it: {exc}"}, [])
+            return
+        settings = [e for e in events if e.kind not in replica.BULK]
+        keys = [e for e in events if e.kind in replica.BULK]
         parts = [settings, *[[k] for k in keys]]
         for i, part in enumerate(parts):
             body, frames = replica.encode_events(part)
             reply({"events": body, "done": i == len(parts) - 1}, frames)
         # kept until the restart's own snapshot replaces it: a restart holds its replies until
         # then, so if it dies first it answered nothing and this copy is still its state
-        logger.warning("%s handed the replica of %s (%d keys, %.1f MB) to its restart", self.name,
-                       node_name(msg.sender), len(keys), mirror.nbytes() / 1e6)
+        self._handed_to = msg.sender
+        logger.warning("%s handed the replica of %s (%d keys, %d embedding tables, %.1f MB) to its restart",
+                       self.name, node_name(msg.sender), len(mirror.keys), len(mirror.tables.tables),
+                       mirror.nbytes() / 1e6)
 
     # -- membership ----------------------------------------------------------------------
     def _died(self, backup: Backup, node_id: int) -> bool:

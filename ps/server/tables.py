@@ -11,20 +11,31 @@ once all its chunks are in. A pull is answered at once, with rows made on first 
 ``ssp:S`` too, as soon as every worker has pushed at least c - S times, c being the puller's
 own pushes so far (the entry's ``seq``); until then it waits here.
 
-Tables are not replicated yet: a job with ``--max-restarts`` is refused at the declaration.
+With a backup (``--max-restarts``), every change is journaled as the rows it left, with their
+optimizer state (not the gradients: eviction and admission depend on lookups the backup
+never sees), plus the ids evicted; the backup's copy (``copy=True``) replays them into a
+table of its own, and a restarted server gets its tables back from that copy (``replay``
+of its ``snapshot``). A push resent to the restart, or replayed by a restarted worker, is
+answered and not applied twice: a sync round by the rounds closed, an async push by the
+worker's pushes applied.
 """
 from __future__ import annotations
 
+import collections
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
+from ..embed.limits import Limits
 from ..embed.spec import TableSpec
-from ..embed.table import RowTable, chunk_from_wire, chunk_to_wire, rows_per_chunk, sum_rows
+from ..embed.table import Chunk, RowTable, chunk_from_wire, chunk_to_wire, rows_per_chunk, sum_rows
+from ..errors import ProtocolError
 from ..message import DTYPES, Entry, Op, Rows, dtype_code, worker_id
+from .events import Event
 from .rounds import Reply
 
 logger = logging.getLogger(__name__)
@@ -62,13 +73,26 @@ class _Served:
     rounds: dict[int, dict[int, _Push]] = field(default_factory=dict)   # seq -> worker -> push
     closed: int = 0                        # sync rounds closed (they close in order)
     exporting: np.ndarray | None = None    # the rows of the save under way (fixed at its first chunk)
-    clocks: dict[int, int] = field(default_factory=dict)     # ssp: worker -> its pushes applied
+    clocks: dict[int, int] = field(default_factory=dict)     # async, ssp: worker -> its pushes applied
     held: list[_Held] = field(default_factory=list)           # ssp: pulls of workers too far ahead
 
 
 def _answer(push: _Push) -> Entry:
     e = push.entry
     return Entry(e.ts, e.op, e.key, 0, 0, e.total, e.dtype_code, None, e.row_len, e.seq)
+
+
+def _chunk(served: _Served, ids: np.ndarray, values: np.ndarray, names: list, state: list, steps: int) -> Chunk:
+    """A journal's or snapshot's rows as a Chunk, checked against the table."""
+    n, widths = len(ids), served.rows.widths
+    if sorted(names) != sorted(widths) or len(state) != len(names):
+        raise ProtocolError(f"embedding table {served.spec.name!r}: the replica carries state {names}, "
+                            f"the table keeps {sorted(widths)}")
+    try:
+        return Chunk(ids, values.reshape(n, served.spec.dim),
+                     {k: a.reshape(n, widths[k]) for k, a in zip(names, state)}, int(steps))
+    except ValueError as exc:
+        raise ProtocolError(f"embedding table {served.spec.name!r}: malformed replica rows: {exc}") from None
 
 
 class TableStall(NamedTuple):
@@ -87,29 +111,164 @@ class TableError(Exception):
         self.kind = kind
 
 
+def _no_journal() -> None:
+    return None
+
+
 class Tables:
-    def __init__(self, num_workers: int, replicated: bool = False):
+    """``journal``: where changes go for the backup (the Store's list, None without one);
+    ``copy``: this is a backup's copy, which follows its primary's evictions instead of
+    evicting by its own limits."""
+
+    def __init__(self, num_workers: int, journal: Callable[[], list[Event] | None] = _no_journal,
+                 copy: bool = False):
         self.num_workers = num_workers
-        self.replicated = replicated
         self.name = "server"
         self.tables: dict[int, _Served] = {}
         self.closed_workers: set[int] = set()
         self.warned: dict[tuple[int, int], TableStall] = {}     # (table key, round) -> the stall named
+        self._journal, self._copy = journal, copy
+        # a copy's events, applied a little after each message (work) or all at once (settle):
+        # replaying a snapshot of 10^7 rows takes seconds, and the server's I/O thread must not
+        # sit on it (the restart it protects waits on this server's acknowledgements meanwhile)
+        self._pending: collections.deque[Event] = collections.deque()
 
     # -- declarations ------------------------------------------------------------------
     def declare(self, body: dict) -> dict:
         spec = TableSpec.from_wire(body.get("spec"))
-        if self.replicated:
-            raise NotImplementedError(f"table {spec.name!r}: embedding tables are not replicated yet, so a job "
-                                      "with --max-restarts (PS_MAX_RESTARTS > 0) cannot hold one; run without it")
         served = self.tables.get(spec.key)
         if served is not None:
             problem = served.spec.mismatch(spec)
             if problem:
                 raise ValueError(problem)
         else:
-            served = self.tables[spec.key] = _Served(spec, RowTable(spec), dtype_code(spec.np_dtype))
+            served = self._add(spec)
+            self._record(Event("tdeclare", spec.key, 0, spec.to_wire()))
         return {"rows": len(served.rows)}
+
+    def _add(self, spec: TableSpec) -> _Served:
+        rows = RowTable(dataclasses.replace(spec, limits=Limits()) if self._copy else spec)
+        if not self._copy:
+            rows.gone = []
+        served = self.tables[spec.key] = _Served(spec, rows, dtype_code(spec.np_dtype))
+        return served
+
+    # -- the backup's journal ----------------------------------------------------------------
+    def _record(self, event: Event) -> None:
+        journal = self._journal()
+        if journal is not None:
+            journal.append(event)
+
+    def _changed(self, served: _Served, ids: np.ndarray | None = None, worker: int = -1, seq: int = 0) -> None:
+        """Journal what a change left: the ids evicted, then the rows of ``ids`` (updated)."""
+        rows, journal = served.rows, self._journal()
+        gone, rows.gone = rows.gone, []
+        if journal is None:
+            return
+        if gone:
+            journal.append(Event("tevict", served.spec.key, 0, None, (np.concatenate(gone),)))
+        if ids is not None:
+            names = sorted(rows.state)
+            chunk = rows.chunk_of(ids)
+            journal.append(Event("trows", served.spec.key, 0, [served.closed, worker, seq, chunk.steps, names],
+                                 (chunk.ids, chunk.values.reshape(-1), *(chunk.state[k].reshape(-1) for k in names))))
+
+    def snapshot(self) -> list[Event]:
+        """Every table as events :meth:`replay` reads: its declaration, its counts, and its
+        rows in chunks of a checkpoint's size (a message each)."""
+        self.settle()
+        events = []
+        for key, served in self.tables.items():
+            events.append(Event("tdeclare", key, 0, served.spec.to_wire()))
+            events.append(Event("tstate", key, 0, [served.closed, [[w, n] for w, n in served.clocks.items()],
+                                                  served.rows.steps, len(served.rows)]))
+            rows, names = served.rows, sorted(served.rows.state)
+            n, step = len(rows), rows_per_chunk(served.spec)
+            for start in range(0, n, step):
+                part = np.arange(start, min(n, start + step))
+                chunk = rows.chunk(part)
+                events.append(Event("tdata", key, 0, [names, chunk.steps],
+                                    (chunk.ids, chunk.values.reshape(-1), rows.changed[part].astype(np.uint32),
+                                     *(chunk.state[k].reshape(-1) for k in names))))
+        return events
+
+    def replay(self, ev: Event) -> None:
+        """Apply one journaled or snapshot event (a restart's own tables), or queue it (a
+        backup's copy: :meth:`work`, :meth:`settle`)."""
+        if self._copy:
+            self._pending.append(ev)
+        else:
+            self._apply(ev)
+
+    def work(self, seconds: float) -> None:
+        """A copy: apply queued events for about ``seconds`` (one at least: a snapshot's chunk
+        of rows takes longer), so a backlog shrinks by a chunk per replica message."""
+        deadline = time.monotonic() + seconds
+        while self._pending:
+            self._apply(self._pending.popleft())
+            if time.monotonic() >= deadline:
+                return
+
+    def settle(self) -> None:
+        """A copy: apply every queued event (before it is handed over or read)."""
+        while self._pending:
+            self._apply(self._pending.popleft())
+
+    def _apply(self, ev: Event) -> None:
+        if ev.kind == "tdeclare":
+            spec = TableSpec.from_wire(ev.info)
+            if spec.key not in self.tables:
+                self._add(spec)
+            return
+        served = self.tables.get(ev.key)
+        if served is None:
+            raise ProtocolError(f"replica event {ev.kind} for embedding table {ev.key}, which the copy does not hold")
+        rows = served.rows
+        if ev.kind == "trows":
+            closed, worker, seq, steps, names = ev.info
+            ids, values, *state = ev.arrays
+            rows.put(_chunk(served, ids, values, names, state, steps), changed=True)
+            served.closed = max(served.closed, int(closed))
+            if worker >= 0:
+                served.clocks[worker] = max(served.clocks.get(worker, 0), int(seq))
+        elif ev.kind == "tdata":
+            names, steps = ev.info
+            ids, values, changed, *state = ev.arrays
+            rows.put(_chunk(served, ids, values, names, state, steps))
+            marked = rows.index.find(ids[changed.astype(bool)])
+            rows.changed[marked[marked >= 0]] = True
+        elif ev.kind == "tstate":
+            closed, clocks, steps, count = ev.info
+            served.closed, rows.steps = int(closed), int(steps)
+            rows.reserve(len(rows) + int(count))
+            served.clocks = {int(w): int(n) for w, n in clocks}
+        elif ev.kind == "tevict":
+            rows.remove(ev.arrays[0])
+        elif ev.kind == "tsaved":
+            rows.saved()
+        elif ev.kind == "tput":
+            names, steps = ev.info
+            ids, values, *state = ev.arrays
+            rows.put(_chunk(served, ids, values, names, state, steps))
+        else:
+            raise ProtocolError(f"unknown embedding table event {ev.kind!r}")
+        if rows.gone:
+            rows.gone = []          # a restart replaying its snapshot: nothing to journal
+
+    def nbytes(self) -> int:
+        self.settle()
+        return sum(t.rows.values[:len(t.rows)].nbytes for t in self.tables.values())
+
+    def pushed(self, worker: int) -> dict[int, int]:
+        """Per table, the pushes of ``worker`` held whole: where a restarted worker resumes."""
+        out = {}
+        for key, served in self.tables.items():
+            if served.spec.consistency == "sync":
+                push = served.rounds.get(served.closed + 1, {}).get(worker)
+                out[key] = served.closed + (1 if push is not None and push.complete else 0)
+            else:
+                out[key] = served.clocks.get(worker, 0)
+        return out
 
     # -- checkpoints (ps/embed/checkpoint.py drives them from a worker) ------------------------
     def _named(self, body: dict) -> _Served:
@@ -134,10 +293,16 @@ class Tables:
         served.exporting = None
         served.rows.hold_evictions = False
         served.rows.saved()
+        self._record(Event("tsaved", served.spec.key))
 
     def put(self, body: dict) -> int:
         served = self._named(body)
-        served.rows.put(chunk_from_wire(body, served.spec, served.rows.widths))
+        chunk = chunk_from_wire(body, served.spec, served.rows.widths)
+        served.rows.put(chunk)
+        names = sorted(chunk.state)
+        self._changed(served)
+        self._record(Event("tput", served.spec.key, 0, [names, chunk.steps],
+                           (chunk.ids, chunk.values.reshape(-1), *(chunk.state[k].reshape(-1) for k in names))))
         return len(served.rows)
 
     def stats(self) -> dict[str, dict[str, int]]:
@@ -159,9 +324,10 @@ class Tables:
         except TableError as exc:
             return [Reply(sender, entry.failed(exc.kind, f"{self.name}: {exc}"), None)]
 
-    @staticmethod
-    def _rows(served: _Served, sender: int, entry: Entry, data: Rows) -> Reply:
+    def _rows(self, served: _Served, sender: int, entry: Entry, data: Rows) -> Reply:
         values = served.rows.lookup(data.ids)
+        if served.rows.gone:
+            self._changed(served)             # rows made for this pull pushed others out
         width = entry.row_len     # the request counts rows, the reply elements
         return Reply(sender, Entry(entry.ts, entry.op, entry.key, entry.offset * width, values.size,
                                    entry.total * width, entry.dtype_code, None, width, entry.seq), values.reshape(-1))
@@ -193,12 +359,24 @@ class Tables:
         return served
 
     def _push(self, served: _Served, sender: int, entry: Entry, data: Rows) -> list[Reply]:
-        if served.spec.consistency == "sync" and entry.seq <= served.closed:
-            return [Reply(sender, _answer(_Push(entry)), None)]     # a resend of a round already applied
+        sync = served.spec.consistency == "sync"
+        if entry.seq <= (served.closed if sync else served.clocks.get(sender, 0)):
+            # resent to a restarted server, or replayed by a restarted worker: applied already
+            last = entry.offset + entry.length >= entry.total
+            return [Reply(sender, _answer(_Push(entry)), None)] if last else []
         pushes = served.rounds.setdefault(entry.seq, {})
         push = pushes.get(sender)
+        if push is not None and entry.offset == 0:
+            if push.complete:
+                # its dead self pushed this round whole; the round answers this one at its close
+                if sync:
+                    push.entry = entry
+                return []
+            push = None             # sent again from its start: the part that came is dropped
         if push is None:
             push = pushes[sender] = _Push(entry)
+        elif push.complete:
+            return []
         if len(data.ids):
             push.ids.append(data.ids)
             push.grads.append(data.values.reshape(len(data.ids), served.spec.dim))
@@ -210,11 +388,14 @@ class Tables:
         del pushes[sender]                  # async and ssp: applied now, as it is
         if not pushes:
             del served.rounds[entry.seq]
+        uids = None
         if push.ids:
-            served.rows.apply(*sum_rows(np.concatenate(push.ids), np.concatenate(push.grads)))
+            uids, sums = sum_rows(np.concatenate(push.ids), np.concatenate(push.grads))
+            served.rows.apply(uids, sums)
+        served.clocks[sender] = max(served.clocks.get(sender, 0), entry.seq)
+        self._changed(served, uids, sender, entry.seq)
         replies = [Reply(sender, _answer(push), None)]
         if served.spec.staleness is not None:
-            served.clocks[sender] = max(served.clocks.get(sender, 0), entry.seq)
             replies += self._release(served)
         return replies
 
@@ -236,7 +417,9 @@ class Tables:
                 uids, sums = sum_rows(np.concatenate(ids), np.concatenate([g for p in pushes.values() for g in p.grads]))
                 served.rows.apply(uids, sums / np.asarray(len(pushes), sums.dtype))
             else:
-                served.rows.apply(np.empty(0, np.int64), np.empty((0, served.spec.dim), served.rows.values.dtype))
+                uids = np.empty(0, np.int64)
+                served.rows.apply(uids, np.empty((0, served.spec.dim), served.rows.values.dtype))
+            self._changed(served, uids)
             replies += [Reply(w, _answer(p), None) for w, p in pushes.items()]
 
     def worker_closed(self, worker: int) -> list[Reply]:

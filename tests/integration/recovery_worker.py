@@ -3,12 +3,14 @@ worker 0 may SIGKILL servers or other workers of its own job (found by their env
 at chosen rounds (several at one round: a machine dying with its server and its worker).
 
     python recovery_worker.py OUT_DIR ROUNDS OPTIMIZER [--kill ROLE RANK ROUND push|pull]... [--resume]
-                              [--kill-before-formation ROLE RANK] [--pace S]
+                              [--kill-before-formation ROLE RANK] [--pace S] [--table sync|async]
 
 Every worker pushes gradients that depend only on (rank, round, key), so a run that lost
 nothing ends with the weights of an unfaulted run. A restarted worker re-runs the loop from
 round 0 (the servers answer what its dead self pushed), or with --resume jumps to
-``kv.round``. Every rank writes its final weights; rank 0 also to weights.npz.
+``kv.round``. Every rank writes its final weights; rank 0 also to weights.npz. With --table,
+each round also pulls and pushes rows of an embedding table (ps.embed) on the servers,
+whose rows every rank writes at the end as the key "table".
 """
 import argparse
 import os
@@ -19,6 +21,8 @@ import numpy as np
 import psutil
 
 import ps
+from ps.embed import TableSpec
+from ps.optim import rowwise
 
 SHAPES = {3: (40,), 5: (300_000,), 7: (17, 33), 9: (1000,)}   # key 5 is cut across both servers
 
@@ -27,6 +31,20 @@ def grad(rank: int, rnd: int, key: int, shape: tuple) -> np.ndarray:
     n = int(np.prod(shape))
     x = np.arange(n, dtype=np.float64)
     return (np.sin(0.001 * x * (key + 1) + 0.37 * rnd + 1.3 * rank) * 0.1).astype(np.float32).reshape(shape)
+
+
+def table_ids(rank: int, rnd: int) -> np.ndarray:
+    rng = np.random.default_rng(1000 * rank + rnd)
+    return np.unique(np.r_[rng.integers(-500, 500, 60), [2**62 + rnd % 3, -(2**62)]]).astype(np.int64)
+
+
+def table_grad(rank: int, rnd: int, ids: np.ndarray) -> np.ndarray:
+    x = (ids % 997).astype(np.float64)[:, None] + np.arange(8)
+    return (np.cos(0.01 * x + 0.37 * rnd + 1.3 * rank) * 0.1).astype(np.float32)
+
+
+def all_table_ids(workers: int, rounds: int) -> np.ndarray:
+    return np.unique(np.concatenate([table_ids(r, n) for r in range(workers) for n in range(rounds)]))
 
 
 def find(role: str, rank: int) -> psutil.Process:
@@ -95,6 +113,7 @@ def main() -> None:
     p.add_argument("--die-before-lr", action="store_true", help="rank 0 kills itself once, just before that")
     p.add_argument("--freeze", action="store_true", help="--kill sends SIGSTOP: a hung node, connections open")
     p.add_argument("--pace", type=float, default=0.0, help="sleep this long each round; rank 0 prints ROUND r")
+    p.add_argument("--table", choices=["sync", "async"], help="train an embedding table too (Adagrad; async: SGD)")
     args = p.parse_args()
     if args.kill_before_formation and os.environ.get("DMLC_RANK") == "0":
         kill_before_formation(args.kill_before_formation[0], int(args.kill_before_formation[1]))
@@ -115,6 +134,10 @@ def main() -> None:
     if args.optimizer != "none":
         kv.set_optimizer(ps.optim.SGD(learning_rate=0.1, momentum=0.9, wd=1e-4) if args.optimizer == "sgd"
                          else ps.optim.Adam(learning_rate=0.01, wd=1e-4))
+    table = None
+    if args.table:
+        opt = rowwise.Adagrad(lr=0.1) if args.table == "sync" else rowwise.SGD(lr=0.1)
+        table = kv.table(TableSpec("emb", 8, opt, consistency=args.table))
     out = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
     start = kv.resume() if kv.restarted and args.resume else 0
     if start:               # where its dead self was: the values after round `start`
@@ -133,6 +156,10 @@ def main() -> None:
             time.sleep(args.pace)
             if kv.rank == 0:
                 print(f"ROUND {rnd}", flush=True)
+        if table is not None:
+            ids = table_ids(kv.rank, rnd)
+            table.pull(ids)
+            table.push(ids, table_grad(kv.rank, rnd, ids))
         for key, shape in SHAPES.items():
             kv.push(key, grad(kv.rank, rnd, key, shape))
         if kv.rank == 0 and not kv.restarted and (rnd, "push") in kills:
@@ -148,6 +175,8 @@ def main() -> None:
     for key in SHAPES:              # the final values, after every worker's last round
         kv.pull(key, out=out[key])
     arrays = {str(k): v for k, v in out.items()}
+    if table is not None:
+        arrays["table"] = table.pull(all_table_ids(kv.num_workers, args.rounds))
     np.savez(os.path.join(args.out, f"weights-rank{kv.rank}.npz"), **arrays)
     if kv.rank == 0:
         np.savez(os.path.join(args.out, "weights.npz"), **arrays)

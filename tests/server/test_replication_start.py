@@ -10,6 +10,7 @@ from ps.message import Command, Entry, Message, Op, dtype_code, server_id
 from ps.server.replica import decode_events
 from ps.server.replication import Replication
 from ps.server.store import Store
+from ps.server.tables import Tables
 
 S0, S1 = server_id(0), server_id(1)
 
@@ -63,7 +64,7 @@ def primary_with_one_key():
     po = Post(rank=1)                       # S1: its backup is S0
     store = Store(2, sync=True)
     answered = Answered()
-    rep = Replication(po, lambda: "S1", store, answered)
+    rep = Replication(po, lambda: "S1", store, Tables(2), answered)
     store.handle(9, Entry(1, Op.INIT, 3, 0, 4, 4, dtype_code(np.float32)), np.ones(4, np.float32))
     rep.send(["init"])
     return po, rep, answered
@@ -90,7 +91,7 @@ def test_a_primary_whose_backup_died_before_subscribing_answers_at_once():
 
 def test_a_backup_that_never_had_a_snapshot_lets_the_restart_start_empty():
     po = Post(rank=0)                       # S0 keeps S1's copy; S1 died before sending one
-    Replication(po, lambda: "S0", Store(2), Answered())
+    Replication(po, lambda: "S0", Store(2), Tables(2), Answered())
     po.deliver(Message(Command.FETCH, S1, S0, None, route=b"s1-restart"))
     reply = [m for m in po.sent if m.cmd == Command.FETCH][-1]
     assert reply.body.get("done") is True and not reply.body.get("error"), reply.body
@@ -99,7 +100,7 @@ def test_a_backup_that_never_had_a_snapshot_lets_the_restart_start_empty():
 def test_a_restarted_backup_without_a_snapshot_still_refuses():
     """Restarted itself, it cannot know what its primary answered before: refusing is right."""
     po = Post(rank=0, restarted=1)
-    Replication(po, lambda: "S0", Store(2), Answered())
+    Replication(po, lambda: "S0", Store(2), Tables(2), Answered())
     po.deliver(Message(Command.FETCH, S1, S0, None, route=b"s1-restart"))
     reply = [m for m in po.sent if m.cmd == Command.FETCH][-1]
     assert "has not sent a snapshot yet" in reply.body["error"], reply.body
@@ -111,11 +112,11 @@ def test_a_snapshot_cut_short_by_its_senders_death_leaves_the_whole_copy_to_hand
     is built aside and replaces the copy only once whole. Before, its first part replaced the
     copy, and the next restart recovered one key of two."""
     backup_po = Post(rank=0)
-    backup = Replication(backup_po, lambda: "S0", Store(2), Answered())
+    backup = Replication(backup_po, lambda: "S0", Store(2), Tables(2), Answered())
 
     def primary(restarted: int):
         po, store = Post(rank=1, restarted=restarted), Store(2, sync=True)
-        rep = Replication(po, lambda: "S1", store, Answered())
+        rep = Replication(po, lambda: "S1", store, Tables(2), Answered())
         for key, fill in ((3, 1.0), (5, 2.0)):
             store.handle(9, Entry(key, Op.INIT, key, 0, 4, 4, dtype_code(np.float32)), np.full(4, fill, np.float32))
         po.deliver(Message(Command.SUBSCRIBE, S0, S1, None, route=b"s0"))
@@ -150,7 +151,7 @@ def test_a_late_word_of_its_backups_old_death_does_not_drop_the_restart_that_sub
     po = Post(rank=1)
     store = Store(2, sync=True)
     answered = Answered()
-    rep = Replication(po, lambda: "S1", store, answered)
+    rep = Replication(po, lambda: "S1", store, Tables(2), answered)
 
     def change(key):
         store.handle(9, Entry(key, Op.INIT, key, 0, 4, 4, dtype_code(np.float32)), np.ones(4, np.float32))
@@ -161,6 +162,7 @@ def test_a_late_word_of_its_backups_old_death_does_not_drop_the_restart_that_sub
     assert answered == [3]
     po.deliver(Message(Command.SUBSCRIBE, S0, S1, {"incarnation": 3}, route=b"s0-restart"))
     assert rep.subscriber is not None and rep.subscriber[1] == b"s0-restart"
+    po.deliver(Message(Command.REPLICA, S0, S1, {"ack": rep.seq}, request=False))    # its snapshot is whole
     po.down[S0], po.dead_incarnation[S0] = "killed", 0
     po.node(S0, False)                                   # the old one's death, late
     assert rep.subscriber is not None and rep.subscriber[1] == b"s0-restart"
@@ -172,3 +174,84 @@ def test_a_late_word_of_its_backups_old_death_does_not_drop_the_restart_that_sub
     po.dead_incarnation[S0] = 3
     po.node(S0, False)                                   # the restart's own death: dropped
     assert rep.subscriber is None
+
+
+def _init(store, key, fill=1.0):
+    store.handle(9, Entry(key, Op.INIT, key, 0, 4, 4, dtype_code(np.float32)), np.full(4, fill, np.float32))
+
+
+def _between(src_po, dst_po, cmd, route):
+    """Deliver what ``src_po`` sent of ``cmd`` to ``dst_po``, as from ``route``; clear them."""
+    sent = [m for m in src_po.sent if m.cmd == cmd]
+    src_po.sent[:] = [m for m in src_po.sent if m.cmd != cmd]
+    for m in sent:
+        dst_po.deliver(Message(cmd, m.sender if m.sender is not None else None, m.recver, m.body,
+                               frames=m.frames, request=m.request, route=route))
+    return sent
+
+
+def test_a_restart_whose_backup_kept_the_copy_sends_it_only_the_changes_since():
+    """S1 dies; S0 hands its copy to S1's restart and keeps it. When S0 subscribes to the
+    restart it says so, and the restart sends only what changed since it recovered (here a key
+    made meanwhile), not a snapshot of everything; its held answer goes out on the ack."""
+    backup_po, backup_store = Post(rank=0), Store(2)
+    backup = Replication(backup_po, lambda: "S0", backup_store, Tables(2), Answered())
+    po, store = Post(rank=1), Store(2, sync=True)
+    Replication(po, lambda: "S1", store, Tables(2), Answered())
+    for key in (3, 5):
+        _init(store, key)
+    po.deliver(Message(Command.SUBSCRIBE, S0, S1, {"incarnation": 0}, route=b"s0"))
+    for m in [m for m in po.sent if m.cmd == Command.REPLICA]:
+        backup_po.deliver(Message(Command.REPLICA, S1, S0, m.body, frames=m.frames, route=b"s1"))
+    assert sorted(backup.mirror.keys) == [3, 5]
+    # S1 dies; its restart fetches
+    po2, store2, answered = Post(rank=1, restarted=1), Store(2, sync=True), Answered()
+    restart = Replication(po2, lambda: "S1", store2, Tables(2), answered)
+    backup_po.sent.clear()
+    backup_po.deliver(Message(Command.FETCH, S1, S0, None, route=b"s1-restart"))
+    for m in [m for m in backup_po.sent if m.cmd == Command.FETCH]:
+        po2.deliver(Message(Command.FETCH, S0, S1, m.body, frames=m.frames, request=False))
+    assert sorted(store2.keys) == [3, 5]
+    _init(store2, 7, 2.0)                  # a change before its backup subscribes: held
+    restart.send(["answer 7"])
+    assert answered == []
+    backup_po.sent.clear()
+    backup_po.node(S1, True)               # the restart is back: S0 subscribes, holding the copy
+    [sub] = [m for m in backup_po.sent if m.cmd == Command.SUBSCRIBE]
+    assert sub.body["holds"] is True
+    po2.deliver(Message(Command.SUBSCRIBE, S0, S1, sub.body, route=b"s0"))
+    [cont] = [m for m in po2.sent if m.cmd == Command.REPLICA]
+    events = decode_events(cont.body["events"], cont.frames)
+    assert not cont.body["reset"] and [(e.kind, e.key) for e in events] == [("init", 7)]
+    backup_po.deliver(Message(Command.REPLICA, S1, S0, cont.body, frames=cont.frames, route=b"s1-restart"))
+    assert sorted(backup.mirror.keys) == [3, 5, 7]
+    po2.deliver(Message(Command.REPLICA, S0, S1, {"ack": cont.body["seq"]}, request=False))
+    assert answered == ["answer 7"]
+    # a second subscription (not holding) would get a whole snapshot again
+    backup_po.sent.clear()
+    backup_po.node(S1, True)
+    assert [m.body["holds"] for m in backup_po.sent if m.cmd == Command.SUBSCRIBE] == [False]
+
+
+def test_while_a_restarted_backup_takes_in_its_snapshot_answers_are_not_held():
+    """It could not recover this server before its snapshot is whole, so holding answers for it
+    would only stall the workers (seconds, for 10^7 embedding rows); once it is whole they are."""
+    po, store, answered = Post(rank=1), Store(2, sync=True), Answered()
+    rep = Replication(po, lambda: "S1", store, Tables(2), answered)
+    _init(store, 3)
+    po.deliver(Message(Command.SUBSCRIBE, S0, S1, {"incarnation": 0}, route=b"s0"))
+    _init(store, 4)
+    rep.send(["first"])                    # a change after the job's first copy: held for its ack
+    assert answered == []
+    po.deliver(Message(Command.REPLICA, S0, S1, {"ack": rep.seq}, request=False))
+    assert answered == ["first"]
+    po.deliver(Message(Command.SUBSCRIBE, S0, S1, {"incarnation": 1}, route=b"s0-restart"))
+    _init(store, 5)
+    rep.send(["during"])
+    assert answered == ["first", "during"]
+    po.deliver(Message(Command.REPLICA, S0, S1, {"ack": rep.seq}, request=False))
+    _init(store, 7)
+    rep.send(["after"])
+    assert answered == ["first", "during"]
+    po.deliver(Message(Command.REPLICA, S0, S1, {"ack": rep.seq}, request=False))
+    assert answered == ["first", "during", "after"]

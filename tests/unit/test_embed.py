@@ -11,6 +11,7 @@ from ps.embed.table import RowTable, sum_rows
 from ps.message import Command, Entry, Message, Op, Rows, decode, encode, worker_id
 from ps.optim import rowwise
 from ps.server.tables import Tables
+from tests.helpers import table_pull, table_push
 
 EXTREMES = np.array([0, -1, 1, 2**62, -(2**63), 2**63 - 1, -(2**40) + 3], np.int64)
 
@@ -201,16 +202,7 @@ def test_a_saved_table_loads_with_its_rows_state_and_steps(tmp_path):
 W0, W1 = worker_id(0), worker_id(1)
 
 
-def _push(spec, seq, ids, grads, off=0, total=None, ts=1):
-    ids = np.asarray(ids, np.int64)
-    total = len(ids) if total is None else total
-    entry = Entry(ts, Op.PUSH | Op.TABLE, spec.key, off, len(ids), total, 0, None, spec.dim, seq)
-    return entry, Rows(ids, np.asarray(grads, np.float32).reshape(-1))
-
-
-def _pull(spec, ids, ts=9):
-    ids = np.asarray(ids, np.int64)
-    return Entry(ts, Op.PULL | Op.TABLE, spec.key, 0, len(ids), len(ids), 0, None, spec.dim, 0), Rows(ids)
+_push, _pull = table_push, table_pull
 
 
 def test_a_sync_round_applies_the_workers_mean_once_all_pushed():
@@ -299,8 +291,6 @@ def test_a_server_names_what_is_wrong_with_a_table_request():
     assert "table 'e' has dimension 4, the request 3" in wrong.entry.error[1]
     with pytest.raises(ValueError, match="exists with dimension 4; this declaration asks for 5"):
         tables.declare({"spec": TableSpec("e", 5).to_wire()})
-    with pytest.raises(NotImplementedError, match="not replicated yet"):
-        Tables(num_workers=1, replicated=True).declare({"spec": spec.to_wire()})
 
 
 def test_table_entries_cross_the_wire_with_any_int64_id():

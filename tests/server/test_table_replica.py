@@ -1,0 +1,159 @@
+"""A backup's copy of a server's embedding tables (ps/server/tables.py, replayed by
+ps/server/replica.py's Mirror) holds the primary's rows and optimizer state bit for bit,
+follows its evictions, and a restart restored from it goes on exactly like the primary; a
+push sent again (to that restart, or by a restarted worker) is applied once."""
+import numpy as np
+import pytest
+
+from ps.embed import Init, Limits, TableSpec
+from ps.message import worker_id
+from ps.optim import rowwise
+from ps.server.replica import Mirror, decode_events, encode_events, restore, snapshot
+from ps.server.store import Store
+from ps.server.tables import Tables
+from tests.helpers import table_pull, table_push
+
+W0, W1 = worker_id(0), worker_id(1)
+
+
+_push, _pull = table_push, table_pull
+
+
+def _batch(rnd, worker, dim, n=40, span=300):
+    rng = np.random.default_rng(1000 * rnd + worker)
+    ids = np.unique(rng.integers(-span, span, n)).astype(np.int64)
+    return ids, rng.standard_normal((len(ids), dim)).astype(np.float32)
+
+
+class Primary:
+    """A server's Tables with a journal, shipped through the wire format to a backup's Mirror."""
+
+    def __init__(self, *specs):
+        self.store = Store(2)
+        self.store.journal = []
+        self.tables = Tables(2, journal=lambda: self.store.journal)
+        self.mirror = Mirror(8)
+        for spec in specs:
+            self.tables.declare({"spec": spec.to_wire()})
+        self.ship()
+
+    def ship(self):
+        body, frames = encode_events(self.store.journal)
+        self.store.journal.clear()
+        self.mirror.apply(decode_events(body, [memoryview(f) for f in frames]))
+
+
+def _rows(tables, spec):
+    """Every row a table holds, by id: values and optimizer state, and the changed marks."""
+    tables.settle()
+    rows = tables.tables[spec.key].rows
+    n = len(rows)
+    order = np.argsort(rows.ids[:n])
+    return (rows.ids[:n][order], rows.values[:n][order], {k: v[:n][order] for k, v in rows.state.items()},
+            rows.changed[:n][order], rows.steps)
+
+
+def _same(a, b, spec):
+    ids_a, val_a, st_a, ch_a, steps_a = _rows(a, spec)
+    ids_b, val_b, st_b, ch_b, steps_b = _rows(b, spec)
+    np.testing.assert_array_equal(ids_a, ids_b)
+    assert val_a.tobytes() == val_b.tobytes()
+    assert st_a.keys() == st_b.keys() and all(st_a[k].tobytes() == st_b[k].tobytes() for k in st_a)
+    np.testing.assert_array_equal(ch_a, ch_b)
+    assert steps_a == steps_b
+
+
+def _train(p, spec, rounds, start=1, consistency_sync=True):
+    for rnd in range(start, start + rounds):
+        for w in (W0, W1):
+            ids, grads = _batch(rnd, w, spec.dim)
+            p.tables.handle(w, *_pull(spec, ids, rnd - 1))
+            p.tables.handle(w, *_push(spec, rnd, ids, grads))
+        p.ship()
+
+
+SPECS = {
+    "sync adam": TableSpec("a", 4, rowwise.Adam(lr=0.01)),
+    "sync rowwise-adagrad, lru capacity": TableSpec("b", 3, rowwise.RowWiseAdagrad(lr=0.1),
+                                                    limits=Limits(capacity=200)),
+    "async adagrad, lfu capacity, admission": TableSpec("c", 2, rowwise.Adagrad(lr=0.1), consistency="async",
+                                                        limits=Limits(capacity=150, evict="lfu", admit_after=2)),
+    "ssp sgd, eviction by age": TableSpec("d", 5, rowwise.SGD(lr=0.5), Init("zeros"), consistency="ssp:2",
+                                          limits=Limits(evict_after=4)),
+    "async sgd": TableSpec("e", 3, rowwise.SGD(lr=0.5), consistency="async"),
+}
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_the_copy_holds_the_primarys_rows_and_state_bit_for_bit(name):
+    spec = SPECS[name]
+    p = Primary(spec)
+    _train(p, spec, 12)
+    _same(p.tables, p.mirror.tables, spec)
+    if spec.limits.capacity or spec.limits.evict_after:
+        assert p.tables.tables[spec.key].rows.evicted > 0      # the copy followed real evictions
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_a_restart_restored_from_the_copy_goes_on_exactly_like_the_primary(name):
+    spec = SPECS[name]
+    p = Primary(spec)
+    _train(p, spec, 6)
+    p.tables.saved({"name": spec.name})           # incremental-save marks travel too
+    p.ship()
+    _train(p, spec, 3, start=7)
+    body, frames = encode_events(snapshot(Store(2), p.mirror.tables))
+    restarted = Tables(2)
+    restore(Store(2), decode_events(body, frames), restarted)
+    _same(p.tables, restarted, spec)
+    served = p.tables.tables[spec.key]
+    assert restarted.tables[spec.key].closed == served.closed and restarted.tables[spec.key].clocks == served.clocks
+    # both go on with the same pushes: exactly, for a table without limits (with them, the
+    # restart's use counts and admission counts start again, so it may evict other rows)
+    twin = Primary(spec)
+    twin.tables = restarted
+    if spec.limits == Limits():
+        _train(p, spec, 4, start=10)
+        _train(twin, spec, 4, start=10)
+        _same(p.tables, restarted, spec)
+
+
+def test_a_snapshot_of_a_big_table_travels_in_chunks():
+    spec = TableSpec("big", 16, rowwise.Adam(lr=0.01))
+    tables = Tables(1)
+    tables.declare({"spec": spec.to_wire()})
+    tables.handle(W0, *_pull(spec, np.arange(200_000)))
+    data = [e for e in tables.snapshot() if e.kind == "tdata"]
+    assert len(data) > 1 and sum(len(e.arrays[0]) for e in data) == 200_000
+
+
+def test_a_sync_push_sent_again_is_applied_once():
+    spec = TableSpec("s", 1, rowwise.SGD(lr=1.0), Init("zeros"))
+    tables = Tables(2)
+    tables.declare({"spec": spec.to_wire()})
+    value = lambda: tables.handle(W0, *_pull(spec, [5]))[0].data.tolist()   # noqa: E731
+    # worker 0's whole push, then its restart sends it again (new ts): answered at the close, once
+    assert tables.handle(W0, *_push(spec, 1, [5], [[2]], ts=1)) == []
+    assert tables.handle(W0, *_push(spec, 1, [5], [[2]], ts=7)) == []
+    # worker 1 had sent 2 of 3 rows when it died; its restart sends all three again
+    assert tables.handle(W1, *_push(spec, 1, [5, 6], [[4], [9]], total=3)) == []
+    assert tables.handle(W1, *_push(spec, 1, [5, 6], [[4], [1]], total=3)) == []
+    replies = tables.handle(W1, *_push(spec, 1, [7], [[1]], off=2, total=3))
+    assert sorted((r.dest, r.entry.ts) for r in replies) == [(W0, 7), (W1, 1)]
+    assert value() == [-3.0]                                    # the mean of 2 and 4, once
+    assert tables.pushed(W0) == {spec.key: 1}
+    # a closed round's push sent again: answered now, not applied; only at its last chunk
+    assert tables.handle(W0, *_push(spec, 1, [5], [[2]], total=2)) == []
+    [again] = tables.handle(W0, *_push(spec, 1, [6], [[2]], off=1, total=2))
+    assert again.entry.error is None and value() == [-3.0]
+
+
+def test_an_async_push_sent_again_is_applied_once():
+    spec = TableSpec("a", 1, rowwise.SGD(lr=1.0), Init("zeros"), consistency="async")
+    tables = Tables(2)
+    tables.declare({"spec": spec.to_wire()})
+    assert len(tables.handle(W0, *_push(spec, 1, [5], [[2]]))) == 1
+    [again] = tables.handle(W0, *_push(spec, 1, [5], [[2]]))
+    assert again.entry.error is None
+    assert tables.handle(W0, *_pull(spec, [5]))[0].data.tolist() == [-2.0]
+    assert tables.pushed(W0) == {spec.key: 1} and tables.pushed(W1) == {spec.key: 0}

@@ -247,3 +247,28 @@ def worker_results(what: str, workers: list[Any], outs: list[tuple[str, str]], l
             raise RuntimeError(f"{what} worker failed (exit {w.returncode}):\n{log.read()[-3000:]}")
         found.append(json.loads(lines[0][len("RESULT "):]))
     return found
+
+
+def torch_job(what: str, argv: list[str], env: dict[str, str], worker_envs: list[dict[str, str]],
+              servers: int = 0, timeout: float = 1800.0) -> tuple[list[dict], list[int]]:
+    """Run one worker process per ``worker_envs`` entry (``argv`` with ``env`` and that entry)
+    and, with ``servers``, a ps scheduler and that many servers for them (``env`` names the
+    scheduler); wait for every worker's ``RESULT`` line. Returns the results and each
+    server's peak RSS (``python -m ps.bench.embedding``, ``ps.bench.capacity``)."""
+    from .measure import PeakRss
+    procs = []
+    if servers:
+        procs = [start_group([sys.executable, "-m", "ps"], {**env, "DMLC_ROLE": "scheduler"})]
+        procs += [start_group([sys.executable, "-m", "ps"], {**env, "DMLC_ROLE": "server"}) for _ in range(servers)]
+    logs = [tempfile.TemporaryFile("w+") for _ in worker_envs]
+    workers = [start_group(argv, {**env, **extra}, stdout=-1, stderr=log, text=True)
+               for extra, log in zip(worker_envs, logs)]
+    watch = PeakRss([p.pid for p in procs[1:]])
+    watch.start()
+    try:
+        outs = [w.communicate(timeout=timeout) for w in workers]
+    finally:
+        watch.done.set()
+        for p in workers + procs:
+            stop_group(p, grace=10)
+    return worker_results(what, workers, outs, logs), watch.peaks

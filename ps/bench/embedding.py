@@ -35,17 +35,14 @@ import json
 import os
 import statistics
 import sys
-import tempfile
-import threading
 import time
 
 import numpy as np
 
-from launcher.process import start_group, stop_group
 from ps.netutil import free_port
 
 from . import ctr
-from .cluster import worker_results
+from .cluster import torch_job
 from .measure import proc_status
 
 PYTHON = sys.executable
@@ -165,19 +162,6 @@ def worker(mode: str, args: argparse.Namespace) -> None:
         os._exit(0)
 
 
-class _PeakWatch(threading.Thread):
-    """The highest VmHWM the servers reach (they exit before the driver could ask)."""
-
-    def __init__(self, pids: list[int]):
-        super().__init__(daemon=True)
-        self.pids, self.peak, self.done = pids, 0, threading.Event()
-
-    def run(self) -> None:
-        while not self.done.wait(0.5):
-            for pid in self.pids:
-                self.peak = max(self.peak, proc_status(pid).get("VmHWM", 0))
-
-
 def run_job(mode: str, args: argparse.Namespace) -> tuple[list[dict], int]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MASTER_"))}
     env.update(OMP_NUM_THREADS="1", PS_MXNET_AUTOLOAD="0")
@@ -192,29 +176,19 @@ def run_job(mode: str, args: argparse.Namespace) -> tuple[list[dict], int]:
     if args.prefetch:
         me.append("--prefetch")
     n = 1 if mode == "one" else args.workers
-    logs = [tempfile.TemporaryFile("w+") for _ in range(n)]
-    procs, workers = [], []
+    servers = 0
     if mode.startswith("ps-"):
+        servers = args.servers
         env.update(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(free_port()),
                    DMLC_NUM_SERVER=str(args.servers), DMLC_NUM_WORKER=str(n), PS_CONNECT_TIMEOUT="120")
-        procs = [start_group([PYTHON, "-m", "ps"], {**env, "DMLC_ROLE": "scheduler"})]
-        procs += [start_group([PYTHON, "-m", "ps"], {**env, "DMLC_ROLE": "server"}) for _ in range(args.servers)]
-        workers = [start_group(me, {**env, "DMLC_ROLE": "worker"}, stdout=-1, stderr=log, text=True) for log in logs]
+        worker_envs = [{"DMLC_ROLE": "worker"}] * n
     elif mode == "ddp":
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(n))
-        workers = [start_group(me, {**env, "RANK": str(r)}, stdout=-1, stderr=log, text=True)
-                   for r, log in enumerate(logs)]
+        worker_envs = [{"RANK": str(r)} for r in range(n)]
     else:
-        workers = [start_group(me, env, stdout=-1, stderr=logs[0], text=True)]
-    watch = _PeakWatch([p.pid for p in procs[1:]])
-    watch.start()
-    try:
-        outs = [w.communicate(timeout=args.timeout) for w in workers]
-    finally:
-        watch.done.set()
-        for p in workers + procs:
-            stop_group(p, grace=10)
-    return worker_results(mode, workers, outs, logs), watch.peak
+        worker_envs = [{}]
+    found, peaks = torch_job(mode, me, env, worker_envs, servers, args.timeout)
+    return found, max(peaks, default=0)
 
 
 def report(args: argparse.Namespace, runs: dict[str, list[tuple[list[dict], int]]]) -> None:

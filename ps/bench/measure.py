@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -22,6 +23,24 @@ def proc_status(pid: int) -> dict[str, int]:
     except (psutil.Error, OSError):
         pass
     return out
+
+
+class PeakRss(threading.Thread):
+    """The highest VmHWM each of ``pids`` reaches (servers exit before a driver could ask):
+    ``peaks`` per pid, in order; ``peak`` their highest. Set ``done`` to stop watching."""
+
+    def __init__(self, pids: list[int]):
+        super().__init__(daemon=True)
+        self.pids, self.peaks, self.done = pids, [0] * len(pids), threading.Event()
+
+    @property
+    def peak(self) -> int:
+        return max(self.peaks, default=0)
+
+    def run(self) -> None:
+        while not self.done.wait(0.5):
+            for i, pid in enumerate(self.pids):
+                self.peaks[i] = max(self.peaks[i], proc_status(pid).get("VmHWM", 0))
 
 
 def cpu_seconds(pid: int) -> float:

@@ -134,20 +134,27 @@ def test_torch_bench_runs_ps_ddp_and_one_process(tmp_path):
     assert all(ms > 0 for ms in rows.values()), stdout
 
 
+def _torch_bench(tmp_path, module_args: list[str], timeout: float) -> str:
+    """Run ``python -m MODULE ARGS`` (a torch benchmark) in ``tmp_path``; its stdout, once it
+    exited 0."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MASTER_"))}
+    proc = start_group([sys.executable, "-m", *module_args], env, cwd=str(tmp_path), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        stop_group(proc)
+    assert proc.returncode == 0, stderr[-3000:]
+    return stdout
+
+
 def test_embedding_bench_runs_torchs_tables_and_ps_tables(tmp_path):
     """A tiny `python -m ps.bench.embedding`: one process and ps-held sync tables train, and the
     table says how close ps's bytes per sample come to the floor."""
     pytest.importorskip("torch")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MASTER_"))}
-    proc = start_group([sys.executable, "-m", "ps.bench.embedding", "--rows", "2600", "--batch", "64", "--steps", "6",
-                        "--warmup", "1", "--eval-every", "3", "--eval-samples", "500", "--modes", "one,ps-sync",
-                        "--timeout", "100"], env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=170)
-    finally:
-        stop_group(proc)
-    assert proc.returncode == 0, stderr[-3000:]
+    stdout = _torch_bench(tmp_path, ["ps.bench.embedding", "--rows", "2600", "--batch", "64", "--steps", "6",
+                                     "--warmup", "1", "--eval-every", "3", "--eval-samples", "500",
+                                     "--modes", "one,ps-sync", "--timeout", "100"], timeout=170)
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in stdout.splitlines()
             if line.startswith("| ") and not line.startswith("| mode")}
     assert set(rows) == {"one", "ps-sync"}, stdout
@@ -216,3 +223,16 @@ def test_multihost_bench_runs_the_torch_jobs_on_two_namespace_hosts(tmp_path):
         assert float(row["step_s"]) >= 0.05 and float(row["mb_per_host_step"]) > 0, row
         assert 0 <= float(row["stall_s"]) < float(row["step_s"]), row
     assert "ps-torch / ddp step time" in stdout, stdout
+
+
+def test_capacity_bench_trains_under_the_workers_address_space_limit(tmp_path):
+    """A tiny `python -m ps.bench.capacity`: both workers fill and train under their RLIMIT_AS,
+    their address space reported below it, and the servers' peak RSS measured."""
+    pytest.importorskip("torch")
+    stdout = _torch_bench(tmp_path, ["ps.bench.capacity", "--rows", "100000", "--dim", "32", "-s", "2", "--steps", "5",
+                                     "--worker-limit-mb", "1200", "--timeout", "100"], timeout=150)
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in stdout.splitlines()
+            if re.match(r"\| \d+ \|", line)]
+    assert len(rows) == 2 and all(0 < float(r[3]) <= float(r[4]) <= 1200 for r in rows), stdout
+    peaks = re.search(r"servers' peak RSS: (\d+), (\d+) MB", stdout)
+    assert peaks and all(int(p) > 0 for p in peaks.groups()), stdout

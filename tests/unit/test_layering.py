@@ -158,7 +158,7 @@ ALLOWED = {
     "horovod.site.horovod.runner.util.threads": set(),
     # benchmarks: drive real processes; only their workers import ps
     "bench": set(), "bench.measure": set(), "bench.report": set(),
-    "bench.cluster": {"launcher.process", "netutil"},
+    "bench.cluster": {"bench.measure", "launcher.process", "netutil"},
     "bench.gluon": {"mxnet"},
     "bench.worker": {"__init__", "bench.gluon"},
     "bench.soak": {"__init__", "launcher.process", "netutil"},
@@ -166,7 +166,8 @@ ALLOWED = {
     "bench.sparse": {"launcher.process", "mxnet", "netutil"},
     "bench.torch": {"bench.cluster", "launcher.process", "netutil", "torch"},
     "bench.ctr": {"embed", "embed.hashing"},
-    "bench.embedding": {"bench.cluster", "bench.ctr", "bench.measure", "embed", "embed.table", "launcher.process", "netutil", "optim.rowwise", "torch"},
+    "bench.capacity": {"bench.cluster", "bench.measure", "embed", "netutil", "optim.rowwise", "torch"},
+    "bench.embedding": {"bench.cluster", "bench.ctr", "bench.measure", "embed", "embed.table", "netutil", "optim.rowwise", "torch"},
     "bench.cli": {"bench.cluster", "bench.gluon", "bench.measure", "bench.report", "netutil"},
     "bench.__main__": {"bench.cli", "bench.multihost"},
     "bench.netns": set(),

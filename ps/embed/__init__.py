@@ -9,7 +9,8 @@ updated by a row-wise optimizer where they live (docs/embeddings.md).
 * ``table``: ``RowTable``, one server's rows and their optimizer state;
 * ``client``: ``Table``, a worker's pulls and pushes (made by ``KVStore.table``), and
   ``LocalTable`` for a process that runs alone;
-* ``checkpoint``: ``save``/``load`` of a table to a directory, onto any number of servers.
+* ``checkpoint``: ``save``/``load`` of a table to a directory, onto any number of servers;
+* ``serving``: ``export`` of every row for serving, and ``Rows``, its memory-mapped lookup.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from .checkpoint import load, save
 from .client import LocalTable, Table
 from .init import Init, initial_rows
 from .limits import Limits
+from .serving import Rows, export
 from .spec import TableSpec
 
-__all__ = ["Init", "Limits", "LocalTable", "Table", "TableSpec", "initial_rows", "load", "rowwise", "save"]
+__all__ = ["Init", "Limits", "LocalTable", "Rows", "Table", "TableSpec", "export", "initial_rows", "load", "rowwise",
+           "save"]

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..embed import Init, Limits, LocalTable, TableSpec, checkpoint
+from ..embed import Init, Limits, LocalTable, TableSpec, checkpoint, serving
 from ..optim import rowwise
 from . import runtime
 
@@ -90,6 +90,12 @@ class _Table(nn.Module):
         worker calls it before training; the others wait, e.g. at ``hvd.barrier()``)."""
         self.flush()
         return checkpoint.load(self.table(), path)
+
+    def export(self, path: str) -> int:
+        """Write every row to the new directory ``path`` for serving (``ps.embed.Rows`` reads
+        it, with no cluster and no torch); one worker calls it, between steps."""
+        self.flush()
+        return serving.export(self.table(), path)
 
     def _rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The distinct ids' rows (a leaf that pushes its gradient) and each id's index into them."""

@@ -1,7 +1,8 @@
 """A worker of tests/torch/test_embedding.py's checkpoint test. ``save DIR``: train a table
 (Adam, sync) for a few steps on every worker's copy of the same batches, rank 0 saves it,
 then every worker takes one more step. ``load DIR``: rank 0 loads the table (onto however many
-servers this job has) and takes that same step. Both print the rows before and after it."""
+servers this job has) and takes that same step. Both print the rows before and after it;
+rank 0 of ``save`` also exports the table for serving and prints the rows read back from that."""
 import json
 import sys
 
@@ -9,6 +10,7 @@ import numpy as np
 import torch
 
 import ps.torch as hvd
+from ps.embed import Rows
 from ps.optim import rowwise
 
 IDS = np.array([-(2**63), -7, 0, 3, 2**40, 2**63 - 1] + list(range(100, 140)), np.int64)
@@ -30,16 +32,19 @@ def main():
         emb.flush()
         if hvd.rank() == 0:
             emb.save(path)
+            emb.export(path + "-serving")
         hvd.barrier()
     else:
         if hvd.rank() == 0:
             emb.load(path)
         hvd.barrier()
     before = emb.table().pull(IDS)
+    served = Rows(path + "-serving").lookup(IDS).tolist() if mode == "save" and hvd.rank() == 0 else None
     step(emb, 99)
     emb.flush()
     after = emb.table().pull(IDS)
-    print("RESULT " + json.dumps({"rank": hvd.rank(), "before": before.tolist(), "after": after.tolist()}),
+    print("RESULT " + json.dumps({"rank": hvd.rank(), "before": before.tolist(), "after": after.tolist(),
+                                      "served": served}),
           flush=True)
     hvd.shutdown()
 

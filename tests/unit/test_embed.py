@@ -358,3 +358,29 @@ def test_an_id_gets_a_row_on_its_kth_lookup_and_its_gradients_count_only_then():
     with pytest.raises(ValueError, match="evict must be one of lru, lfu, got 'fifo'"):
         Limits(evict="fifo")
     assert TableSpec.from_wire(spec.to_wire()) == spec
+
+
+def test_an_exported_table_serves_its_rows_and_the_training_rows_of_ids_it_never_held(tmp_path):
+    from ps.embed import Rows, export
+    spec = TableSpec("serve", 4, rowwise.Adagrad(lr=0.1), Init("normal", 0.1))
+    table = _trained(spec, 5)
+    assert export(table, tmp_path / "out") == len(table.rows)
+    served = Rows(tmp_path / "out")
+    probe = np.array([[-1000, 5, 2**62], [999, -7, 123456]])      # some never pushed, some never seen
+    got = served.lookup(probe)
+    assert got.shape == (2, 3, 4)
+    # the table makes an unseen id's row as training would have: the same values
+    assert np.array_equal(got.reshape(-1, 4), table.pull(probe.reshape(-1)))
+    assert np.array_equal(Rows(tmp_path / "out", missing="zeros").lookup([2**62 - 1]), np.zeros((1, 4), np.float32))
+    with pytest.raises(KeyError, match=r"holds no row for 1 of the ids, e.g. \[4611686018427387903\]"):
+        Rows(tmp_path / "out", missing="error").lookup([served.ids[0], 2**62 - 1])
+    with pytest.raises(TypeError, match="ids must be integers, got dtype float64"):
+        served.lookup([1.5])
+    with pytest.raises(FileExistsError):
+        export(table, tmp_path / "out")
+    from ps.embed import save
+    save(table, tmp_path / "ckpt")
+    with pytest.raises(ValueError, match="is not a serving export"):
+        Rows(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match="missing must be one of init, zeros, error, got 'nan'"):
+        Rows(tmp_path / "out", missing="nan")

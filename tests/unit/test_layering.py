@@ -81,7 +81,9 @@ ALLOWED = {
     "embed.table": {"embed.hashing", "embed.index", "embed.init", "embed.limits", "embed.spec"},
     "embed.client": {"customer", "embed.hashing", "embed.spec", "embed.table", "message", "worker"},
     "embed.checkpoint": {"embed.spec", "embed.table"},
-    "embed": {"embed.checkpoint", "embed.client", "embed.init", "embed.limits", "embed.spec", "optim.rowwise"},
+    "embed.serving": {"embed.hashing", "embed.init", "embed.spec"},
+    "embed": {"embed.checkpoint", "embed.client", "embed.init", "embed.limits", "embed.serving", "embed.spec",
+              "optim.rowwise"},
     # a joint process's server shard: the worker's store starts it (DMLC_ROLE=joint)
     "joint": {"config", "errors", "server"},
     "kvstore": {"_logging", "_timing", "compression", "config", "customer", "embed", "errors", "joint", "keys", "message",
@@ -139,7 +141,7 @@ ALLOWED = {
     "torch.server_optimizer": {"optim", "torch.runtime", "torch.sums"},
     "torch.sync_batch_norm": {"collective", "torch.ops", "torch.runtime"},
     "torch.elastic": {"torch.ops", "torch.runtime"},
-    "torch.embedding": {"embed", "embed.checkpoint", "optim.rowwise", "torch.runtime"},
+    "torch.embedding": {"embed", "embed.checkpoint", "embed.serving", "optim.rowwise", "torch.runtime"},
     "torch": {"collective", "errors", "torch.compression", "torch.elastic", "torch.embedding", "torch.gather", "torch.ops", "torch.optimizer", "torch.process_sets",
               "torch.runtime", "torch.server_optimizer", "torch.sync_batch_norm"},
     # zero-edit Horovod scripts: the launcher reads ps.horovod (no framework import); the

@@ -24,6 +24,10 @@ from ..embed import Init, Limits, LocalTable, TableSpec, checkpoint, serving
 from ..optim import rowwise
 from . import runtime
 
+# torch.compile: the pulls, the checks and the gradient hook run as written, outside the graph
+# (they are numpy and messages); the rows they return enter the compiled graph as inputs
+_eager = torch.compiler.disable
+
 _names = itertools.count()
 _alone: dict[str, LocalTable] = {}     # a process without a cluster: its tables by name, as a server keeps them
 _DTYPES = {torch.float32: "float32", torch.float64: "float64"}
@@ -101,6 +105,7 @@ class _Table(nn.Module):
         """The distinct ids' rows (a leaf that pushes its gradient) and each id's index into them."""
         return self._finish(self._start(ids))
 
+    @_eager
     def _start(self, ids: torch.Tensor) -> _Lookup:
         """Check ``ids`` and start pulling the rows of the distinct ones (not waiting)."""
         if not isinstance(ids, torch.Tensor):
@@ -136,6 +141,7 @@ class _Table(nn.Module):
             raise TypeError(f"{type(self).__name__} {self.spec.name!r}: ids must be an integer tensor (torch.long)")
         self._prefetched = (ids.detach().clone(), self._begin(ids, ahead=1))
 
+    @_eager
     def _finish(self, lookup: _Lookup) -> tuple[torch.Tensor, torch.Tensor]:
         rows = torch.from_numpy(lookup.pending.wait())
         if self.training and torch.is_grad_enabled():
@@ -201,6 +207,7 @@ class EmbeddingBag(_Table):
         return F.embedding_bag(index, rows, offsets, mode=self.mode, per_sample_weights=per_sample_weights,
                                include_last_offset=self.include_last_offset)
 
+    @_eager
     def _check(self, input: Any, offsets: Any, weights: Any) -> None:
         """torch's own checks, before any request: a bad batch is named here, not on a server."""
         name = f"EmbeddingBag {self.spec.name!r}"

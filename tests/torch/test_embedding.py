@@ -87,3 +87,20 @@ def test_a_table_saved_from_two_servers_loads_onto_three_with_the_same_rows_and_
     assert saved[0]["before"] == loaded["before"]
     assert saved[0]["served"] == saved[0]["before"]          # the serving export of the same rows
     assert saved[0]["after"] == loaded["after"] and loaded["after"] != loaded["before"]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_compiled_model_trains_exactly_as_the_eager_one(procs, workers):
+    """torch.compile (the aot_eager backend: the graph capture and autograd that inductor
+    compiles too; inductor itself is not run here): the pulls, checks and gradient hooks stay
+    outside the graph, and the losses and rows equal the eager run's, alone and on 2 workers."""
+    script = str(ROOT / "tests" / "torch" / "embedding_compile_worker.py")
+    if workers:
+        command = [PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local", PYTHON, script, "aot_eager"]
+    else:
+        command = [PYTHON, script, "aot_eager"]
+    found = results(procs, command, list(range(workers)) or [0], alone=not workers)
+    for r in found:
+        assert r["compiled"] == r["eager"] and r["same_rows"], r
+        assert r["moved"] > 1e-3, r                        # it trained at all (from zeros)

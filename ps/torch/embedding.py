@@ -223,11 +223,11 @@ class EmbeddingBag(_Table):
                 raise ValueError(f"{name}: offsets must be a 1-d integer tensor, got "
                                  f"{getattr(offsets, 'dtype', type(offsets).__name__)} "
                                  f"{tuple(getattr(offsets, 'shape', ()))}")
-            o = offsets.tolist()
             n = input.numel()
-            if o and (o[0] != 0 or any(b < a for a, b in zip(o, o[1:])) or o[-1] > n or
-                      (self.include_last_offset and o[-1] != n)):
-                raise ValueError(f"{name}: offsets {o[:8]}{'...' if len(o) > 8 else ''} do not match an input "
+            if len(offsets) and (int(offsets[0]) != 0 or bool((offsets[1:] < offsets[:-1]).any())
+                                 or int(offsets[-1]) > n or (self.include_last_offset and int(offsets[-1]) != n)):
+                o = offsets[:9].tolist()
+                raise ValueError(f"{name}: offsets {o[:8]}{'...' if len(offsets) > 8 else ''} do not match an input "
                                  f"of {n} ids: they must start at 0, never decrease, and end at most at {n}"
                                  f"{f' (exactly {n}, include_last_offset)' if self.include_last_offset else ''}")
         if weights is not None:

@@ -22,7 +22,7 @@ from .message import SCHEDULER, Command, Flag, Message, Node, Role, id_to_rank, 
 from .nodestats import NodeStats, StallClock
 from .rejoin import KEY as REJOIN_KEY, Rejoin
 from .schedlink import SchedulerLink
-from .van import Van, for_config, with_resend
+from .van import Van, control_identity, for_config, with_resend
 from .waits import BARRIER
 
 logger = logging.getLogger(__name__)
@@ -79,6 +79,11 @@ class Postoffice:
         self.restarted = 0                  # > 0: this process replaces a dead node (its restart count)
         self.down: dict[int, str] = {}      # node id -> why it is down, while its restart is awaited
         self.dead_incarnation: dict[int, int] = {}  # node id -> which of its incarnations died last
+        # ROUTER identities of processes declared dead (NODE_DOWN): not heard, as the scheduler
+        # does not hear them. One cut off by a partition speaks again when the link is back, and
+        # a request from it would make its restart's replies go to it (ReplySender.routes)
+        self._fenced: dict[bytes, int] = {}     # identity -> the node id it was
+        self._unheard: set[bytes] = set()       # those that spoke since (logged once)
         self._peers: dict[int, str] = {}    # node id -> address of the data connection to it
         self._control: dict[int, bool] = {}  # node id -> whether credits to it have a connection of their own
         self.link = SchedulerLink(config, self.van, clock, lambda: f"{self.role.name.lower()} {self.rank} ({self!r})",
@@ -242,6 +247,9 @@ class Postoffice:
 
     # -- messages from the van's I/O thread ---------------------------------------------
     def _on_message(self, msg: Message) -> None:
+        if self._fenced and msg.route is not None and msg.route in self._fenced:
+            self._not_heard(msg)
+            return
         cmd = msg.cmd
         if msg.sender == SCHEDULER:
             self.link.heard(msg)
@@ -295,6 +303,13 @@ class Postoffice:
         elif cmd not in (Command.HEARTBEAT, Command.REJOIN):     # the link's (above)
             logger.debug("%s: ignoring %r", self, msg)
 
+    def _not_heard(self, msg: Message) -> None:
+        """Logged once; the scheduler tells the process to stop when it reaches the scheduler."""
+        if msg.route not in self._unheard:
+            self._unheard.add(msg.route)
+            logger.warning("%s: a message from the process that was %s, declared dead: not heard", self,
+                           node_name(self._fenced[msg.route]))
+
     # -- restarts (PS_MAX_RESTARTS) -------------------------------------------------------
     def add_node_listener(self, listener: Callable[[int, bool], None]) -> None:
         """``listener(node_id, up)`` on the I/O thread when a node dies awaiting its restart
@@ -314,6 +329,9 @@ class Postoffice:
         self.down[node_id] = body["reason"]
         if isinstance(body.get("incarnation"), int):
             self.dead_incarnation[node_id] = body["incarnation"]
+        identity = body.get("identity")
+        if isinstance(identity, bytes):
+            self._fenced.update({identity: node_id, control_identity(identity): node_id})
         logger.warning("%s: %s; waiting for its restart", self, body["reason"])
         self.van.forget(node_id)
         if self._control.pop(node_id, None) or node_id in self._peers:

@@ -78,7 +78,8 @@ class Readmission:
                        reason, self.host.config.connect_timeout, self.host.config.max_restarts,
                        self.process_restarts)
         rec = self.recovering[node_id]
-        body = {"id": node_id, "reason": reason, "death": rec.death, "incarnation": node.incarnation}
+        body = {"id": node_id, "reason": reason, "death": rec.death, "incarnation": node.incarnation,
+                "identity": node.route}     # the others stop hearing the dead process too
         for other in self.host.nodes:
             if other != node_id and not self.host.gone(other) and self.reachable(other):
                 self.host.send_to(other, Command.NODE_DOWN, body)

@@ -119,4 +119,5 @@ class Rebuild:
             if not rec.replaced and dead not in report.down and dead != node_id and (node_id, dead) not in self._told:
                 rec.unacked.add(node_id)
                 self._send(node_id, Command.NODE_DOWN, {"id": dead, "reason": rec.reason, "death": rec.death,
-                                                        "incarnation": nodes[dead].incarnation})
+                                                        "incarnation": nodes[dead].incarnation,
+                                                        "identity": nodes[dead].route})

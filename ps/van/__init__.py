@@ -2,7 +2,7 @@
 ``zmq-tcp`` is ``zmq`` without the ipc:// twin, so peers on one machine talk as over a network."""
 from __future__ import annotations
 
-from .base import Van
+from .base import Van, control_identity
 
 
 def create_van(kind: str = "zmq", **kwargs) -> Van:
@@ -40,4 +40,4 @@ def with_resend(inner: Van, config) -> Van:
                        adopt_fresh=config.is_scheduler)
 
 
-__all__ = ["Van", "create_van", "for_config", "with_resend"]
+__all__ = ["Van", "control_identity", "create_van", "for_config", "with_resend"]

@@ -14,6 +14,12 @@ OnMessage = Callable[[Message], None]
 PeerLost = Callable[[Any, Message, float], None]   # (peer, the unacknowledged message, seconds waited)
 
 
+def control_identity(identity: bytes) -> bytes:
+    """The identity of the connection a node sends only credits on (``connect_control``):
+    a ROUTER tells it from the node's data connection by it."""
+    return identity + b"-credit"
+
+
 class Van(Protocol):
     """A node's transport: one receiving endpoint plus a connection per peer.
 

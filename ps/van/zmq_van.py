@@ -21,7 +21,7 @@ import zmq
 from ..errors import NativeNodeError, ProtocolError, TransportError
 from ..message import Command, Message, decode, encode, node_name
 from . import in_process
-from .base import OnMessage, Van
+from .base import OnMessage, Van, control_identity
 from .zmq_watch import OnEvent, Watches
 
 logger = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ class ZmqVan(Van):
         if old is not None:
             old.close(linger=0)
         dealer = self._peer_socket(address)
-        dealer.setsockopt(zmq.IDENTITY, self._identity + b"-credit")
+        dealer.setsockopt(zmq.IDENTITY, control_identity(self._identity))
         dealer.connect(self.endpoint_used(address))
         self._control[node_id] = dealer
 

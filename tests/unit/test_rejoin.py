@@ -99,7 +99,8 @@ def test_a_node_one_report_names_down_is_awaited_and_the_others_are_told():
     assert job.recovering[S1].reason == "S[10] died" and not job.recovering[S1].replaced
     job.rebuild.reported(W1)
     job.rebuild.news(W1, report(W1))            # it missed the news
-    assert (W1, Command.NODE_DOWN, {"id": S1, "reason": "S[10] died", "death": 1, "incarnation": 0}) in job.sent
+    assert (W1, Command.NODE_DOWN, {"id": S1, "reason": "S[10] died", "death": 1, "incarnation": 0,
+                                    "identity": None}) in job.sent     # (its process never reported)
     assert W1 in job.recovering[S1].unacked
 
 

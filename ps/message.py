@@ -289,6 +289,9 @@ def encode(msg: Message) -> list[Any]:
     return [meta, *msg.frames]
 
 
+_COMMANDS = {int(c): c for c in Command}
+
+
 def _buffer(frame: Any) -> memoryview:
     buf = getattr(frame, "buffer", None)    # zmq.Frame
     return buf if buf is not None else memoryview(frame)
@@ -305,7 +308,9 @@ def decode(frames: Sequence[Any], route: bytes | None = None) -> Message:
         meta = msgpack.unpackb(head, raw=False, strict_map_key=False, max_bin_len=MAX_META_BYTES, max_str_len=MAX_META_BYTES,
                                max_array_len=MAX_ENTRIES, max_map_len=MAX_ENTRIES)
         version, cmd, sender, recver, request, seq, body, *extra = meta
-        cmd = Command(cmd)
+        cmd = _COMMANDS.get(cmd, cmd)       # a dict, not Command(cmd): an enum call is 10x slower
+        if not isinstance(cmd, Command):
+            raise ValueError(f"{cmd!r} is not a command")
     except ProtocolError:
         raise
     except Exception as exc:
@@ -359,6 +364,9 @@ def _rows(it: Any, key: int, op: int, n: int, row_len: int, code: int) -> Rows:
     return Rows(ids, _frame(it, key, DTYPES[code], n * row_len))
 
 
+_INTS = frozenset((int,))     # msgpack's integers (a bool is not one here)
+
+
 def _data_arrays(entries: Any, frames: Sequence[Any], request: bool) -> list[np.ndarray]:
     if not isinstance(entries, list):
         raise ProtocolError("DATA body must be a list of entries")
@@ -370,7 +378,7 @@ def _data_arrays(entries: Any, frames: Sequence[Any], request: bool) -> list[np.
         while len(raw) < 11:
             raw.append(0)
         ts, op, key, off, n, total, code, error, row_len, seq, priority = raw
-        if not all(isinstance(v, int) for v in (ts, op, key, off, n, total, code, row_len, seq, priority)) or \
+        if not _INTS.issuperset(map(type, (ts, op, key, off, n, total, code, row_len, seq, priority))) or \
                 not (0 <= off and 0 <= n and off + n <= total) or not 0 <= code < len(DTYPES) or \
                 (op & (Op.ROWS | Op.TABLE) and row_len <= 0):
             raise ProtocolError(f"malformed entry {raw!r:.100}")

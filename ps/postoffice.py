@@ -15,7 +15,8 @@ import time
 from typing import Any, Callable
 
 from . import netutil, ring
-from ._timing import POLL, Deadline
+from ._timing import Deadline
+from .barrierwait import BarrierWaits
 from .config import Config
 from .errors import ClosedError, PeerLostError, ProtocolError, PSError, PSTimeoutError
 from .message import SCHEDULER, Command, Flag, Message, Node, Role, id_to_rank, node_name, payload_bytes
@@ -23,7 +24,6 @@ from .nodestats import NodeStats, StallClock
 from .rejoin import KEY as REJOIN_KEY, Rejoin
 from .schedlink import SchedulerLink
 from .van import Van, control_identity, for_config, with_resend
-from .waits import BARRIER
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class Postoffice:
         self._cond = threading.Condition()
         self._table: dict[str, Any] | None = None
         self._registered: str | None = None
-        self._barriers: dict[str, tuple[threading.Event, list]] = {}
+        self.barriers = BarrierWaits()
         self._close_acked = threading.Event()
         self._failure_listeners: list[Callable[[PSError], None]] = []
         self._node_listeners: list[Callable[[int, bool], None]] = []
@@ -89,7 +89,6 @@ class Postoffice:
         self.link = SchedulerLink(config, self.van, clock, lambda: f"{self.role.name.lower()} {self.rank} ({self!r})",
                                   self._report, self.fail, self._over, self.stats.report)
         self._registration: dict[str, Any] = {}
-        self.passed: dict[str, int] = {}    # group -> barriers this node passed (a rejoin reports them)
         self.closed_workers: set[int] = set()   # a server: the workers the scheduler said closed
         self._recovered = False             # a restart that reported its recovery (REJOINED)
         self._leaving = False               # the job ends for this node: the scheduler may go first
@@ -276,10 +275,7 @@ class Postoffice:
             with self._cond:
                 self._registered = msg.body.get("have")
         elif cmd == Command.BARRIER and not msg.request:
-            entry = self._barriers.get(msg.body["group"])
-            if entry is not None:
-                entry[1].append(msg.body.get("error"))
-                entry[0].set()
+            self.barriers.answer(msg.body["group"], msg.body.get("error"))
         elif cmd == Command.CLOSE and not msg.request:
             self._close_acked.set()
         elif cmd == Command.NODE_FAILED:
@@ -443,9 +439,7 @@ class Postoffice:
             self.failure = exc
             self._cond.notify_all()
         logger.error("%s: %s", self, exc)
-        for event, result in self._barriers.values():
-            result.append(str(exc))
-            event.set()
+        self.barriers.fail_all(str(exc))
         for listener in self._failure_listeners:
             try:
                 listener(exc)
@@ -459,47 +453,22 @@ class Postoffice:
         ``watched``: a long wait at a barrier of every worker is reported to ``waits``
         (PS_DEADLOCK_CHECK; not kv.join's, whose workers wait for the others to finish)."""
         deadline = deadline or Deadline(timeout if timeout is not None else self.config.request_timeout)
-        event, result = threading.Event(), []
-        self._barriers[group] = (event, result)
-        deadline.paused()                   # this process's own pause is no one's delay
-        waits = self.waits if watched and group == "workers" else None
-        since = time.monotonic()
-        try:
-            self.send(Message(Command.BARRIER, recver=SCHEDULER, body={"group": group}))
-            while not event.wait(deadline.remaining(POLL)):
-                deadline.paused()
-                if self.failure is not None:
-                    raise self.failure
-                deadline.check(what or f"a barrier of all {group} (group '{group}')")
-                if waits is not None:
-                    waits.barrier(self.passed.get(group, 0) + 1, time.monotonic() - since)
-        finally:
-            self._barriers.pop(group, None)
-            if waits is not None and time.monotonic() - since >= waits.after:
-                waits.ended(BARRIER)
-        if self.failure is not None:
-            raise self.failure
-        if result and isinstance(result[0], PSError):
-            raise result[0]
-        if result and result[0]:
-            raise PeerLostError(result[0])
-        self.passed[group] = self.passed.get(group, 0) + 1
+        self.barriers.wait(group, lambda: self.send(Message(Command.BARRIER, recver=SCHEDULER, body={"group": group})),
+                           deadline, lambda: self.failure, what,
+                           self.waits if watched and group == "workers" else None)
 
     def break_barrier(self, group: str, exc: PSError) -> None:
         """End this node's wait at ``group``'s barrier with ``exc`` (a deadlock verdict: the
         scheduler forgot that barrier)."""
-        entry = self._barriers.get(group)
-        if entry is not None:
-            entry[1].append(exc)
-            entry[0].set()
+        self.barriers.answer(group, exc)
 
     # -- a restarted scheduler (PS_MAX_RESTARTS; ps/rejoin.py, ps/schedlink.py) -----------
     def _report(self) -> dict[str, Any]:
         """This node's registration with what it knows of the job, for a restarted
         scheduler (on the I/O thread: the state does not change under it)."""
         report = Rejoin(self.node_id, self.rank, [n for _, n in sorted(self.nodes.items())], self.sync, self.ring,
-                        self.restarted, dict(self.down), sorted(self.closed_workers), sorted(self._barriers),
-                        dict(self.passed), recovering=bool(self.restarted) and not self._recovered,
+                        self.restarted, dict(self.down), sorted(self.closed_workers), self.barriers.groups,
+                        dict(self.barriers.passed), recovering=bool(self.restarted) and not self._recovered,
                         closed=self.role == Role.WORKER and self._leaving)
         return {**self._registration, REJOIN_KEY: report.to_body()}
 

@@ -122,7 +122,7 @@ class WaitReporter:
             waits = tuple(self._blocked.values())
             episode = self._episode
         pushes, version = self.worker.push_counts()
-        entered = self.po.passed.get("workers", 0) + (1 if any(w.key == BARRIER for w in waits) else 0)
+        entered = self.po.barriers.passed.get("workers", 0) + (1 if any(w.key == BARRIER for w in waits) else 0)
         pushes[BARRIER] = entered
         pushes[RESET] = self._resets
         self._send(Report(self.po.rank, episode, version + entered, waits, pushes).to_body())

@@ -15,7 +15,10 @@ from ps.config import Config
 from ps.message import SCHEDULER, Command, Message, Node, Role
 from ps.server import KVServer
 from tests.helpers import wait_for
-from tests.integration.test_scheduler_formation import FakeNode, _formed, cluster  # noqa: F401 - a fixture
+from tests.integration import test_scheduler_formation as formation
+from tests.integration.test_scheduler_formation import FakeNode, _formed
+
+cluster = formation.cluster         # its fixture: a scheduler on 127.0.0.1
 
 pytestmark = pytest.mark.process
 

@@ -19,7 +19,7 @@ Importing ``ps.optim`` never imports mxnet.
 """
 from __future__ import annotations
 
-from .base import REGISTRY, Optimizer, from_spec, register
+from .base import REGISTRY, Optimizer, from_spec, modules_of, register
 from .lr_scheduler import (SCHEDULERS, CosineScheduler, FactorScheduler, LRScheduler,
                            MultiFactorScheduler, PolyScheduler, scheduler_from_spec)
 from .rules import LAMB, NAG, SGD, AdaDelta, AdaGrad, Adam, Ftrl, RMSProp, Signum, Test
@@ -27,7 +27,7 @@ from .torch_rules import TorchAdam, TorchSGD
 from .updater import Updater
 
 __all__ = [
-    "REGISTRY", "Optimizer", "Updater", "from_spec", "register",
+    "REGISTRY", "Optimizer", "Updater", "from_spec", "modules_of", "register",
     "SGD", "NAG", "Adam", "AdaGrad", "RMSProp", "AdaDelta", "Signum", "Ftrl", "LAMB", "Test", "TorchSGD", "TorchAdam",
     "LRScheduler", "FactorScheduler", "MultiFactorScheduler", "PolyScheduler", "CosineScheduler",
     "SCHEDULERS", "scheduler_from_spec",

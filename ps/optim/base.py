@@ -60,6 +60,9 @@ class Optimizer:
     # (its "lazy update"); otherwise the rows not in the gradient count as zero gradient.
     # Only an elementwise optimizer can be lazy (Updater.update_rows runs it on those rows).
     lazy_rows = False
+    # modules its update imports that take seconds to import (torch): a server imports them on a
+    # thread of its own when the optimizer is set, not on its I/O thread at the first push
+    modules: tuple[str, ...] = ()
 
     def __init__(self, learning_rate: float | None = None, wd: float = 0.0, rescale_grad: float = 1.0,
                  clip_gradient: float | None = None, lr_mult: dict | None = None,
@@ -192,6 +195,14 @@ class Optimizer:
 
     def _step(self, key: int, w: np.ndarray, g: np.ndarray, state: Any, lr: float, wd: float) -> None:
         raise NotImplementedError
+
+
+def modules_of(spec: Any) -> tuple[str, ...]:
+    """The slow imports (:attr:`Optimizer.modules`) the optimizer ``spec`` names needs; none for a
+    malformed spec (setting it then fails, and says why)."""
+    name = spec.get("name") if isinstance(spec, dict) else None
+    cls = REGISTRY.get(name.lower()) if isinstance(name, str) else None
+    return cls.modules if cls is not None else ()
 
 
 def from_spec(spec: dict[str, Any]) -> Optimizer:

@@ -34,6 +34,7 @@ class TorchSGD(Optimizer):
     the first gradient, optional dampening and Nesterov."""
 
     elementwise = True
+    modules = ("torch",)
     _hyper = ("momentum", "dampening", "nesterov")
 
     def __init__(self, momentum: float = 0.0, dampening: float = 0.0, nesterov: bool = False, **kwargs: Any):
@@ -65,6 +66,7 @@ class TorchAdam(Optimizer):
     """``torch.optim.Adam`` (L2 weight decay added to the gradient; ``amsgrad``)."""
 
     elementwise = True
+    modules = ("torch",)
     _hyper = ("beta1", "beta2", "eps", "amsgrad")
 
     def __init__(self, learning_rate: float | None = 0.001, beta1: float = 0.9, beta2: float = 0.999,

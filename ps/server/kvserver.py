@@ -8,6 +8,7 @@ ps/server/bufguard.py.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 import threading
@@ -51,8 +52,8 @@ class KVServer:
         self._joined = threading.Event()
         self._stalls: dict[tuple[int, int], Stall] = {}   # (key, round) -> as last warned
         self._stall_opened: dict[tuple[int, int], float] = {}   # (key, round) -> when its first push came
-        self._held: list[Message] | None = None     # server commands waiting for mxnet's import
-        self._import_tried = False
+        self._held: list[Message] | None = None     # server commands waiting for a slow import
+        self._import_tried: set[str] = set()
         self.po.stats.add(self._report)
         self._checks = PauseWatch(STALL_CHECK)    # the stall checks as the I/O thread runs them (run())
         # requests that came before this server could answer them (I/O thread): a restart's,
@@ -295,28 +296,42 @@ class KVServer:
                                          route=msg.route))
 
     def _importing(self, msg: Message) -> bool:
-        """A pickled MXNet optimizer needs mxnet, whose import takes seconds (more on a busy
-        machine). On this I/O thread it would hold back everything the server sends, its
-        heartbeats too, and the scheduler would find it silent: mxnet is imported on a thread of
-        its own, and server commands wait in order until it is in (pushes cannot come: their
-        workers wait for the optimizer's answer first)."""
+        """A pickled MXNet optimizer needs mxnet, PyTorch's rules (ServerOptimizer) need torch:
+        imports of seconds (more on a busy machine). On this I/O thread one would hold back
+        everything the server sends, its heartbeats too, and the scheduler would find it silent
+        (a server was declared dead that way, PS_HEARTBEAT_TIMEOUT=10, while torch loaded on a
+        busy machine): the module is imported on a thread of its own, and server commands wait
+        in order until it is in (pushes cannot come: their workers wait for the optimizer's
+        answer first)."""
         if self._held is not None:
             self._held.append(msg)
             return True
         body = msg.body if isinstance(msg.body, dict) else {}
-        if body.get("cmd") != "set_optimizer_pickle" or "mxnet" in sys.modules or self._import_tried or \
-                not self.po.config.allow_pickle:
+        cmd = body.get("cmd")
+        if cmd == "set_optimizer_pickle" and self.po.config.allow_pickle:
+            needed = ("mxnet",)
+        elif cmd == "set_optimizer":
+            needed = optim.modules_of(body.get("spec"))
+        else:
             return False
-        self._held, self._import_tried = [msg], True
-        threading.Thread(target=self._import_mxnet, name="ps-import-mxnet", daemon=True).start()
+        needed = tuple(m for m in needed if m not in sys.modules and m not in self._import_tried)
+        if not needed:
+            return False
+        self._held = [msg]
+        self._import_tried.update(needed)
+        threading.Thread(target=self._import, args=(needed,), name="ps-import", daemon=True).start()
         return True
 
-    def _import_mxnet(self) -> None:
+    def _import(self, modules: tuple[str, ...]) -> None:
         from ..optim import pickled
-        try:
-            pickled.import_mxnet()
-        except Exception:       # noqa: BLE001 - the command's own import then fails and says why
-            logger.debug("%s: importing mxnet failed", self.name, exc_info=True)
+        for name in modules:
+            try:
+                if name == "mxnet":
+                    pickled.import_mxnet()      # with DMLC_ROLE hidden
+                else:
+                    importlib.import_module(name)
+            except Exception:       # noqa: BLE001 - the command's own import then fails and says why
+                logger.debug("%s: importing %s failed", self.name, name, exc_info=True)
         self.po.call_soon(self._release_held)
 
     def _release_held(self) -> None:

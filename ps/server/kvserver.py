@@ -83,6 +83,7 @@ class KVServer:
             if error is not None:
                 self.po.rejoined(error)
                 raise PSError(f"{self.name} cannot recover: {error}")
+            self._import_restored()
             self.po.call_soon(self._serve)      # before REJOINED: what its NODE_UP makes workers resend
             self.po.rejoined(None)
         else:
@@ -321,6 +322,16 @@ class KVServer:
         self._import_tried.update(needed)
         threading.Thread(target=self._import, args=(needed,), name="ps-import", daemon=True).start()
         return True
+
+    def _import_restored(self) -> None:
+        """A restart's recovered optimizers' slow imports (torch), here on the main thread before
+        it serves, not at its first push on the I/O thread (see _importing)."""
+        for updater in self.store.opts.updaters.values():
+            for name in updater.optimizer.modules:
+                try:
+                    importlib.import_module(name)
+                except Exception:   # noqa: BLE001 - its first update fails and says why
+                    logger.debug("%s: importing %s failed", self.name, name, exc_info=True)
 
     def _import(self, modules: tuple[str, ...]) -> None:
         from ..optim import pickled

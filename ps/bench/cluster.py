@@ -250,19 +250,29 @@ def worker_results(what: str, workers: list[Any], outs: list[tuple[str, str]], l
 
 
 def torch_job(what: str, argv: list[str], env: dict[str, str], worker_envs: list[dict[str, str]],
-              servers: int = 0, timeout: float = 1800.0) -> tuple[list[dict], list[int]]:
+              servers: int = 0, timeout: float = 1800.0, hosts: Any = None) -> tuple[list[dict], list[int]]:
     """Run one worker process per ``worker_envs`` entry (``argv`` with ``env`` and that entry)
     and, with ``servers``, a ps scheduler and that many servers for them (``env`` names the
     scheduler); wait for every worker's ``RESULT`` line. Returns the results and each
-    server's peak RSS (``python -m ps.bench.embedding``, ``ps.bench.capacity``)."""
+    server's peak RSS (``python -m ps.bench.embedding``, ``ps.bench.capacity``).
+
+    ``hosts`` (ps/bench/netns.py's ``Hosts``): the scheduler on host 0, worker r on host
+    1 + r, server i on host 1 + i, round robin over the K hosts."""
     from .measure import PeakRss
+
+    def place(host: int, cmd: list[str], extra: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        if hosts is None:
+            return cmd, {**env, **extra}
+        host = 0 if host == 0 else 1 + (host - 1) % hosts.count
+        return hosts.argv(host, cmd), {**env, **extra, "DMLC_NODE_HOST": hosts.ip(host)}
+    node = [sys.executable, "-m", "ps"]
     procs = []
     if servers:
-        procs = [start_group([sys.executable, "-m", "ps"], {**env, "DMLC_ROLE": "scheduler"})]
-        procs += [start_group([sys.executable, "-m", "ps"], {**env, "DMLC_ROLE": "server"}) for _ in range(servers)]
+        procs = [start_group(*place(0, node, {"DMLC_ROLE": "scheduler"}))]
+        procs += [start_group(*place(1 + i, node, {"DMLC_ROLE": "server"})) for i in range(servers)]
     logs = [tempfile.TemporaryFile("w+") for _ in worker_envs]
-    workers = [start_group(argv, {**env, **extra}, stdout=-1, stderr=log, text=True)
-               for extra, log in zip(worker_envs, logs)]
+    workers = [start_group(*place(1 + r, argv, extra), stdout=-1, stderr=log, text=True)
+               for r, (extra, log) in enumerate(zip(worker_envs, logs))]
     watch = PeakRss([p.pid for p in procs[1:]])
     watch.start()
     try:

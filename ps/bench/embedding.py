@@ -27,17 +27,26 @@ batch), and peak RSS per worker and server.
 
     python -m ps.bench.embedding                      # 10^6 rows, W2 S2, 300 steps of 512
     python -m ps.bench.embedding --rows 20000 --steps 20 --modes one,ps-sync   # quick
+    sudo python -m ps.bench.embedding --hosts 4 --link 1gbit --modes ddp,ps-sync   # shaped hosts
+
+``--hosts K --link RATE``: each worker (and server) on a network-namespace host of its own
+whose link is shaped to RATE both ways (ps/bench/netns.py, as ``python -m ps.bench --hosts``;
+root only); ``-w`` and ``-s`` default to K. ``one`` runs outside them. The CPU load column
+is this machine's over each job: above 70% the run measured the CPUs, not the links.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
+from typing import Any, NamedTuple
 
 import numpy as np
+import psutil
 
 from ps.netutil import free_port
 
@@ -49,6 +58,7 @@ PYTHON = sys.executable
 MODES = ("one", "ddp", "ps-allgather", "ps-sync", "ps-async", "ps-ssp")
 SSP = "ssp:4"
 EVAL_SEED = 10**9
+CPU_LIMIT = 0.70            # above it a run measures this machine's CPUs (flagged)
 
 
 def _tables(mode: str, per_feature: int, lr: float):
@@ -162,7 +172,13 @@ def worker(mode: str, args: argparse.Namespace) -> None:
         os._exit(0)
 
 
-def run_job(mode: str, args: argparse.Namespace) -> tuple[list[dict], int]:
+class Job(NamedTuple):
+    found: list[dict]       # each worker's RESULT
+    server_peak: int        # the largest server's peak RSS, bytes
+    load: float             # this machine's CPU load over the job, 0..1
+
+
+def run_job(mode: str, args: argparse.Namespace, hosts: Any = None) -> Job:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MASTER_"))}
     env.update(OMP_NUM_THREADS="1", PS_MXNET_AUTOLOAD="0")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -179,16 +195,21 @@ def run_job(mode: str, args: argparse.Namespace) -> tuple[list[dict], int]:
     servers = 0
     if mode.startswith("ps-"):
         servers = args.servers
-        env.update(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(free_port()),
+        env.update(DMLC_PS_ROOT_URI="127.0.0.1" if hosts is None else hosts.ip(0), DMLC_PS_ROOT_PORT=str(free_port()),
                    DMLC_NUM_SERVER=str(args.servers), DMLC_NUM_WORKER=str(n), PS_CONNECT_TIMEOUT="120")
         worker_envs = [{"DMLC_ROLE": "worker"}] * n
     elif mode == "ddp":
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(n))
+        if hosts is not None:
+            env.update(MASTER_ADDR=hosts.ip(1), GLOO_SOCKET_IFNAME="eth0")
         worker_envs = [{"RANK": str(r)} for r in range(n)]
     else:
         worker_envs = [{}]
-    found, peaks = torch_job(mode, me, env, worker_envs, servers, args.timeout)
-    return found, max(peaks, default=0)
+    before = psutil.cpu_times()
+    found, peaks = torch_job(mode, me, env, worker_envs, servers, args.timeout, None if mode == "one" else hosts)
+    after = psutil.cpu_times()
+    busy = (sum(after) - after.idle - after.iowait) - (sum(before) - before.idle - before.iowait)
+    return Job(found, max(peaks, default=0), busy / max(1e-9, sum(after) - sum(before)))
 
 
 def report(args: argparse.Namespace, runs: dict[str, list[tuple[list[dict], int]]]) -> None:
@@ -197,18 +218,20 @@ def report(args: argparse.Namespace, runs: dict[str, list[tuple[list[dict], int]
     best_ll, best_auc = ctr.log_loss(held_out.p, held_out.clicks), ctr.auc(held_out.p, held_out.clicks)
     target = 1.01 * best_ll
     # the one process's final held-out log-loss: a target every mode can reach in the same steps
-    ref = statistics.median(found[0]["final"][0] for found, _ in runs["one"]) * 1.01 if "one" in runs else None
+    ref = statistics.median(job.found[0]["final"][0] for job in runs["one"]) * 1.01 if "one" in runs else None
+    where = f", each on a host of its own, links {args.link}" if args.hosts else ""
     print(f"\n{ctr.SPARSE} tables of {per_feature} rows (dim {ctr.DIM}, {args.rows:.0e} rows), batch "
-          f"{args.batch}/worker, W{args.workers} (ps: S{args.servers}){', worker 1 a 2x straggler' if args.straggler else ''}, "
+          f"{args.batch}/worker, W{args.workers} (ps: S{args.servers}){where}"
+          f"{', worker 1 a 2x straggler' if args.straggler else ''}, "
           f"{args.steps} steps, one thread per "
           f"process; median of {args.reps} job(s). Teacher on {args.eval_samples} held-out samples: log-loss "
           f"{best_ll:.4f}, AUC {best_auc:.4f}")
     print("| mode | samples/s | held-out log-loss | AUC | s to 1% of teacher | s to 1% of one process | "
-          "bytes/sample (floor) | peak RSS worker / server MB |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "bytes/sample (floor) | peak RSS worker / server MB | CPU load |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for mode, jobs in runs.items():
         rates, lls, aucs, reach, near, byts, floor, rss_w, rss_s = [], [], [], [], [], [], [], [], []
-        for found, server_peak in jobs:
+        for found, server_peak, _ in jobs:
             # the mean step, not the median: under async and ssp a worker runs ahead, then waits
             rates.append(sum(r["samples"] / statistics.mean(r["step_s"]) for r in found))
             first = next(r for r in found if "final" in r)
@@ -225,8 +248,11 @@ def report(args: argparse.Namespace, runs: dict[str, list[tuple[list[dict], int]
         when, when_ref = _when(reach), _when(near) if near else "-"
         traffic = f"{statistics.median(byts):.0f} ({statistics.median(floor):.0f})" if byts else "-"
         server = f"{statistics.median(rss_s):.0f}" if any(rss_s) else "-"
+        load = statistics.median(job.load for job in jobs)
+        flag = ", **CPU-bound**" if load > CPU_LIMIT else ""
         print(f"| {mode} | {statistics.median(rates):.0f} | {statistics.median(lls):.4f} | "
-              f"{statistics.median(aucs):.4f} | {when} | {when_ref} | {traffic} | {statistics.median(rss_w):.0f} / {server} |")
+              f"{statistics.median(aucs):.4f} | {when} | {when_ref} | {traffic} | {statistics.median(rss_w):.0f} / {server} | "
+              f"{load:.0%}{flag} |")
 
 
 def server_rate(rows: int, reps: int = 50) -> None:
@@ -275,8 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=10**6, help="rows over all 26 tables")
     ap.add_argument("--batch", type=int, default=512, help="samples per worker and step")
-    ap.add_argument("-w", "--workers", type=int, default=2)
-    ap.add_argument("-s", "--servers", type=int, default=2)
+    ap.add_argument("-w", "--workers", type=int, default=None, help="default 2 (--hosts: K)")
+    ap.add_argument("-s", "--servers", type=int, default=None, help="default 2 (--hosts: K)")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations (rank 0)")
@@ -288,9 +314,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server-rate", action="store_true", help="only: rows/s of one server thread, in process")
     ap.add_argument("--prefetch", action="store_true",
                     help="ps-async, ps-ssp: pull the next batch's rows during backward")
+    ap.add_argument("--hosts", type=int, default=0, metavar="K",
+                    help="each worker and server on a namespace host of its own (root; -w and -s default to K)")
+    ap.add_argument("--link", default="1gbit", help="with --hosts: each host's link rate, tc's form")
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--worker-mode", metavar="MODE", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.workers = args.workers or args.hosts or 2
+    args.servers = args.servers or args.hosts or 2
     if args.worker_mode:
         worker(args.worker_mode, args)
         return 0
@@ -301,12 +332,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         ap.error(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
-    runs: dict[str, list] = {m: [] for m in modes}
-    for _ in range(args.reps):
-        for mode in modes:
-            started = time.perf_counter()
-            runs[mode].append(run_job(mode, args))
-            print(f"  {mode:12s} job done in {time.perf_counter() - started:.0f}s", flush=True)
+    runs: dict[str, list[Job]] = {m: [] for m in modes}
+    with contextlib.ExitStack() as stack:
+        hosts = None
+        if args.hosts:
+            from .netns import Hosts
+            hosts = stack.enter_context(Hosts(args.hosts, args.link))
+        for _ in range(args.reps):
+            for mode in modes:
+                started = time.perf_counter()
+                runs[mode].append(run_job(mode, args, hosts))
+                print(f"  {mode:12s} job done in {time.perf_counter() - started:.0f}s", flush=True)
     report(args, runs)
     return 0
 

@@ -163,6 +163,27 @@ def test_embedding_bench_runs_torchs_tables_and_ps_tables(tmp_path):
     assert int(floor) <= int(sent) <= 1.2 * int(floor), stdout        # ids and rows, nothing else
 
 
+@pytest.mark.timeout(150)
+def test_embedding_bench_runs_on_two_namespace_hosts(tmp_path):
+    """`python -m ps.bench.embedding --hosts 2`: ps-held sync tables and DDP with each worker (and
+    server) on a shaped namespace host of its own; the CPU load is reported and the hosts are
+    gone afterwards. Never a speed."""
+    pytest.importorskip("torch")
+    if os.geteuid() != 0 or subprocess.run(["ip", "netns", "list"], capture_output=True).returncode:
+        pytest.skip("network namespaces need root and iproute2")
+    stdout = _torch_bench(tmp_path, ["ps.bench.embedding", "--hosts", "2", "--link", "100mbit", "--rows", "2600",
+                                     "--batch", "64", "--steps", "6", "--warmup", "1", "--eval-every", "3",
+                                     "--eval-samples", "500", "--modes", "ps-sync,ddp", "--timeout", "100"],
+                          timeout=140)
+    assert "W2 (ps: S2), each on a host of its own, links 100mbit" in stdout, stdout
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| mode")}
+    assert set(rows) == {"ps-sync", "ddp"}, stdout
+    assert all(float(r[0]) > 0 and 0 < float(r[1]) < 1 and re.match(r"\d+%", r[-1]) for r in rows.values()), stdout
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "psbench" not in left, left
+
+
 def _multihost_smoke(tmp_path, *args: str) -> tuple[str, list[dict]]:
     """`python -m ps.bench --hosts 2 --link 100mbit --quick ARGS --csv ...`: its output and CSV
     rows (skipped where namespaces cannot be made: root and iproute2 needed)."""

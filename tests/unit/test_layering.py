@@ -170,7 +170,7 @@ ALLOWED = {
     "bench.torch": {"bench.cluster", "launcher.process", "netutil", "torch"},
     "bench.ctr": {"embed", "embed.hashing"},
     "bench.capacity": {"bench.cluster", "bench.measure", "embed", "netutil", "optim.rowwise", "torch"},
-    "bench.embedding": {"bench.cluster", "bench.ctr", "bench.measure", "embed", "embed.table", "netutil", "optim.rowwise", "torch"},
+    "bench.embedding": {"bench.cluster", "bench.ctr", "bench.measure", "bench.netns", "embed", "embed.table", "netutil", "optim.rowwise", "torch"},
     "bench.cli": {"bench.cluster", "bench.gluon", "bench.measure", "bench.report", "netutil"},
     "bench.__main__": {"bench.cli", "bench.multihost"},
     "bench.netns": set(),

@@ -8,9 +8,7 @@ ps/server/bufguard.py.
 """
 from __future__ import annotations
 
-import importlib
 import logging
-import sys
 import threading
 import time
 from typing import Any, Callable
@@ -23,6 +21,7 @@ from ..message import SCHEDULER, Command, Message, Op, entry_has_data, id_to_ran
 from ..nodestats import stall_list
 from ..postoffice import Postoffice
 from ..van import Van
+from . import imports
 from .bufguard import BufferGuard
 from .events import Event
 from .profiler import ServerProfiler
@@ -52,8 +51,8 @@ class KVServer:
         self._joined = threading.Event()
         self._stalls: dict[tuple[int, int], Stall] = {}   # (key, round) -> as last warned
         self._stall_opened: dict[tuple[int, int], float] = {}   # (key, round) -> when its first push came
-        self._held: list[Message] | None = None     # server commands waiting for a slow import
-        self._import_tried: set[str] = set()
+        # server commands wait while a slow module their optimizer needs is imported (imports.py)
+        self.slow_imports = imports.SlowImports(self.po.call_soon, self._on_command, config.allow_pickle)
         self.po.stats.add(self._report)
         self._checks = PauseWatch(STALL_CHECK)    # the stall checks as the I/O thread runs them (run())
         # requests that came before this server could answer them (I/O thread): a restart's,
@@ -83,7 +82,7 @@ class KVServer:
             if error is not None:
                 self.po.rejoined(error)
                 raise PSError(f"{self.name} cannot recover: {error}")
-            self._import_restored()
+            imports.load_for(self.store.opts.updaters.values())
             self.po.call_soon(self._serve)      # before REJOINED: what its NODE_UP makes workers resend
             self.po.rejoined(None)
         else:
@@ -263,7 +262,7 @@ class KVServer:
 
     # -- commands ------------------------------------------------------------------------
     def _on_command(self, msg: Message) -> None:
-        if self._early_or(msg) or self._importing(msg):
+        if self._early_or(msg) or self.slow_imports.hold(msg):
             return
         body = msg.body if isinstance(msg.body, dict) else {}
         reply: dict[str, Any] = {"id": body.get("id")}
@@ -295,60 +294,6 @@ class KVServer:
             reply["error"] = [type(exc).__name__, f"{self.name}: {exc}"]
         self.outbox.send_message(Message(Command.SERVER_CMD, recver=msg.sender, body=reply, request=False,
                                          route=msg.route))
-
-    def _importing(self, msg: Message) -> bool:
-        """A pickled MXNet optimizer needs mxnet, PyTorch's rules (ServerOptimizer) need torch:
-        imports of seconds (more on a busy machine). On this I/O thread one would hold back
-        everything the server sends, its heartbeats too, and the scheduler would find it silent
-        (a server was declared dead that way, PS_HEARTBEAT_TIMEOUT=10, while torch loaded on a
-        busy machine): the module is imported on a thread of its own, and server commands wait
-        in order until it is in (pushes cannot come: their workers wait for the optimizer's
-        answer first)."""
-        if self._held is not None:
-            self._held.append(msg)
-            return True
-        body = msg.body if isinstance(msg.body, dict) else {}
-        cmd = body.get("cmd")
-        if cmd == "set_optimizer_pickle" and self.po.config.allow_pickle:
-            needed = ("mxnet",)
-        elif cmd == "set_optimizer":
-            needed = optim.modules_of(body.get("spec"))
-        else:
-            return False
-        needed = tuple(m for m in needed if m not in sys.modules and m not in self._import_tried)
-        if not needed:
-            return False
-        self._held = [msg]
-        self._import_tried.update(needed)
-        threading.Thread(target=self._import, args=(needed,), name="ps-import", daemon=True).start()
-        return True
-
-    def _import_restored(self) -> None:
-        """A restart's recovered optimizers' slow imports (torch), here on the main thread before
-        it serves, not at its first push on the I/O thread (see _importing)."""
-        for updater in self.store.opts.updaters.values():
-            for name in updater.optimizer.modules:
-                try:
-                    importlib.import_module(name)
-                except Exception:   # noqa: BLE001 - its first update fails and says why
-                    logger.debug("%s: importing %s failed", self.name, name, exc_info=True)
-
-    def _import(self, modules: tuple[str, ...]) -> None:
-        from ..optim import pickled
-        for name in modules:
-            try:
-                if name == "mxnet":
-                    pickled.import_mxnet()      # with DMLC_ROLE hidden
-                else:
-                    importlib.import_module(name)
-            except Exception:       # noqa: BLE001 - the command's own import then fails and says why
-                logger.debug("%s: importing %s failed", self.name, name, exc_info=True)
-        self.po.call_soon(self._release_held)
-
-    def _release_held(self) -> None:
-        held, self._held = self._held or [], None
-        for msg in held:
-            self._on_command(msg)
 
     def _set_optimizer(self, store: Store, body: dict[str, Any]) -> None:
         opt, ns = optim.from_spec(body["spec"]), namespace_of(body)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import struct
 import tempfile
 import threading
 import uuid
@@ -22,6 +21,7 @@ from ..errors import NativeNodeError, ProtocolError, TransportError
 from ..message import Command, Message, decode, encode, node_name
 from . import in_process
 from .base import OnMessage, Van, control_identity
+from .sendbuf import SendBuffers
 from .zmq_watch import OnEvent, Watches
 
 logger = logging.getLogger(__name__)
@@ -29,12 +29,6 @@ logger = logging.getLogger(__name__)
 MAX_MSG_SIZE = 1 << 30     # ZMQ_MAXMSGSIZE: largest single frame a node accepts
 RECV_BATCH = 256           # messages taken from one socket before polling again
 TICK_MS = 1                # loop period while a tick waits for a socket to drain (PS_SEND_LOWAT)
-SIOCOUTQNSD = 0x894B       # Linux ioctl: bytes in a TCP socket's send queue not yet sent
-
-try:
-    import fcntl
-except ImportError:        # pragma: no cover - not on Windows: unsent() cannot tell
-    fcntl = None
 
 
 class ZmqVan(Van):
@@ -73,9 +67,7 @@ class ZmqVan(Van):
         self._poller = zmq.Poller()
         self._watches = Watches(self._poller, lambda: self._socket(zmq.DEALER))
         self._ipc_path: str | None = None
-        # peer (node id, or ROUTER identity) -> the file descriptor of the TCP connection its
-        # last message came on (ZMQ_SRCFD): where unsent() looks
-        self._fds: dict[Any, int] = {}
+        self._buffers = SendBuffers()           # where unsent() looks
         self._ticks: list[Callable[[], bool]] = []
         self.local_address: str | None = None   # ipc:// twin of a tcp:// address, for same-host peers
 
@@ -215,13 +207,13 @@ class ZmqVan(Van):
         died, and a restart at the same node id must not get them (nor their PS_RESEND
         numbers). A ReliableVan calls this under the lock it numbers messages under."""
         self._gens[peer] = self._gens.get(peer, 0) + 1
-        self._fds.pop(peer, None)
+        self._buffers.forget(peer)
 
     def disconnect(self, node_id: int) -> None:
         self.call_soon(lambda: self._disconnect_now(node_id))
 
     def _disconnect_now(self, node_id: int) -> None:
-        self._fds.pop(node_id, None)
+        self._buffers.forget(node_id)
         old = self._dealers.pop(node_id, None)
         if old is not None:
             self._poller.unregister(old)
@@ -327,27 +319,11 @@ class ZmqVan(Van):
             logger.debug("sent %r", msg)
 
     def unsent(self, node_id: int, route: bytes | None = None) -> int | None:
-        """SIOCOUTQNSD on the connection's socket (read-only; libzmq's I/O thread owns it).
-        None until a message came from the peer (that is how its socket is known), for ipc://
-        peers, and where the ioctl does not exist (not Linux): the caller then does not wait."""
-        fd = self._fds.get(node_id if route is None else route)
-        if fd is None or fcntl is None:
-            return None
-        try:
-            return struct.unpack("i", fcntl.ioctl(fd, SIOCOUTQNSD, b"\0\0\0\0"))[0]
-        except OSError:         # not a TCP socket (ipc://), or closed by a reconnect
-            return None
+        """Bytes the connection to ``node_id`` (or ``route``) has still to send (sendbuf.py)."""
+        return self._buffers.unsent(node_id if route is None else route)
 
     def add_tick(self, fn: Callable[[], bool]) -> None:
         self._ticks.append(fn)
-
-    def _note_fd(self, peer: Any, frame: zmq.Frame) -> None:
-        """Only for messages that decoded (garbage from strangers adds no entries); libzmq
-        refuses ZMQ_SRCFD for some frames (EINVAL): the entry then stays as it was."""
-        try:
-            self._fds[peer] = frame.get(zmq.SRCFD)
-        except zmq.ZMQError:
-            pass
 
     # -- the I/O loop --------------------------------------------------------------------
     def _loop(self) -> None:
@@ -443,7 +419,7 @@ class ZmqVan(Van):
                 continue
             if not is_router:
                 msg.source = self._dealer_ids.get(sock, 0)
-            self._note_fd(route if is_router else msg.source, frames[-1])
+            self._buffers.note(route if is_router else msg.source, frames[-1])
             if self._drop is not None and self._drop(msg):
                 continue
             if self._verbose >= 2:

@@ -14,7 +14,7 @@ import atexit
 import logging
 import weakref
 from dataclasses import replace
-from typing import Any, Callable, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from .keyinfo import (KeyInfo, KeyTable, RowSparse, dense, int_keyed, is_rows, k
                       receiver, row_sparse, unique_rows)
 from .van import Van
 from .waitreport import WaitReporter
-from .worker import KVWorker
+from .worker import Joined, KVWorker
 
 logger = logging.getLogger(__name__)
 
@@ -48,13 +48,6 @@ class Recorder(Protocol):
 
     def cycle(self) -> None:
         """Queued requests left together."""
-
-
-class Joined(NamedTuple):
-    """What :meth:`KVStore.join` returns."""
-
-    last: int                   # the rank of the last worker to join
-    skipped: dict[int, int]     # server key -> rounds that closed without this worker
 
 
 class KVStore:
@@ -293,20 +286,7 @@ class KVStore:
         Waits as long as the other workers train (``timeout`` seconds if given); a worker
         that dies meanwhile ends the wait with an error."""
         self._check_open()
-        # this worker's last requests end first (a refused one is its own handle's to report)
-        self._worker.wait_all(Deadline(self._timeout if timeout is None else timeout), errors=False)
-        self._worker.command("join", {"rank": self.rank})
-        self._po.barrier("workers", deadline=Deadline(timeout), what="every worker to join (kv.join)",
-                         watched=False)
-        answers = self._worker.command("leave", {"rank": self.rank})
-        skipped: dict[int, int] = {}
-        for answer in answers.values():
-            for key, rounds in answer["skipped"]:
-                skipped[int(key)] = max(skipped.get(int(key), 0), int(rounds))
-        self._worker.skip_rounds(skipped)
-        # nobody pushes before every worker left the join on every server
-        self._po.barrier("workers", what="every worker to leave the join (kv.join)", watched=False)
-        return Joined(int(answers[min(answers)]["last"]), skipped)
+        return self._worker.join(self.rank, Deadline(self._timeout if timeout is None else timeout), Deadline(timeout))
 
     def push(self, key: Any, value: Any, priority: int = 0, block: bool = False) -> Handle | None:
         """Send a gradient (summed over a list); returns a Handle (``block=True`` waits).
@@ -423,17 +403,9 @@ class KVStore:
         if not after or not self._sync:
             return None
         if self._waits is None:
-            names = describe or (lambda name: f"key {name!r}")
-            by_key = {}
-
-            def what(key: int, text: str) -> str:
-                if key not in by_key:
-                    by_key.update((info.key, info.name) for info in self._keys.infos())
-                name = by_key.get(key)
-                return text if name is None else names(name)
-            self._waits = WaitReporter(self._po, self._worker, after, what, lambda key: self._members.get(key, ()))
-            self._worker.watch_waits(self._waits)
-            self._po.waits = self._waits
+            self._waits = WaitReporter.watching(self._po, self._worker, after, self._keys.infos,
+                                                describe or (lambda name: f"key {name!r}"),
+                                                lambda key: self._members.get(key, ()))
         return self._waits
 
     def record(self, timeline: Recorder | None) -> None:

@@ -50,6 +50,24 @@ class WaitReporter:
         self._reset_error: MismatchError | None = None
         po.on(Command.BLOCKED, self._on_verdict)
 
+    @classmethod
+    def watching(cls, po: Any, worker: Any, after: float, infos: Callable[[], Any], describe: Callable[[Any], str],
+                 members: Callable[[int], tuple[int, ...]]) -> "WaitReporter":
+        """A reporter that ``worker``'s requests and ``po``'s barriers report to from now on.
+        ``infos()``: the store's keys (KeyInfo: server key, name), ``describe(name)``: how an
+        error names a key."""
+        by_key: dict[int, Any] = {}
+
+        def what(key: int, text: str) -> str:
+            if key not in by_key:
+                by_key.update((info.key, info.name) for info in infos())
+            name = by_key.get(key)
+            return text if name is None else describe(name)
+        reporter = cls(po, worker, after, what, members)
+        worker.watch_waits(reporter)
+        po.waits = reporter
+        return reporter
+
     # -- called by the waits (any thread) ----------------------------------------------------
     def waiting(self, req: Request, waited: float) -> None:
         """A request still unanswered after ``waited`` seconds (at a poll turn of its wait)."""

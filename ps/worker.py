@@ -39,6 +39,13 @@ class TablePart(NamedTuple):
     first: int = 0
 
 
+class Joined(NamedTuple):
+    """What :meth:`KVStore.join` returns."""
+
+    last: int                   # the rank of the last worker to join
+    skipped: dict[int, int]     # server key -> rounds that closed without this worker
+
+
 class KVWorker:
     """Owns its Customer (as in ps-lite): requests go out here, replies come back to it."""
 
@@ -134,6 +141,23 @@ class KVWorker:
     def fail_pending(self, exc: PSError) -> None:
         """End every outstanding request with ``exc``; the worker goes on (a deadlock verdict)."""
         self.customer.fail_pending(exc)
+
+    def join(self, rank: int, settle: Deadline, deadline: Deadline) -> Joined:
+        """KVStore.join's protocol: this worker's last requests end (within ``settle``; a refused
+        one is its own handle's to report), every server is told, every worker meets at a
+        barrier (within ``deadline``), the servers say which rounds closed without it, and a
+        second barrier keeps anyone from pushing before every worker left the join."""
+        self.wait_all(settle, errors=False)
+        self.command("join", {"rank": rank})
+        self.po.barrier("workers", deadline=deadline, what="every worker to join (kv.join)", watched=False)
+        answers = self.command("leave", {"rank": rank})
+        skipped: dict[int, int] = {}
+        for answer in answers.values():
+            for key, rounds in answer["skipped"]:
+                skipped[int(key)] = max(skipped.get(int(key), 0), int(rounds))
+        self.skip_rounds(skipped)
+        self.po.barrier("workers", what="every worker to leave the join (kv.join)", watched=False)
+        return Joined(int(answers[min(answers)]["last"]), skipped)
 
     def watch_waits(self, waits: Any) -> None:
         """Report this worker's long waits to ``waits`` (ps/waitreport.py) from now on."""

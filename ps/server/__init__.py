@@ -19,6 +19,7 @@ modules, each with one job:
   joined workers that both copies keep;
 * ``bufguard``: the copy-on-write rule for values lent to zero-copy replies;
 * ``profiler``: a server's own Chrome trace (MXNet's ``profile_process='server'``);
+* ``imports``: imports of seconds an optimizer needs (torch, mxnet), off the I/O thread;
 * ``tables``: :class:`Tables`, a server's embedding tables (ps/embed) and their rounds,
   with what they journal for the backup; a backup's copy of them is a ``Tables`` too;
 * ``replica``: a backup's copy of another server's Store and Tables, kept by replaying its events;

@@ -5,11 +5,12 @@ Gradients are summed by the servers (sync rounds, no optimizer there) and averag
 job of N workers makes the updates one process makes on the N batches together; the local
 ``torch.optim`` optimizer steps as under Horovod. docs/torch.md has the call-by-call table.
 """
+import importlib
+
 from ..collective import nccl_built
 from ..errors import CollectiveError as HorovodInternalError
 from . import elastic
 from .compression import Compression, Compressor
-from .embedding import Embedding, EmbeddingBag, EmbeddingBagCollection
 from .gather import (allgather, allgather_async, allgather_object, alltoall, alltoall_async, grouped_allgather,
                      grouped_allgather_async, grouped_reducescatter, grouped_reducescatter_async, reducescatter,
                      reducescatter_async, sparse_allreduce_async)
@@ -39,3 +40,14 @@ __all__ = ["Adasum", "Average", "Compression", "Compressor", "DistributedOptimiz
            "mpi_threads_supported", "nccl_built", "poll", "process_set_by_id", "rank", "reducescatter", "reducescatter_async",
            "remove_process_set", "rocm_built", "shutdown", "size", "sparse_allreduce_async", "start_timeline",
            "stop_timeline", "synchronize"]
+
+# ps.torch.embedding needs torch.compiler.disable, whose first use imports torch._dynamo: a
+# second of CPU at every `import ps.torch`, which a script without PS-held tables never needs
+_EMBEDDING = ("Embedding", "EmbeddingBag", "EmbeddingBagCollection")
+
+
+def __getattr__(name):
+    if name in _EMBEDDING or name == "embedding":
+        embedding = importlib.import_module(f"{__name__}.embedding")
+        return embedding if name == "embedding" else getattr(embedding, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -219,7 +219,11 @@ def report(args: argparse.Namespace, runs: dict[str, list[tuple[list[dict], int]
     target = 1.01 * best_ll
     # the one process's final held-out log-loss: a target every mode can reach in the same steps
     ref = statistics.median(job.found[0]["final"][0] for job in runs["one"]) * 1.01 if "one" in runs else None
-    where = f", each on a host of its own, links {args.link}" if args.hosts else ""
+    if args.hosts:
+        from .netns import default_congestion_control
+        where = f", each on a host of its own, links {args.link}, TCP {args.tcp or default_congestion_control()}"
+    else:
+        where = ""
     print(f"\n{ctr.SPARSE} tables of {per_feature} rows (dim {ctr.DIM}, {args.rows:.0e} rows), batch "
           f"{args.batch}/worker, W{args.workers} (ps: S{args.servers}){where}"
           f"{', worker 1 a 2x straggler' if args.straggler else ''}, "
@@ -317,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hosts", type=int, default=0, metavar="K",
                     help="each worker and server on a namespace host of its own (root; -w and -s default to K)")
     ap.add_argument("--link", default="1gbit", help="with --hosts: each host's link rate, tc's form")
+    ap.add_argument("--tcp", metavar="NAME", help="with --hosts: the hosts' TCP congestion control (default: "
+                    "this machine's)")
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--worker-mode", metavar="MODE", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -337,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         hosts = None
         if args.hosts:
             from .netns import Hosts
-            hosts = stack.enter_context(Hosts(args.hosts, args.link))
+            hosts = stack.enter_context(Hosts(args.hosts, args.link, tcp=args.tcp))
         for _ in range(args.reps):
             for mode in modes:
                 started = time.perf_counter()

@@ -399,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="M more hosts that run only the servers (one each unless --servers says); the K hosts then "
                    "run only workers. DDP's ring uses the K hosts")
     p.add_argument("--link", default="1gbit", help="tc rate of every host's link, both ways (e.g. 1gbit); 'none'")
+    p.add_argument("--tcp", metavar="NAME", help="the hosts' TCP congestion control (cubic, bbr, reno; default: "
+                   "this machine's, net.ipv4.tcp_congestion_control)")
     p.add_argument("--model", default="resnet50_v1", help="parameter shapes: resnet50_v1 or vgg16")
     p.add_argument("--scale", type=float, default=1.0,
                    help="each tensor's first dimension times this (0.1: a tenth of the model's bytes, its keys kept)")
@@ -461,7 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for k in counts:
             args.hosts = k
-            with Hosts(k + args.server_hosts, args.link) as hosts:
+            with Hosts(k + args.server_hosts, args.link, tcp=args.tcp) as hosts:
+                args.tcp_used = hosts.tcp
                 for rep in range(args.reps):
                     for n in server_counts:
                         args.servers = n

@@ -113,7 +113,9 @@ def report(runs: list[Run], args: argparse.Namespace, shapes: list) -> None:
     model_mb = sum(math.prod(s) for s in shapes) * 4 / 1e6
     reps = len({r.rep for r in runs})
     where = f" on {runs[0].server_hosts} server-only hosts" if runs[0].server_hosts else ""
-    print(f"\n# {args.hosts} hosts, {runs[0].servers} servers{where}, link {args.link or 'unshaped'} both ways, {args.model}"
+    tcp = f", TCP {args.tcp_used}" if getattr(args, "tcp_used", None) else ""
+    print(f"\n# {args.hosts} hosts, {runs[0].servers} servers{where}, link {args.link or 'unshaped'} both ways{tcp}, "
+          f"{args.model}"
           f"{' x%g' % args.scale if getattr(args, 'scale', 1.0) != 1.0 else ''} "
           f"({len(shapes)} keys, {model_mb:.1f} MB), compute {runs[0].compute_s:g}s, median of {reps} reps")
     if getattr(args, "scaled_env", None):

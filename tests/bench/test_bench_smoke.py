@@ -184,6 +184,26 @@ def test_embedding_bench_runs_on_two_namespace_hosts(tmp_path):
     assert "psbench" not in left, left
 
 
+@pytest.mark.timeout(60)
+def test_hosts_take_the_tcp_congestion_control_asked_for_and_leave_the_machines_alone():
+    """``Hosts(tcp=)`` (``--tcp``): set in every host's namespace, never in the root one; a
+    name the kernel lacks is refused naming it and what there is."""
+    if os.geteuid() != 0 or subprocess.run(["ip", "netns", "list"], capture_output=True).returncode:
+        pytest.skip("network namespaces need root and iproute2")
+    from ps.bench.netns import Hosts, NamespaceError, congestion_controls, default_congestion_control
+    root = default_congestion_control()
+    other = next(cc for cc in congestion_controls() if cc != root)
+    path = "/proc/sys/net/ipv4/tcp_congestion_control"
+    with Hosts(2, "100mbit", prefix="pstcp", tcp=other) as hosts:
+        seen = [subprocess.run(hosts.argv(h, ["cat", path]), capture_output=True, text=True, timeout=30).stdout.strip()
+                for h in range(3)]
+        assert seen == [other] * 3 and hosts.tcp == other, seen
+    assert default_congestion_control() == root
+    assert "pstcp" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    with pytest.raises(NamespaceError, match=r"--tcp 'no-such-cc': this kernel offers .*cubic"):
+        Hosts(2, "100mbit", prefix="pstcp", tcp="no-such-cc")
+
+
 def _multihost_smoke(tmp_path, *args: str) -> tuple[str, list[dict]]:
     """`python -m ps.bench --hosts 2 --link 100mbit --quick ARGS --csv ...`: its output and CSV
     rows (skipped where namespaces cannot be made: root and iproute2 needed)."""
@@ -237,7 +257,8 @@ def test_multihost_bench_runs_the_torch_jobs_on_two_namespace_hosts(tmp_path):
     """`--impls ps-torch,ddp`: ps.torch's DistributedOptimizer and DDP (gloo) on two shaped
     namespace hosts, gradients made by autograd layer by layer. Checks the CSV, never a speed."""
     pytest.importorskip("torch")
-    stdout, rows = _multihost_smoke(tmp_path, "--impls", "ps-torch,ddp")
+    stdout, rows = _multihost_smoke(tmp_path, "--impls", "ps-torch,ddp", "--tcp", "reno")
+    assert "both ways, TCP reno," in stdout, stdout
     assert sorted(r["impl"] for r in rows) == ["ddp", "ps-torch"]
     for row in rows:
         # the quick model's compute is 0.05 s: a step takes at least that, and its bytes crossed the links

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 import threading
+import time
 from typing import Any, Callable, Iterable
 
 from .. import optim
 from ..message import Message
 
 logger = logging.getLogger(__name__)
+
+WARN_AFTER = 20.0     # seconds an import may hold commands back before the server says so
 
 
 def load(name: str) -> None:
@@ -38,8 +42,9 @@ class SlowImports:
     held commands there once the import is in."""
 
     def __init__(self, call_soon: Callable[[Callable[[], None]], None], handle: Callable[[Message], None],
-                 allow_pickle: bool):
+                 allow_pickle: bool, warn_after: float = WARN_AFTER, name: Callable[[], str] = lambda: "server"):
         self._call_soon, self._handle, self._allow_pickle = call_soon, handle, allow_pickle
+        self._warn_after, self._name = warn_after, name
         self._held: list[Message] | None = None     # commands waiting for the import
         self._tried: set[str] = set()
 
@@ -65,9 +70,25 @@ class SlowImports:
         return True
 
     def _load(self, modules: tuple[str, ...]) -> None:
-        for name in modules:
-            load(name)
+        """An import cannot be timed out, so a hung one is at least named: every ``warn_after``
+        seconds, with what waits for it (the workers' own PS_REQUEST_TIMEOUT ends their wait)."""
+        done = threading.Event()
+        watch = threading.Thread(target=self._watch, args=(modules, done), name="ps-import-watch", daemon=True)
+        watch.start()
+        try:
+            for name in modules:
+                load(name)
+        finally:
+            done.set()
         self._call_soon(self._release)
+
+    def _watch(self, modules: tuple[str, ...], done: threading.Event) -> None:
+        start = time.monotonic()
+        while not done.wait(self._warn_after):
+            held = len(self._held or ())
+            logger.warning("%s: importing %s for an optimizer has taken %.0fs; %d command(s) wait for it "
+                           "(a hung import? py-spy dump --pid %d shows where)", self._name(), ", ".join(modules),
+                           time.monotonic() - start, held, os.getpid())
 
     def _release(self) -> None:
         held, self._held = self._held or [], None

@@ -52,7 +52,8 @@ class KVServer:
         self._stalls: dict[tuple[int, int], Stall] = {}   # (key, round) -> as last warned
         self._stall_opened: dict[tuple[int, int], float] = {}   # (key, round) -> when its first push came
         # server commands wait while a slow module their optimizer needs is imported (imports.py)
-        self.slow_imports = imports.SlowImports(self.po.call_soon, self._on_command, config.allow_pickle)
+        self.slow_imports = imports.SlowImports(self.po.call_soon, self._on_command, config.allow_pickle,
+                                                name=lambda: self.name)
         self.po.stats.add(self._report)
         self._checks = PauseWatch(STALL_CHECK)    # the stall checks as the I/O thread runs them (run())
         # requests that came before this server could answer them (I/O thread): a restart's,

@@ -46,19 +46,17 @@ import time
 from typing import Any, NamedTuple
 
 import numpy as np
-import psutil
 
 from ps.netutil import free_port
 
 from . import ctr
 from .cluster import torch_job
-from .measure import proc_status
+from .measure import CPU_LIMIT, load_between, machine_seconds, proc_status
 
 PYTHON = sys.executable
 MODES = ("one", "ddp", "ps-allgather", "ps-sync", "ps-async", "ps-ssp")
 SSP = "ssp:4"
 EVAL_SEED = 10**9
-CPU_LIMIT = 0.70            # above it a run measures this machine's CPUs (flagged)
 
 
 def _tables(mode: str, per_feature: int, lr: float):
@@ -205,11 +203,9 @@ def run_job(mode: str, args: argparse.Namespace, hosts: Any = None) -> Job:
         worker_envs = [{"RANK": str(r)} for r in range(n)]
     else:
         worker_envs = [{}]
-    before = psutil.cpu_times()
+    start = machine_seconds()
     found, peaks = torch_job(mode, me, env, worker_envs, servers, args.timeout, None if mode == "one" else hosts)
-    after = psutil.cpu_times()
-    busy = (sum(after) - after.idle - after.iowait) - (sum(before) - before.idle - before.iowait)
-    return Job(found, max(peaks, default=0), busy / max(1e-9, sum(after) - sum(before)))
+    return Job(found, max(peaks, default=0), load_between(start, machine_seconds()))
 
 
 def report(args: argparse.Namespace, runs: dict[str, list[tuple[list[dict], int]]]) -> None:
@@ -219,11 +215,7 @@ def report(args: argparse.Namespace, runs: dict[str, list[tuple[list[dict], int]
     target = 1.01 * best_ll
     # the one process's final held-out log-loss: a target every mode can reach in the same steps
     ref = statistics.median(job.found[0]["final"][0] for job in runs["one"]) * 1.01 if "one" in runs else None
-    if args.hosts:
-        from .netns import default_congestion_control
-        where = f", each on a host of its own, links {args.link}, TCP {args.tcp or default_congestion_control()}"
-    else:
-        where = ""
+    where = f", each on a host of its own, links {args.link}, TCP {args.tcp}" if args.hosts else ""
     print(f"\n{ctr.SPARSE} tables of {per_feature} rows (dim {ctr.DIM}, {args.rows:.0e} rows), batch "
           f"{args.batch}/worker, W{args.workers} (ps: S{args.servers}){where}"
           f"{', worker 1 a 2x straggler' if args.straggler else ''}, "
@@ -344,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.hosts:
             from .netns import Hosts
             hosts = stack.enter_context(Hosts(args.hosts, args.link, tcp=args.tcp))
+            args.tcp = hosts.tcp            # the report names it
         for _ in range(args.reps):
             for mode in modes:
                 started = time.perf_counter()

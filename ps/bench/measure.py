@@ -52,11 +52,19 @@ def cpu_seconds(pid: int) -> float:
     return t.user + t.system
 
 
+CPU_LIMIT = 0.70    # a multi-host run above this share of the machine's CPUs measured the machine (flagged)
+
+
 def machine_seconds() -> tuple[float, float]:
     """(busy, total) CPU seconds of all CPUs since boot."""
     t = psutil.cpu_times()
     total = sum(t)
     return total - t.idle - getattr(t, "iowait", 0.0), total
+
+
+def load_between(start: tuple[float, float], end: tuple[float, float]) -> float:
+    """The machine's busy share (0..1) between two :func:`machine_seconds` readings."""
+    return (end[0] - start[0]) / max(1e-9, end[1] - start[1])
 
 
 class CpuWindow:

@@ -39,6 +39,7 @@ import psutil
 from launcher.process import start_group, stop_group
 
 from . import linkload
+from .measure import load_between, machine_seconds
 from .multihost_report import Run, read_csv, report_runs, write_csv
 from .netns import Hosts, NamespaceError
 
@@ -253,7 +254,7 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
             for line in p.stdout:
                 if line.startswith("TIMED") and not timed.is_set():
                     counters["start"] = [hosts.link_bytes(h) for h in range(1, args.hosts + 1)]
-                    counters["cpu0"] = psutil.cpu_times()
+                    counters["cpu0"] = machine_seconds()
                     counters["sched0"] = [_cpu_seconds(scheduler), time.monotonic()]
                     timed.set()
                     threading.Thread(target=lambda: counters.setdefault("procs", _process_sample(procs)),
@@ -267,7 +268,7 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
         for p in workers:
             p.wait(max(1, deadline - time.time()))
         counters["end"] = [hosts.link_bytes(h) for h in range(1, args.hosts + 1)]
-        cpu1 = psutil.cpu_times()
+        cpu1 = machine_seconds()
         sched1 = [_cpu_seconds(scheduler), time.monotonic()]
         for t in readers:
             t.join(5)
@@ -287,12 +288,10 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
         windows = [r["window"] for r in results] if len(results) == len(workers) else []
         load_of_links = _link_load(trace, link, min((w[0] for w in windows), default=None),
                                    max((w[1] for w in windows), default=None), args.steps)
+    load = load_between(counters["cpu0"], cpu1)
     step = statistics.median(r["median"] for r in results)
     total_steps = args.steps
     moved = [(e[0] - s[0]) + (e[1] - s[1]) for s, e in zip(counters["start"], counters["end"])]
-    cpu0 = counters["cpu0"]
-    busy = (sum(cpu1) - cpu1.idle - cpu1.iowait) - (sum(cpu0) - cpu0.idle - cpu0.iowait)
-    load = busy / max(1e-9, sum(cpu1) - sum(cpu0))
     k = args.hosts
     bigarray = int(_env(hosts, 0, "scheduler", args, None, extra).get("MXNET_KVSTORE_BIGARRAY_BOUND", 1_000_000))
     bound = simple_bound(shapes, k, args.compute, link, num_servers(args), bigarray, args.server_hosts)
@@ -464,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         for k in counts:
             args.hosts = k
             with Hosts(k + args.server_hosts, args.link, tcp=args.tcp) as hosts:
-                args.tcp_used = hosts.tcp
+                args.tcp = hosts.tcp            # the report names it
                 for rep in range(args.reps):
                     for n in server_counts:
                         args.servers = n

@@ -10,6 +10,8 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
+from .measure import CPU_LIMIT
+
 
 @dataclass
 class Run:
@@ -39,7 +41,6 @@ class Run:
     server_hosts: int = 0       # hosts that ran only servers (--server-hosts), besides the K
 
 
-CPU_LIMIT = 0.70     # a run above this share of the machine's CPUs measures the machine, not the system
 
 FLOATS = ("step_s", "compute_s", "bound_s", "efficiency", "mb_per_host_step", "cpu_load", "tight_s", "stall_s",
           "key0_stall_s", "busy_util", "idle_s", "form_s", "start_s", "rss_mb", "conns", "threads", "sched_cpu")
@@ -113,7 +114,7 @@ def report(runs: list[Run], args: argparse.Namespace, shapes: list) -> None:
     model_mb = sum(math.prod(s) for s in shapes) * 4 / 1e6
     reps = len({r.rep for r in runs})
     where = f" on {runs[0].server_hosts} server-only hosts" if runs[0].server_hosts else ""
-    tcp = f", TCP {args.tcp_used}" if getattr(args, "tcp_used", None) else ""
+    tcp = f", TCP {args.tcp}" if getattr(args, "tcp", None) else ""
     print(f"\n# {args.hosts} hosts, {runs[0].servers} servers{where}, link {args.link or 'unshaped'} both ways{tcp}, "
           f"{args.model}"
           f"{' x%g' % args.scale if getattr(args, 'scale', 1.0) != 1.0 else ''} "

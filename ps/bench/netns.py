@@ -36,22 +36,23 @@ def check_root() -> None:
             raise NamespaceError(f"python -m ps.bench --hosts needs `{tool}` (iproute2)")
 
 
+def _proc_sys(name: str) -> str:
+    """A sysctl's value in this process's namespace ('' where it cannot be read)."""
+    try:
+        with open("/proc/sys/" + name.replace(".", "/")) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def congestion_controls() -> list[str]:
     """The TCP congestion controls this kernel offers (loaded modules)."""
-    try:
-        with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
-            return f.read().split()
-    except OSError:
-        return []
+    return _proc_sys("net.ipv4.tcp_available_congestion_control").split()
 
 
 def default_congestion_control() -> str:
     """What a new namespace starts with: the root namespace's setting."""
-    try:
-        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
-            return f.read().strip()
-    except OSError:
-        return "unknown"
+    return _proc_sys(CC_SYSCTL) or "unknown"
 
 
 class Hosts:

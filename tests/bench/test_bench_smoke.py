@@ -192,7 +192,9 @@ def test_hosts_take_the_tcp_congestion_control_asked_for_and_leave_the_machines_
         pytest.skip("network namespaces need root and iproute2")
     from ps.bench.netns import Hosts, NamespaceError, congestion_controls, default_congestion_control
     root = default_congestion_control()
-    other = next(cc for cc in congestion_controls() if cc != root)
+    other = next((cc for cc in congestion_controls() if cc != root), None)
+    if other is None:
+        pytest.skip(f"this kernel offers one TCP congestion control only ({root})")
     path = "/proc/sys/net/ipv4/tcp_congestion_control"
     with Hosts(2, "100mbit", prefix="pstcp", tcp=other) as hosts:
         seen = [subprocess.run(hosts.argv(h, ["cat", path]), capture_output=True, text=True, timeout=30).stdout.strip()

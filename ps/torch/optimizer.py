@@ -67,7 +67,10 @@ class _Distributed:
         self._ps_sparse: dict[torch.Tensor, None] = {}
         self._ps_synchronized = False
         self._ps_skip = False
-        self.timeline: list[tuple[str, float]] = []    # (name, time.perf_counter()) of each send
+        # (name, time.perf_counter()) of each send of the current (else the last) step: a
+        # record of every send would grow by a tuple per parameter per step for good
+        self.timeline: list[tuple[str, float]] = []
+        self._ps_new_step = True                 # the next send starts a step's timeline
         self._ps_kv = runtime.store()
         self._ps_where = where or scope()        # the process set whose workers share the gradients
         self._ps_alone = alone                   # not in that set: trains on its own gradients (Horovod)
@@ -114,6 +117,9 @@ class _Distributed:
                 grad.div_(self._ps_predivide)
         wire, ctx = self._ps_compression.compress(grad)
         flat = as_array(wire, f"gradient of {self._ps_names[p]!r}")
+        if self._ps_new_step:
+            self.timeline.clear()
+            self._ps_new_step = False
         self.timeline.append((self._ps_names[p], time.perf_counter()))
         if self._ps_kv is None:
             self._ps_inflight[p] = _Sent(None, flat, wire, ctx)
@@ -143,9 +149,13 @@ class _Distributed:
                 p.grad.zero_().add_(summed)
         self._ps_inflight.clear()
         self._ps_sparse.clear()
+        self._ps_new_step_begins()
+        self._ps_synchronized = True
+
+    def _ps_new_step_begins(self) -> None:
         for p in self._ps_counts:
             self._ps_counts[p] = 0
-        self._ps_synchronized = True
+        self._ps_new_step = True
 
     def _ps_send_unsent(self) -> None:
         """Gradients no backward pass produced on this worker (unused layers) go out as zeros:
@@ -221,8 +231,7 @@ class _Distributed:
             sent = sorted(self._ps_inflight, key=self._ps_priority.__getitem__, reverse=True)   # first layers first
             self._ps_landing.update(self._ps_inflight)
             self._ps_inflight.clear()
-            for p in self._ps_counts:
-                self._ps_counts[p] = 0
+            self._ps_new_step_begins()
             self._ps_cross.defer(sent, [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups])
             return None
         if not self._ps_skip:

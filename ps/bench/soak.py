@@ -1,6 +1,8 @@
 """Soak: W workers x S servers x N sync rounds with PS_RESEND and random message loss.
 
-Checks every pulled value exactly and samples the servers' RSS; prints a JSON summary.
+Checks every pulled value exactly and samples the RSS of every process (scheduler, servers,
+workers: a leak on the client side shows in the workers); prints a JSON summary and fails on a
+wrong value or on a process that grew by 10 % or more.
 
     python -m ps.bench.soak --workers 4 --servers 2 --rounds 2000 --drop 10
 """
@@ -48,6 +50,16 @@ def rss_kb(pid: int) -> int:
         return 0
 
 
+def rss_window(samples: list[tuple[float, dict[str, list[int]]]], role: str) -> tuple[list[int], list[int]]:
+    """A role's RSS per process 10 s in (after start-up and the first rounds' buffers) and
+    at its last sample in which every one of them was still alive (0: exited)."""
+    alive = [(t, s[role]) for t, s in samples if all(s[role])]
+    if not alive:
+        return [], []
+    early = next((s for t, s in alive if t >= 10), alive[0][1])
+    return early, alive[-1][1]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=4)
@@ -72,11 +84,12 @@ def main() -> int:
                            {**env, "DMLC_ROLE": "worker"}, stdout=subprocess.PIPE, text=True)
                for _ in range(args.workers)]
     procs += servers + workers
-    samples: list[tuple[float, list[int]]] = []
+    roles = {"scheduler": procs[:1], "server": servers, "worker": workers}
+    samples: list[tuple[float, dict[str, list[int]]]] = []
     started = time.time()
     try:
         while any(w.poll() is None for w in workers):
-            samples.append((time.time() - started, [rss_kb(s.pid) for s in servers if s.poll() is None]))
+            samples.append((time.time() - started, {role: [rss_kb(p.pid) for p in members] for role, members in roles.items()}))
             time.sleep(1.0)
             if time.time() - started > 3600:
                 raise TimeoutError("soak did not finish within an hour")
@@ -84,16 +97,17 @@ def main() -> int:
     finally:
         for p in procs:
             stop_group(p, grace=0, sig=signal.SIGKILL)
-    early = next((s for t, s in samples if t >= 10 and len(s) == args.servers), samples[0][1])
-    late = [s for _, s in samples if len(s) == args.servers][-1]
-    growth = [(b - a) / a * 100 for a, b in zip(early, late)]
     summary = {"workers": args.workers, "servers": args.servers, "rounds": args.rounds, "drop_pct": args.drop,
                "seconds": round(time.time() - started, 1), "bad_values": sum(r["bad"] for r in results),
                "drops_injected_on_workers": sum(r["dropped"] for r in results),
                "duplicates_dropped_by_workers": sum(r.get("duplicates", 0) for r in results),
-               "resent_by_workers": sum(r.get("resent", 0) for r in results),
-               "server_rss_kb_at_10s": early, "server_rss_kb_at_end": late,
-               "server_rss_growth_pct": [round(g, 1) for g in growth]}
+               "resent_by_workers": sum(r.get("resent", 0) for r in results)}
+    growth: list[float] = []
+    for role in roles:
+        early, late = rss_window(samples, role)
+        grew = [round((b - a) / a * 100, 1) if a else 0.0 for a, b in zip(early, late)]
+        summary.update({f"{role}_rss_kb_at_10s": early, f"{role}_rss_kb_at_end": late, f"{role}_rss_growth_pct": grew})
+        growth += grew
     print(json.dumps(summary, indent=1))
     ok = summary["bad_values"] == 0 and all(g < 10 for g in growth)
     return 0 if ok else 1

@@ -192,6 +192,17 @@ class Mirror:
         events = state_events(self.opts, self.compression, self.members, self.replays, self.joins)
         return events + [key_event(key, mk, mk.value) for key, mk in self.keys.items()] + self.tables.snapshot()
 
+    def hand_over(self) -> list[Event]:
+        """The copy for the primary's restart (:meth:`snapshot`), and this copy made equal to
+        it. The restart does the open rounds again from their first chunk (the workers resend
+        their pushes), and the changes it then sends here (``_continue``) carry those rounds'
+        chunks anew: the dead primary's chunks still queued here would be applied with them
+        when the round closes, an optimizer step twice on those offsets."""
+        events = self.snapshot()
+        for mk in self.keys.values():
+            mk.chunks.clear()
+        return events
+
     def nbytes(self) -> int:
         return sum(mk.value.nbytes for mk in self.keys.values()) + self.tables.nbytes()
 

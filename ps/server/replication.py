@@ -355,7 +355,7 @@ class Replication:
             reply({"error": f"{self.name} holds no replica of {node_name(msg.sender)}: {why}"}, [])
             return
         try:
-            events = mirror.snapshot()
+            events = mirror.hand_over()
         except (ProtocolError, ValueError, TypeError, KeyError) as exc:
             reply({"error": f"{self.name} holds no replica of {node_name(msg.sender)}: a change could not be "
                             f"applied to it: {exc}"}, [])

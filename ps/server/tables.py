@@ -388,7 +388,10 @@ class Tables:
         del pushes[sender]                  # async and ssp: applied now, as it is
         if not pushes:
             del served.rounds[entry.seq]
-        uids = None
+        # no rows (this worker's batch had no ids here): still journaled, with none, since
+        # the push moved its clock, which a restart restored from the copy must know (an
+        # ssp pull waits on it)
+        uids = np.empty(0, np.int64)
         if push.ids:
             uids, sums = sum_rows(np.concatenate(push.ids), np.concatenate(push.grads))
             served.rows.apply(uids, sums)

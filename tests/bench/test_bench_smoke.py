@@ -243,7 +243,11 @@ def test_multihost_bench_runs_on_two_namespace_hosts_and_cleans_up(tmp_path):
         assert float(row["conns"]) >= 2 and float(row["threads"]) >= 3 and 0 <= float(row["sched_cpu"]) < 1, row
         assert row["hosts"] == "2" and float(row["step_s"]) > 0 and float(row["mb_per_host_step"]) > 0, row
         assert 0 < float(row["efficiency"]) <= 1.0 + 1e-6, row
-        assert 0 <= float(row["key0_stall_s"]) <= float(row["stall_s"]) < float(row["step_s"]), row
+        # a step's forward waits are part of it; the two are medians over different steps (the
+        # stall's leaves out the first timed step, which waits for the warm-up's last round),
+        # so on a noisy machine the stall's median may pass the step's by a little (seen once:
+        # 66 ms against 62 ms), never by a step
+        assert 0 <= float(row["key0_stall_s"]) <= float(row["stall_s"]) < 2 * float(row["step_s"]), row
         # the links carried the job's bytes (some 10 ms bins busy) and idled less than the whole step
         assert 0 < float(row["busy_util"]) < 1.5 and 0 <= float(row["idle_s"]) < float(row["step_s"]), row
     assert "# 2 hosts, 3 servers" in stdout, stdout

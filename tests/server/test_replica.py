@@ -298,3 +298,34 @@ def test_a_setting_sent_again_to_a_restarted_server_is_not_counted_twice():
     assert not fresh.setting_resent(W[0], 4) and not fresh.setting_resent(W[1], 1)
     fresh.setting_applied(W[0], "set_params", 4)
     assert fresh.setting_resent(W[0], 4) and fresh.replays.applied[(W[0], "set_params")] == 1
+
+
+def test_a_round_half_done_when_the_primary_died_is_applied_once_by_the_backup_that_handed_it_over():
+    """The primary dies with two chunks of a round summed and journaled, the round not closed.
+    Its restart, given the copy (those chunks left out), gets every push of the round again
+    and sends the backup its changes since (the backup still holds what it handed over):
+    the round's chunks anew, then its close. The backup applies each chunk once."""
+    store, mirror = make(opt=optim.SGD(learning_rate=0.1, momentum=0.9))
+    for w in W[:2]:
+        push(store, 3, w, 7, grads(0, w), 1)
+    for off in (0, 1000):                          # the last worker's first two chunks: two sums journaled
+        store.handle(W[2], Entry(7, Op.PUSH, 3, off, 1000, N, F32, None, 0, 1), grads(0, W[2])[off:off + 1000])
+    replayed(store, mirror)                        # ... and the primary dies
+    body, frames = encode_events(mirror.hand_over())
+    restart = Store(len(W), sync=True, chunk_bytes=4096)
+    restore(restart, decode_events(body, frames))
+    restart.journal = []                           # its changes from the recovery on (Replication._fetched)
+    for i, w in enumerate(W):                      # every worker's push of round 1, resent
+        push(restart, 3, w, 20 + i, grads(0, w), 1)
+    replayed(restart, mirror)                      # the backup holds the copy: only the changes come
+    assert mirror.keys[3].closed == 1
+    np.testing.assert_array_equal(mirror.keys[3].value, restart.keys[3].value)
+    np.testing.assert_array_equal(restart.keys[3].value, _one_round(W))     # the unfaulted job's
+
+
+def _one_round(workers):
+    """Key 3 after round 1 of ``workers``' pushes on an unfaulted store."""
+    store, _ = make(opt=optim.SGD(learning_rate=0.1, momentum=0.9))
+    for i, w in enumerate(workers):
+        push(store, 3, w, 100 + i, grads(0, w), 1)
+    return store.keys[3].value

@@ -157,3 +157,21 @@ def test_an_async_push_sent_again_is_applied_once():
     assert again.entry.error is None
     assert tables.handle(W0, *_pull(spec, [5]))[0].data.tolist() == [-2.0]
     assert tables.pushed(W0) == {spec.key: 1} and tables.pushed(W1) == {spec.key: 0}
+
+
+@pytest.mark.parametrize("consistency", ["async", "ssp:1"])
+def test_a_push_with_no_rows_on_this_server_still_moves_the_workers_clock_in_the_copy(consistency):
+    """A worker pushes to every server of a table, with no rows where its batch has none. That
+    push counts (an ssp pull waits for it): a restart restored from the copy counts it too."""
+    spec = TableSpec("e", 2, rowwise.SGD(lr=1.0), Init("zeros"), consistency=consistency)
+    p = Primary(spec)
+    assert len(p.tables.handle(W0, *_push(spec, 1, [5], [[2, 2]]))) >= 1
+    assert len(p.tables.handle(W0, *_push(spec, 2, [], np.zeros((0, 2), np.float32)))) >= 1
+    p.ship()
+    body, frames = encode_events(snapshot(Store(2), p.mirror.tables))
+    restarted = Tables(2)
+    restore(Store(2), decode_events(body, frames), restarted)
+    assert p.tables.tables[spec.key].clocks == {W0: 2}
+    assert restarted.tables[spec.key].clocks == {W0: 2}
+    assert restarted.pushed(W0) == {spec.key: 2}
+    _same(p.tables, restarted, spec)

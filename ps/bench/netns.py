@@ -36,10 +36,15 @@ def check_root() -> None:
             raise NamespaceError(f"python -m ps.bench --hosts needs `{tool}` (iproute2)")
 
 
+def sysctl_path(name: str) -> str:
+    """Where sysctl ``name`` lives: /proc/sys/net is the reading process's namespace's own."""
+    return "/proc/sys/" + name.replace(".", "/")
+
+
 def _proc_sys(name: str) -> str:
     """A sysctl's value in this process's namespace ('' where it cannot be read)."""
     try:
-        with open("/proc/sys/" + name.replace(".", "/")) as f:
+        with open(sysctl_path(name)) as f:
             return f.read().strip()
     except OSError:
         return ""
@@ -126,9 +131,8 @@ class Hosts:
                     self._tc(where, dev)
 
     def _sysctl(self, ns: str, name: str, value: str) -> None:
-        """``/proc/sys/net`` is the namespace's own under ``ip netns exec``."""
-        path = "/proc/sys/" + name.replace(".", "/")
-        proc = subprocess.run(["ip", "netns", "exec", ns, "tee", path], input=value, capture_output=True,
+        """Written under ``ip netns exec``: the namespace's own setting."""
+        proc = subprocess.run(["ip", "netns", "exec", ns, "tee", sysctl_path(name)], input=value, capture_output=True,
                               text=True, timeout=30)
         if proc.returncode:
             raise NamespaceError(f"{name} = {value} in {ns}: {proc.stderr.strip()}")

@@ -190,12 +190,13 @@ def test_hosts_take_the_tcp_congestion_control_asked_for_and_leave_the_machines_
     name the kernel lacks is refused naming it and what there is."""
     if os.geteuid() != 0 or subprocess.run(["ip", "netns", "list"], capture_output=True).returncode:
         pytest.skip("network namespaces need root and iproute2")
-    from ps.bench.netns import Hosts, NamespaceError, congestion_controls, default_congestion_control
+    from ps.bench.netns import (CC_SYSCTL, Hosts, NamespaceError, congestion_controls, default_congestion_control,
+                                sysctl_path)
     root = default_congestion_control()
     other = next((cc for cc in congestion_controls() if cc != root), None)
     if other is None:
         pytest.skip(f"this kernel offers one TCP congestion control only ({root})")
-    path = "/proc/sys/net/ipv4/tcp_congestion_control"
+    path = sysctl_path(CC_SYSCTL)
     with Hosts(2, "100mbit", prefix="pstcp", tcp=other) as hosts:
         seen = [subprocess.run(hosts.argv(h, ["cat", path]), capture_output=True, text=True, timeout=30).stdout.strip()
                 for h in range(3)]

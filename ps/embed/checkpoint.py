@@ -13,6 +13,7 @@ Files are read with ``allow_pickle=False``: a checkpoint is data, never code.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,20 @@ from .table import Chunk
 
 FORMAT = 1
 
+logger = logging.getLogger(__name__)
+
 
 def save(table: Any, path: str | os.PathLike, incremental: bool = False) -> int:
     """Write ``table``'s rows (all, or with ``incremental`` those updated since its last save)
-    to the new directory ``path``; the rows written."""
+    to the new directory ``path``; the rows written. A restarted worker re-running its script
+    skips a save its dead self completed (``path`` holds this table's save): the table has
+    trained on since, and those rows do not belong under that save's name."""
     out = Path(path)
+    done = _complete(out, table.spec.name) if getattr(table, "restarted", False) else None
+    if done is not None:
+        logger.warning("%s holds the save of table %r this worker's dead self made: not saved again (a restart "
+                    "re-running its script)", out, table.spec.name)
+        return done
     out.mkdir(parents=True, exist_ok=False)
     rows, parts, steps = 0, 0, 0
     for chunk in table.chunks(changed_only=incremental):
@@ -42,6 +52,16 @@ def save(table: Any, path: str | os.PathLike, incremental: bool = False) -> int:
                                                "parts": parts, "steps": steps, "incremental": incremental}))
     table.mark_saved()
     return rows
+
+
+def _complete(path: Path, name: str) -> int | None:
+    """The rows of a whole save of table ``name`` in ``path``, or None."""
+    try:
+        meta = json.loads((path / "table.json").read_text())
+    except (OSError, ValueError):
+        return None
+    spec = meta.get("spec") if isinstance(meta, dict) else None
+    return int(meta["rows"]) if isinstance(spec, dict) and spec.get("name") == name else None
 
 
 def load(table: Any, path: str | os.PathLike) -> int:

@@ -54,6 +54,11 @@ class Table:
         self._code = dtype_code(spec.np_dtype)
         self.payload_sent = self.payload_received = 0     # ids and rows, in bytes (the benchmark's count)
 
+    @property
+    def restarted(self) -> bool:
+        """This worker replaces a dead one (``--max-restarts``) and re-runs its script."""
+        return bool(self._worker.po.restarted)
+
     def _split(self, ids: np.ndarray) -> tuple[np.ndarray, list[TablePart]]:
         """The order that groups ``ids`` by server, and each server's part (all servers)."""
         owner = server_of(ids, self._num_servers)
@@ -117,14 +122,14 @@ class Table:
         widths = {k: w for k, (w, _) in self.spec.optimizer.state(self.spec.dim).items()}
         count = rows_per_chunk(self.spec)
         for sid in map(server_id, range(self._num_servers)):
-            start, total = 0, 1
-            while start < total:
-                [reply] = self._worker.command("table_export", {"name": self.spec.name, "start": start,
+            after, more = None, True
+            while more:
+                [reply] = self._worker.command("table_export", {"name": self.spec.name, "after": after,
                                                                 "count": count, "changed": changed_only},
                                                servers=[sid]).values()
-                total = reply["total"]
                 chunk = chunk_from_wire(reply, self.spec, widths)
-                start += max(len(chunk.ids), 1)
+                more = reply["more"] and len(chunk.ids) > 0
+                after = int(chunk.ids[-1]) if len(chunk.ids) else after
                 yield chunk
 
     def mark_saved(self) -> None:

@@ -439,7 +439,10 @@ class KVServer:
 
 
 
-_SETTINGS = ("set_optimizer", "set_optimizer_pickle", "set_params", "set_states", "set_compression")
+# the commands a restarted worker's script sends again that must not be applied again: its
+# n-th of each is ignored if its dead self made n or more (Restarts.setting_made_before). A
+# table_put is a checkpoint's rows: applied again, it would put them over the rows trained since
+_SETTINGS = ("set_optimizer", "set_optimizer_pickle", "set_params", "set_states", "set_compression", "table_put")
 
 
 def _op_name(op: int) -> str:

@@ -21,6 +21,7 @@ worker's pushes applied.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import logging
@@ -72,7 +73,7 @@ class _Served:
     code: int
     rounds: dict[int, dict[int, _Push]] = field(default_factory=dict)   # seq -> worker -> push
     closed: int = 0                        # sync rounds closed (they close in order)
-    exporting: np.ndarray | None = None    # the rows of the save under way (fixed at its first chunk)
+    exporting: np.ndarray | None = None    # the rows of the save under way in id order (fixed at its first chunk)
     clocks: dict[int, int] = field(default_factory=dict)     # async, ssp: worker -> its pushes applied
     held: list[_Held] = field(default_factory=list)           # ssp: pulls of workers too far ahead
 
@@ -132,6 +133,7 @@ class Tables:
         # replaying a snapshot of 10^7 rows takes seconds, and the server's I/O thread must not
         # sit on it (the restart it protects waits on this server's acknowledgements meanwhile)
         self._pending: collections.deque[Event] = collections.deque()
+        self._arrived = 0           # changes (not a snapshot's rows) queued since the last work()
 
     # -- declarations ------------------------------------------------------------------
     def declare(self, body: dict) -> dict:
@@ -197,22 +199,35 @@ class Tables:
         backup's copy: :meth:`work`, :meth:`settle`)."""
         if self._copy:
             self._pending.append(ev)
+            self._arrived += ev.kind not in ("tdata", "tstate")      # a snapshot's rows make a backlog
         else:
             self._apply(ev)
 
     def work(self, seconds: float) -> None:
-        """A copy: apply queued events for about ``seconds`` (one at least: a snapshot's chunk
-        of rows takes longer), so a backlog shrinks by a chunk per replica message."""
+        """A copy: apply as many queued events as its primary's changes brought since the last
+        call and one more, then more for about ``seconds``. So only a snapshot makes a backlog,
+        which shrinks by an event and ``seconds`` of work per replica message; a primary's
+        steady updates are applied as they come, however long they take (a budget alone let a
+        round's rows that take longer than it to apply pile up here, round after round, in
+        memory and in the settle before a handover)."""
+        owed, self._arrived = self._arrived + 1, 0      # one more at least: a backlog always shrinks
         deadline = time.monotonic() + seconds
         while self._pending:
             self._apply(self._pending.popleft())
-            if time.monotonic() >= deadline:
+            owed -= 1
+            if owed <= 0 and time.monotonic() >= deadline:
                 return
 
     def settle(self) -> None:
         """A copy: apply every queued event (before it is handed over or read)."""
+        self._arrived = 0
         while self._pending:
             self._apply(self._pending.popleft())
+
+    @property
+    def backlog(self) -> int:
+        """A copy's events queued, not yet applied."""
+        return len(self._pending)
 
     def _apply(self, ev: Event) -> None:
         if ev.kind == "tdeclare":
@@ -278,15 +293,23 @@ class Tables:
         return served
 
     def export(self, body: dict) -> dict:
-        """Rows ``start`` .. ``start + count`` of a save (every row, or with ``changed`` those
-        updated since the last save; at most a chunk's worth), and how many the save has in all."""
+        """The next chunk of a save: the rows whose ids come after ``after`` (from the first
+        when it is None) in id order, every row or with ``changed`` those updated since the last
+        save, at most a chunk's worth; ``more``: rows remain after it. By id, not by row
+        number: a server restarted in the middle of a save holds the same rows in another
+        order, and goes on from the last id the worker got with neither a row twice nor one
+        missed."""
         served = self._named(body)
-        start, count = int(body["start"]), min(int(body["count"]), rows_per_chunk(served.spec))
-        if start == 0 or served.exporting is None:
-            served.exporting = served.rows.saved_rows(bool(body.get("changed")))
-            served.rows.hold_evictions = True      # until saved(): the row numbers must stay
-        rows = served.exporting[start:start + count]
-        return {"total": len(served.exporting), **chunk_to_wire(served.rows.chunk(rows))}
+        after, count = body.get("after"), min(int(body["count"]), rows_per_chunk(served.spec))
+        rows = served.rows
+        if after is None or served.exporting is None:
+            saved = rows.saved_rows(bool(body.get("changed")))
+            served.exporting = saved[np.argsort(rows.ids[saved])]
+            rows.hold_evictions = True      # until saved(): the row numbers must stay
+        order = served.exporting
+        first = 0 if after is None else bisect.bisect_right(order, int(after), key=lambda row: int(rows.ids[row]))
+        part = order[first:first + count]
+        return {"total": len(order), "more": first + len(part) < len(order), **chunk_to_wire(rows.chunk(part))}
 
     def saved(self, body: dict) -> None:
         served = self._named(body)

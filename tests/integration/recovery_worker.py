@@ -4,13 +4,18 @@ at chosen rounds (several at one round: a machine dying with its server and its 
 
     python recovery_worker.py OUT_DIR ROUNDS OPTIMIZER [--kill ROLE RANK ROUND push|pull]... [--resume]
                               [--kill-before-formation ROLE RANK] [--pace S] [--table sync|async]
+                              [--table-load DIR] [--table-save ROUND DIR]
 
 Every worker pushes gradients that depend only on (rank, round, key), so a run that lost
 nothing ends with the weights of an unfaulted run. A restarted worker re-runs the loop from
 round 0 (the servers answer what its dead self pushed), or with --resume jumps to
 ``kv.round``. Every rank writes its final weights; rank 0 also to weights.npz. With --table,
 each round also pulls and pushes rows of an embedding table (ps.embed) on the servers,
-whose rows every rank writes at the end as the key "table".
+whose rows every rank writes at the end as the key "table". With --table-load, rank 0 puts a
+checkpoint of the table (made by this script in DIR if it is not there yet) into it before
+round 0, and every rank waits for it at a barrier: a restarted rank 0 re-runs that load. With
+--table-save, rank 0 saves the table at the start of that round, and every rank writes the
+saved rows at the end as the key "saved".
 """
 import argparse
 import os
@@ -21,7 +26,8 @@ import numpy as np
 import psutil
 
 import ps
-from ps.embed import TableSpec
+from ps.embed import TableSpec, checkpoint
+from ps.embed.client import LocalTable
 from ps.optim import rowwise
 
 SHAPES = {3: (40,), 5: (300_000,), 7: (17, 33), 9: (1000,)}   # key 5 is cut across both servers
@@ -45,6 +51,17 @@ def table_grad(rank: int, rnd: int, ids: np.ndarray) -> np.ndarray:
 
 def all_table_ids(workers: int, rounds: int) -> np.ndarray:
     return np.unique(np.concatenate([table_ids(r, n) for r in range(workers) for n in range(rounds)]))
+
+
+def make_checkpoint(spec: TableSpec, path: str) -> None:
+    """A saved table whose rows and optimizer state differ from a fresh table's."""
+    if os.path.exists(os.path.join(path, "table.json")):
+        return
+    local = LocalTable(spec)
+    for rnd in range(3):
+        ids = all_table_ids(2, 4)
+        local.push(ids, table_grad(7, rnd, ids) * 5)
+    checkpoint.save(local, path)
 
 
 def find(role: str, rank: int) -> psutil.Process:
@@ -114,6 +131,8 @@ def main() -> None:
     p.add_argument("--freeze", action="store_true", help="--kill sends SIGSTOP: a hung node, connections open")
     p.add_argument("--pace", type=float, default=0.0, help="sleep this long each round; rank 0 prints ROUND r")
     p.add_argument("--table", choices=["sync", "async"], help="train an embedding table too (Adagrad; async: SGD)")
+    p.add_argument("--table-load", metavar="DIR", help="rank 0 loads the table from this checkpoint first")
+    p.add_argument("--table-save", nargs=2, metavar=("ROUND", "DIR"), help="rank 0 saves the table then")
     args = p.parse_args()
     if args.kill_before_formation and os.environ.get("DMLC_RANK") == "0":
         kill_before_formation(args.kill_before_formation[0], int(args.kill_before_formation[1]))
@@ -138,6 +157,11 @@ def main() -> None:
     if args.table:
         opt = rowwise.Adagrad(lr=0.1) if args.table == "sync" else rowwise.SGD(lr=0.1)
         table = kv.table(TableSpec("emb", 8, opt, consistency=args.table))
+        if args.table_load:
+            if kv.rank == 0:
+                make_checkpoint(table.spec, args.table_load)
+                print(f"LOADED {checkpoint.load(table, args.table_load)} rows rank 0", flush=True)
+            kv.barrier()
     out = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
     start = kv.resume() if kv.restarted and args.resume else 0
     if start:               # where its dead self was: the values after round `start`
@@ -156,6 +180,8 @@ def main() -> None:
             time.sleep(args.pace)
             if kv.rank == 0:
                 print(f"ROUND {rnd}", flush=True)
+        if args.table_save and rnd == int(args.table_save[0]) and kv.rank == 0:
+            print(f"SAVED {checkpoint.save(table, args.table_save[1])} rows rank 0", flush=True)
         if table is not None:
             ids = table_ids(kv.rank, rnd)
             table.pull(ids)
@@ -177,6 +203,10 @@ def main() -> None:
     arrays = {str(k): v for k, v in out.items()}
     if table is not None:
         arrays["table"] = table.pull(all_table_ids(kv.num_workers, args.rounds))
+    if args.table_save:
+        saved = LocalTable(table.spec)
+        checkpoint.load(saved, args.table_save[1])
+        arrays["saved"] = saved.pull(all_table_ids(kv.num_workers, args.rounds))
     np.savez(os.path.join(args.out, f"weights-rank{kv.rank}.npz"), **arrays)
     if kv.rank == 0:
         np.savez(os.path.join(args.out, "weights.npz"), **arrays)

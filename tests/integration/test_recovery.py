@@ -447,8 +447,12 @@ def test_a_restarted_server_knows_which_workers_closed_their_stores(procs, tmp_p
 # -- embedding tables (ps.embed) under --max-restarts ------------------------------------------
 @pytest.fixture(scope="module")
 def unfaulted_tables(tmp_path_factory):
-    """Reference weights and table rows of the --table jobs, nobody killed."""
-    return reference_runs(tmp_path_factory, {mode: ("sgd", ["--table", mode]) for mode in ("sync", "async")})
+    """Reference weights and table rows of the --table jobs, nobody killed ("loaded": sync, the
+    table loaded from a checkpoint by rank 0 first)."""
+    ckpt = tmp_path_factory.mktemp("ckpt-ref")
+    loaded = ["--table", "sync", "--table-load", str(ckpt / "ckpt"), "--table-save", "4", str(ckpt / "saved")]
+    return reference_runs(tmp_path_factory, {**{mode: ("sgd", ["--table", mode]) for mode in ("sync", "async")},
+                                             "loaded": ("sgd", loaded)})
 
 
 @pytest.mark.timeout(200)
@@ -479,3 +483,21 @@ def test_a_killed_worker_rejoins_an_embedding_table_and_nothing_is_lost(procs, t
     assert code == 0, f"kill {kill}\n{text}"
     assert "worker 1 (W[11]) is back (restart 1)" in text, text
     assert_unfaulted(tmp_path, unfaulted_tables["sync"], f"kill {kill}")
+
+
+@pytest.mark.timeout(200)
+def test_a_restarted_worker_that_loads_a_checkpoint_again_does_not_put_it_over_the_trained_rows(procs, tmp_path,
+                                                                                                unfaulted_tables):
+    """Rank 0 loads the table from a checkpoint before round 0, saves it at round 4, and is
+    SIGKILLed later; its restart re-runs the script, load and save included. The servers count
+    its table_puts as they count a replayed set_optimizer: those its dead self made are not
+    applied again; the save its dead self made is not made again. Before, the restart put the
+    checkpoint's rows over the rows trained since, and the job ended without error on other rows
+    than the run nobody killed; and its save stopped on the directory its dead self wrote."""
+    kill = ("worker", 0, random.randrange(6, ROUNDS - 5), random.choice(["push", "pull"]))
+    extra = ["--table", "sync", "--table-load", str(tmp_path / "ckpt"), "--table-save", "4", str(tmp_path / "saved")]
+    code, text = launch(procs, tmp_path, "sgd", kill, extra=extra)
+    assert code == 0, f"kill {kill}\n{text}"
+    assert "worker 0 (W[9]) is back (restart 1)" in text and text.count("LOADED ") == 2, text
+    assert text.count("SAVED ") == 2 and "holds the save of table 'emb' this worker's dead self made" in text, text
+    assert_unfaulted(tmp_path, unfaulted_tables["loaded"], f"kill {kill}")

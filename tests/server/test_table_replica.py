@@ -2,10 +2,13 @@
 ps/server/replica.py's Mirror) holds the primary's rows and optimizer state bit for bit,
 follows its evictions, and a restart restored from it goes on exactly like the primary; a
 push sent again (to that restart, or by a restarted worker) is applied once."""
+import itertools
+
 import numpy as np
 import pytest
 
 from ps.embed import Init, Limits, TableSpec
+from ps.embed.table import chunk_from_wire
 from ps.message import worker_id
 from ps.optim import rowwise
 from ps.server.replica import Mirror, decode_events, encode_events, restore, snapshot
@@ -175,3 +178,85 @@ def test_a_push_with_no_rows_on_this_server_still_moves_the_workers_clock_in_the
     assert restarted.tables[spec.key].clocks == {W0: 2}
     assert restarted.pushed(W0) == {spec.key: 2}
     _same(p.tables, restarted, spec)
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_a_save_that_a_server_restart_interrupts_writes_every_row_once(changed):
+    """The worker saving a table got some chunks from the primary, which then died; the restart
+    (restored from the copy, its rows in another order) gives the rest. By id, every row comes
+    once, as the primary held it. Before, the save went on by row number: rows twice and rows
+    missed."""
+    spec = SPECS["sync adam"]
+    p = Primary(spec)
+    _train(p, spec, 4)
+    if changed:                                   # an incremental save: rows updated since the last
+        p.tables.saved({"name": spec.name})
+        p.ship()
+        _train(p, spec, 2, start=5)
+    want = _rows(p.tables, spec)
+    want_ids = want[0][want[3]] if changed else want[0]
+    widths = {k: w for k, (w, _) in spec.optimizer.state(spec.dim).items()}
+
+    def chunk(tables, after):
+        reply = tables.export({"name": spec.name, "after": after, "count": 50, "changed": changed})
+        return reply, chunk_from_wire(reply, spec, widths)
+
+    got = []
+    reply, first = chunk(p.tables, None)          # the primary's first chunk, then it dies
+    got.append(first)
+    body, frames = encode_events(snapshot(Store(2), p.mirror.tables))
+    restarted = Tables(2)
+    restore(Store(2), decode_events(body, frames), restarted)
+    assert not np.array_equal(restarted.tables[spec.key].rows.ids[:len(want[0])], p.tables.tables[spec.key].rows.ids[
+        :len(want[0])])                           # the restart's rows are in another order
+    while reply["more"]:
+        reply, more = chunk(restarted, int(got[-1].ids[-1]))
+        got.append(more)
+    ids = np.concatenate([c.ids for c in got])
+    assert len(got) > 2 and len(ids) == len(want_ids)
+    np.testing.assert_array_equal(ids, want_ids)           # each once, in id order
+    values = np.concatenate([c.values for c in got])
+    order = np.searchsorted(want[0], ids)
+    assert values.tobytes() == want[1][order].tobytes()
+
+
+def test_a_copy_keeps_up_with_its_primary_however_long_a_rounds_rows_take_to_apply():
+    """The backup applies a replica message's table events after it, and a snapshot's backlog
+    a budget's worth at a time. With no time to spare (budget 0), the events a message brought
+    are applied still: the queue does not grow round after round. Before, the budget bounded
+    the work, so rows that took longer than it to apply piled up for good."""
+    specs = SPECS["sync adam"], SPECS["async sgd"]
+    p = Primary(*specs)
+    copy = p.mirror.tables
+    backlogs = []
+    for rnd in range(1, 9):
+        _train(p, specs[0], 1, start=rnd)
+        _train(p, specs[1], 1, start=rnd)
+        copy.work(0.0)
+        backlogs.append(copy.backlog)
+    assert backlogs == [0] * 8
+    for spec in specs:
+        _same(p.tables, copy, spec)
+    # a new backup's snapshot is worked off a budget at a time while the primary's rounds go on
+    big = TableSpec("big", 16, rowwise.Adam(lr=0.01))
+    p.tables.declare({"spec": big.to_wire()})
+    p.tables.handle(W0, *_pull(big, np.arange(200_000)))
+    fresh = Mirror(8)
+    fresh.apply(snapshot(Store(2), p.tables))
+    p.store.journal.clear()
+
+    def ship_to_both():
+        body, frames = encode_events(p.store.journal)
+        p.store.journal.clear()
+        for mirror in (p.mirror, fresh):
+            mirror.apply(decode_events(body, [memoryview(f) for f in frames]))
+    p.ship = ship_to_both
+    queued = [fresh.tables.backlog]
+    for rnd in range(9, 13):
+        _train(p, specs[0], 1, start=rnd)
+        fresh.tables.work(0.0)
+        queued.append(fresh.tables.backlog)
+    assert queued[0] > 4 and all(b < a for a, b in itertools.pairwise(queued)), queued
+    fresh.tables.settle()
+    for spec in specs:
+        _same(p.tables, fresh.tables, spec)

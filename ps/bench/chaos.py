@@ -3,6 +3,7 @@ SIGKILLed every ~N rounds; the final weights must equal an unfaulted run's.
 
     python -m ps.bench.chaos --workers 4 --servers 2 --rounds 2000 --kill-every 100
     python -m ps.bench.chaos --pods ...     # the scheduler in the kill set too
+    python -m ps.bench.chaos --table ...    # an embedding table too, saved every 50 rounds
 
 Runs the job twice through ``python -m ps.launch``: once untouched (the reference), once with
 kills (one at a time: the next waits until the last restart is back). Gradients depend only
@@ -12,6 +13,10 @@ kills, restarts, exit status, rounds completed, max |w - w_ref|, server RSS, wal
 ``--pods`` runs every process of the job on its own, as a Kubernetes Job runs each index of
 its pods (started again in place when it dies, same role and rank), so the scheduler is
 one more process to kill: its restart rebuilds the job from the live nodes.
+
+``--table``: each round also pulls and pushes rows of an embedding table (sync, Adagrad), and
+worker 0 saves the table (ps.embed.checkpoint) every 50 rounds; the table's rows and every save
+must equal the unfaulted run's too.
 """
 from __future__ import annotations
 
@@ -35,6 +40,8 @@ from launcher.process import start_group, stop_group
 
 SHAPES = {"small": (2, 3), "mid": (40_000,), "big": (300_000,)}     # big: cut across every server
 BOUND = "100000"                                                    # MXNET_KVSTORE_BIGARRAY_BOUND
+SAVE_EVERY = 50             # --table: worker 0 saves the table every this many rounds
+TABLE_DIM = 8
 
 
 def grad(rank: int, rnd: int, salt: int, shape: tuple) -> np.ndarray:
@@ -42,16 +49,71 @@ def grad(rank: int, rnd: int, salt: int, shape: tuple) -> np.ndarray:
     return (np.sin(0.001 * x * (salt + 1) + 0.37 * rnd + 1.3 * rank) * 0.01).astype(np.float32).reshape(shape)
 
 
-def worker(out: str, rounds: int) -> None:
+def table_ids(rank: int, rnd: int) -> np.ndarray:
+    rng = np.random.default_rng(7919 * rank + rnd)
+    return np.unique(rng.integers(-3000, 3000, 50)).astype(np.int64)
+
+
+def table_grad(rank: int, rnd: int, ids: np.ndarray) -> np.ndarray:
+    x = (ids % 997).astype(np.float64)[:, None] + np.arange(TABLE_DIM)
+    return (np.cos(0.01 * x + 0.37 * rnd + 1.3 * rank) * 0.1).astype(np.float32)
+
+
+def saved_rows(path: str) -> dict[str, np.ndarray]:
+    """A save's rows in id order: ids, values and each optimizer state."""
+    parts = sorted(f for f in os.listdir(path) if f.startswith("rows-"))
+    found: dict[str, list[np.ndarray]] = {}
+    for name in parts:
+        with np.load(os.path.join(path, name)) as f:
+            for k in f.files:
+                found.setdefault(k, []).append(f[k])
+    rows = {k: np.concatenate(v) for k, v in found.items()}
+    order = np.argsort(rows["ids"]) if rows else np.empty(0, np.int64)
+    return {k: v[order] for k, v in rows.items()}
+
+
+def compare_saves(ref_dir: str, run_dir: str) -> float | None:
+    """The largest difference between the two runs' saves (inf: one is missing, or holds a
+    trained row the other lacks); None when there are none. Another worker's lookups of the
+    next round may make rows during a save, at their initial values, so a row only one run
+    saved counts if it was ever updated (its Adagrad sum is not zero)."""
+    names = sorted(n for n in os.listdir(ref_dir) if n.startswith("save-"))
+    diff = None
+    for name in names:
+        if not os.path.exists(os.path.join(run_dir, name, "table.json")):
+            return float("inf")
+        a, b = saved_rows(os.path.join(ref_dir, name)), saved_rows(os.path.join(run_dir, name))
+        if a.keys() != b.keys():
+            return float("inf")
+        for x, y in ((a, b), (b, a)):
+            alone = ~np.isin(x["ids"], y["ids"])
+            if np.any(x["state_sum"][alone] != 0):
+                return float("inf")
+        both_a, both_b = np.isin(a["ids"], b["ids"]), np.isin(b["ids"], a["ids"])
+        d = max(float(np.abs(a[k][both_a] - b[k][both_b]).max(initial=0.0)) for k in a if k != "ids")
+        diff = d if diff is None else max(diff, d)
+    return diff
+
+
+def worker(out: str, rounds: int, with_table: bool = False) -> None:
     import ps
+    from ps.embed import TableSpec, checkpoint
+    from ps.optim import rowwise
     kv = ps.KVStore("dist_sync")
     kv.init(list(SHAPES), [np.full(s, 0.5, np.float32) for s in SHAPES.values()])
     kv.set_optimizer(ps.optim.SGD(learning_rate=0.1, momentum=0.9, wd=1e-4))
+    table = kv.table(TableSpec("chaos", TABLE_DIM, rowwise.Adagrad(lr=0.1))) if with_table else None
     start = kv.resume() if kv.restarted else 0
     if kv.restarted:
         print(f"RESTARTED worker {kv.rank} at round {start}", flush=True)
     vals = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
     for rnd in range(start, rounds):
+        if table is not None:
+            if kv.rank == 0 and rnd and rnd % SAVE_EVERY == 0:      # between steps: no round closes
+                checkpoint.save(table, os.path.join(out, f"save-{rnd:06d}"))
+            ids = table_ids(kv.rank, rnd)
+            table.pull(ids)
+            table.push(ids, table_grad(kv.rank, rnd, ids))
         for salt, (key, shape) in enumerate(SHAPES.items()):
             kv.push(key, grad(kv.rank, rnd, salt, shape))
         for key in SHAPES:
@@ -61,6 +123,9 @@ def worker(out: str, rounds: int) -> None:
     kv.barrier()
     for key in SHAPES:
         kv.pull(key, out=vals[key])
+    if table is not None:
+        vals["table"] = table.pull(np.unique(np.concatenate([table_ids(r, n) for r in range(kv.num_workers)
+                                                              for n in range(rounds)])))
     if kv.rank == 0:
         np.savez(os.path.join(out, "weights.npz"), **vals)
     print(f"FINISHED worker {kv.rank}", flush=True)
@@ -84,7 +149,8 @@ def job_pids(port: str) -> dict[tuple[str, int], int]:
 def run_job(args: argparse.Namespace, out: str, kill_every: int, rng: random.Random) -> dict:
     cmd = [sys.executable, "-m", "ps.launch", "-n", str(args.workers), "-s", str(args.servers), "--launcher", "local",
            "--max-restarts", str(args.max_restarts if kill_every else 0),
-           sys.executable, "-m", "ps.bench.chaos", "--worker-mode", out, str(args.rounds)]
+           sys.executable, "-m", "ps.bench.chaos", "--worker-mode", out, str(args.rounds),
+           *(["--table"] if args.table else [])]
     env = {**os.environ, "MXNET_KVSTORE_BIGARRAY_BOUND": BOUND, "PS_CONNECT_TIMEOUT": "60"}
     proc = start_group(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.SimpleQueue = queue.SimpleQueue()
@@ -148,7 +214,8 @@ def run_pods(args: argparse.Namespace, out: str, kill_every: int, rng: random.Ra
 
     def start(role: str, rank: int) -> subprocess.Popen:
         argv = [sys.executable, "-m", "ps"] if role != "worker" else \
-            [sys.executable, "-m", "ps.bench.chaos", "--worker-mode", out, str(args.rounds)]
+            [sys.executable, "-m", "ps.bench.chaos", "--worker-mode", out, str(args.rounds),
+             *(["--table"] if args.table else [])]
         proc = start_group(argv, {**env, "DMLC_ROLE": role, "DMLC_RANK": str(rank)}, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
         threading.Thread(target=lambda: [lines.put(f"[{role} {rank}] {ln}") for ln in proc.stdout],
@@ -211,10 +278,12 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--pods", action="store_true",
                     help="each process on its own, restarted in place (as Kubernetes Jobs): the scheduler is killed too")
+    ap.add_argument("--table", action="store_true",
+                    help="an embedding table too, saved by worker 0 every 50 rounds; its rows and saves are checked")
     ap.add_argument("--worker-mode", nargs=2, metavar=("OUT", "ROUNDS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker_mode:
-        worker(args.worker_mode[0], int(args.worker_mode[1]))
+        worker(args.worker_mode[0], int(args.worker_mode[1]), args.table)
         return 0
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
@@ -229,12 +298,14 @@ def main() -> int:
         if os.path.exists(os.path.join(ref_dir, "weights.npz")) and os.path.exists(os.path.join(run_dir, "weights.npz")):
             with np.load(os.path.join(ref_dir, "weights.npz")) as a, np.load(os.path.join(run_dir, "weights.npz")) as b:
                 diff = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+        saves = compare_saves(ref_dir, run_dir) if args.table else None
         summary = {"seed": seed, "workers": args.workers, "servers": args.servers, "rounds": args.rounds,
-                   "reference": ref, "faulted": run, "max_abs_diff": diff}
+                   "table": args.table, "reference": ref, "faulted": run, "max_abs_diff": diff,
+                   **({"saves_max_abs_diff": saves} if args.table else {})}
         print(json.dumps(summary, indent=1))
         if run["exit"] != 0:
             print(open(os.path.join(run_dir, "job.log")).read()[-5000:], file=sys.stderr)
-        return 0 if run["exit"] == 0 and diff == 0.0 else 1
+        return 0 if run["exit"] == 0 and diff == 0.0 and (not args.table or saves == 0.0) else 1
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +33,22 @@ def save(table: Any, path: str | os.PathLike, incremental: bool = False) -> int:
     """Write ``table``'s rows (all, or with ``incremental`` those updated since its last save)
     to the new directory ``path``; the rows written. A restarted worker re-running its script
     skips a save its dead self completed (``path`` holds this table's save): the table has
-    trained on since, and those rows do not belong under that save's name."""
+    trained on since, and those rows do not belong under that save's name; one its dead self
+    began and did not finish is made again."""
     out = Path(path)
-    done = _complete(out, table.spec.name) if getattr(table, "restarted", False) else None
+    restarted = getattr(table, "restarted", False)
+    done = _complete(out, table.spec.name) if restarted else None
     if done is not None:
         logger.warning("%s holds the save of table %r this worker's dead self made: not saved again (a restart "
-                    "re-running its script)", out, table.spec.name)
+                       "re-running its script)", out, table.spec.name)
         return done
+    if restarted and _partial(out):
+        # its dead self died in this save; under sync the table has not moved since (this
+        # worker had not pushed the next step), so the save is made again, whole
+        logger.warning("%s holds part of a save this worker's dead self did not finish: saving it again", out)
+        for part in out.iterdir():
+            part.unlink()
+        out.rmdir()
     out.mkdir(parents=True, exist_ok=False)
     rows, parts, steps = 0, 0, 0
     for chunk in table.chunks(changed_only=incremental):
@@ -62,6 +72,15 @@ def _complete(path: Path, name: str) -> int | None:
         return None
     spec = meta.get("spec") if isinstance(meta, dict) else None
     return int(meta["rows"]) if isinstance(spec, dict) and spec.get("name") == name else None
+
+
+def _partial(path: Path) -> bool:
+    """``path`` holds nothing but a save's row files (no table.json): a save cut short."""
+    try:
+        names = [p.name for p in path.iterdir()]
+    except OSError:
+        return False
+    return all(re.fullmatch(r"rows-\d{5}\.npz", n) for n in names)
 
 
 def load(table: Any, path: str | os.PathLike) -> int:

@@ -438,9 +438,12 @@ class Tables:
                 return replies
             del served.rounds[served.closed + 1]
             served.closed += 1
-            ids = [a for p in pushes.values() for a in p.ids]
+            # by worker, not by arrival: float sums of three or more rows of one id depend on
+            # their order, and a round must sum alike in every run (a restart's redo included)
+            ranked = [pushes[w] for w in sorted(pushes)]
+            ids = [a for p in ranked for a in p.ids]
             if ids:
-                uids, sums = sum_rows(np.concatenate(ids), np.concatenate([g for p in pushes.values() for g in p.grads]))
+                uids, sums = sum_rows(np.concatenate(ids), np.concatenate([g for p in ranked for g in p.grads]))
                 served.rows.apply(uids, sums / np.asarray(len(pushes), sums.dtype))
             else:
                 uids = np.empty(0, np.int64)

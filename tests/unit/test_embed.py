@@ -198,6 +198,36 @@ def test_a_saved_table_loads_with_its_rows_state_and_steps(tmp_path):
         checkpoint.load(LocalTable(TableSpec("ada", 4, rowwise.Adagrad())), tmp_path / "full")
 
 
+def test_a_restarted_worker_skips_a_save_its_dead_self_made_and_redoes_one_it_cut_short(tmp_path, caplog):
+    """A restart (``--max-restarts``) re-running its script: a whole save of this table is its
+    dead self's and stays (the table trained on since); a directory of row files alone is a save
+    it died in, made again; anything else in the way is refused as for any worker."""
+    from ps.embed import checkpoint
+    spec = TableSpec("ckpt", 4, rowwise.Adagrad(lr=0.1))
+    table = _trained(spec, 3)
+    rows = checkpoint.save(table, tmp_path / "whole")
+    before = (tmp_path / "whole" / "rows-00000.npz").read_bytes()
+    table.push(np.arange(5), np.ones((5, 4), np.float32))
+    table.restarted = True
+    assert checkpoint.save(table, tmp_path / "whole") == rows
+    assert (tmp_path / "whole" / "rows-00000.npz").read_bytes() == before
+    assert "holds the save of table 'ckpt' this worker's dead self made" in caplog.text
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "rows-00000.npz").write_bytes(b"half a file")
+    assert checkpoint.save(table, cut) == len(table.rows)
+    fresh = LocalTable(spec)
+    checkpoint.load(fresh, cut)
+    probe = np.arange(-1000, 1000)
+    assert np.array_equal(fresh.pull(probe), table.pull(probe))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError):
+        checkpoint.save(table, other)
+    assert (other / "notes.txt").read_text() == "mine"
+
+
 # -- a server's rounds, entry by entry ----------------------------------------------------
 W0, W1 = worker_id(0), worker_id(1)
 
@@ -221,6 +251,23 @@ def test_a_sync_round_applies_the_workers_mean_once_all_pushed():
     [again] = tables.handle(W0, *_push(spec, 1, [7], [[2, 4]]))
     assert again.entry.error is None
     assert tables.tables[spec.key].rows.steps == 1
+
+
+def test_a_sync_round_sums_its_workers_rows_in_rank_order_whatever_order_they_came_in():
+    """Float addition of three rows of one id depends on its order (1e8, 1 and -1e8 sum to 0 or
+    to 1 in float32). Summed in the order the pushes came, two runs of one job (or a killed run
+    and its reference) differed by that rounding; by rank they are bit-identical."""
+    spec = TableSpec("order", 1, rowwise.SGD(lr=1.0), Init("zeros"))
+    grads = {worker_id(0): 1e8, worker_id(1): 1.0, worker_id(2): -1e8}
+    after = []
+    for arrival in ([0, 1, 2], [1, 0, 2], [2, 1, 0], [1, 2, 0]):
+        tables = Tables(num_workers=3)
+        tables.declare({"spec": spec.to_wire()})
+        for rank in arrival:
+            tables.handle(worker_id(rank), *_push(spec, 1, [5], [[grads[worker_id(rank)]]]))
+        [row] = tables.handle(W0, *_pull(spec, [5], seq=1))
+        after.append(float(row.data[0]))
+    assert len(set(after)) == 1, after
 
 
 def test_a_worker_that_closed_its_store_no_longer_holds_rounds_back():

@@ -12,6 +12,7 @@ Files are read with ``allow_pickle=False``: a checkpoint is data, never code.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -41,6 +42,7 @@ def save(table: Any, path: str | os.PathLike, incremental: bool = False) -> int:
     if done is not None:
         logger.warning("%s holds the save of table %r this worker's dead self made: not saved again (a restart "
                        "re-running its script)", out, table.spec.name)
+        table.mark_saved()      # in case its dead self died before it did: the servers hold evictions
         return done
     if restarted and _partial(out):
         # its dead self died in this save; under sync the table has not moved since (this
@@ -51,15 +53,22 @@ def save(table: Any, path: str | os.PathLike, incremental: bool = False) -> int:
         out.rmdir()
     out.mkdir(parents=True, exist_ok=False)
     rows, parts, steps = 0, 0, 0
-    for chunk in table.chunks(changed_only=incremental):
-        steps = max(steps, chunk.steps)
-        if not len(chunk.ids):
-            continue
-        np.savez(out / f"rows-{parts:05d}.npz", ids=chunk.ids, values=chunk.values,
-                 **{f"state_{k}": v for k, v in chunk.state.items()})
-        rows, parts = rows + len(chunk.ids), parts + 1
-    (out / "table.json").write_text(json.dumps({"format": FORMAT, "spec": table.spec.to_wire(), "rows": rows,
-                                               "parts": parts, "steps": steps, "incremental": incremental}))
+    try:
+        for chunk in table.chunks(changed_only=incremental):
+            steps = max(steps, chunk.steps)
+            if not len(chunk.ids):
+                continue
+            np.savez(out / f"rows-{parts:05d}.npz", ids=chunk.ids, values=chunk.values,
+                     **{f"state_{k}": v for k, v in chunk.state.items()})
+            rows, parts = rows + len(chunk.ids), parts + 1
+        (out / "table.json").write_text(json.dumps({"format": FORMAT, "spec": table.spec.to_wire(), "rows": rows,
+                                                   "parts": parts, "steps": steps, "incremental": incremental}))
+    except BaseException:
+        # the servers hold evictions while a save is under way: let them go (best effort:
+        # the cluster may be what failed), and count nothing as saved
+        with contextlib.suppress(Exception):
+            table.mark_saved(completed=False)
+        raise
     table.mark_saved()
     return rows
 

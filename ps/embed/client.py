@@ -132,8 +132,10 @@ class Table:
                 after = int(chunk.ids[-1]) if len(chunk.ids) else after
                 yield chunk
 
-    def mark_saved(self) -> None:
-        self._worker.command("table_saved", {"name": self.spec.name})
+    def mark_saved(self, completed: bool = True) -> None:
+        """The save ended, written whole or (``completed`` False) abandoned: every server lets
+        rows be evicted again, and after a whole one counts its updates from its start."""
+        self._worker.command("table_saved", {"name": self.spec.name, "completed": completed})
 
     def put(self, chunk: Chunk) -> None:
         """Rows from a checkpoint, each to the server that holds its id now (any server count)."""
@@ -181,8 +183,9 @@ class LocalTable:
         for start in range(0, len(rows), count):
             yield self.rows.chunk(rows[start:start + count])
 
-    def mark_saved(self) -> None:
-        self.rows.saved()
+    def mark_saved(self, completed: bool = True) -> None:
+        if completed:
+            self.rows.saved()
 
     def put(self, chunk: Chunk) -> None:
         self.rows.put(chunk)

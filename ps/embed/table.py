@@ -62,7 +62,12 @@ class RowTable:
                       for name, (width, first) in self._state_spec.items()}
         self.steps = 0              # updates applied: Adam's bias correction, Adagrad's lr decay
         self.rows_created = 0
-        self.changed = np.zeros(capacity, bool)     # updated since the last save (incremental saves)
+        # incremental saves: a row's update count (``changes`` when it was last updated) against
+        # the count when the last completed save began; counts, not flags, so an update made
+        # while a save is under way (async, ssp) stays for the next one
+        self.updated = np.zeros(capacity, np.uint64)
+        self.changes = 0            # updates to rows so far
+        self.saved_at = 0           # ``changes`` when the last completed save began
         limits = spec.limits
         self.touched = np.zeros(capacity, np.int64)  # the step a row was last looked up or updated (lru)
         self.hits = np.zeros(capacity, np.int64)     # lookups and updates of a row (lfu)
@@ -74,17 +79,19 @@ class RowTable:
     def __len__(self) -> int:
         return self.index.size
 
-    def rows(self, ids: np.ndarray, admit: np.ndarray | None = None, fill: bool = True) -> np.ndarray:
+    def rows(self, ids: np.ndarray, admit: np.ndarray | None = None, fill: bool = True,
+             evict: bool = True) -> np.ndarray:
         """The row numbers of ``ids``, making the rows of new ones (an id twice gets one row);
         ``admit``: per id, whether a new one may have a row (-1 where it gets none); ``fill``
-        False: the caller writes the new rows' values (no initial values computed)."""
+        False: the caller writes the new rows' values (no initial values computed); ``evict``
+        False: never evict to make room (rows a primary held, replayed)."""
         rows = self.index.find(ids)
         new = rows < 0 if admit is None else (rows < 0) & admit
         if not new.any():
             return rows
         fresh, where = np.unique(ids[new], return_inverse=True)
         capacity = self.spec.limits.capacity
-        if capacity is not None and self.index.size + len(fresh) > capacity and not self.hold_evictions:
+        if capacity is not None and self.index.size + len(fresh) > capacity and evict and not self.hold_evictions:
             self._evict_for(len(fresh), keep=rows[rows >= 0])
             rows = self.index.find(ids)          # the row numbers moved
         start = self.index.size
@@ -113,7 +120,7 @@ class RowTable:
         used = self.index.size
         # ids, values, touched and hits are written when a row is made: no fill
         self.ids = _grown(self.ids, cap, used, None)
-        self.changed = _grown(self.changed, cap, used, False)
+        self.updated = _grown(self.updated, cap, used, 0)
         self.touched = _grown(self.touched, cap, used, None)
         self.hits = _grown(self.hits, cap, used, None)
         self.values = _grown(self.values, cap, used, None)
@@ -153,7 +160,8 @@ class RowTable:
                 self.dropped += int((~keep).sum())
                 rows, grads = rows[keep], grads[keep]
             self.spec.optimizer.update(self.values, self.state, rows, grads, self.steps)
-            self.changed[rows] = True
+            self.changes += 1
+            self.updated[rows] = self.changes
             self._touch(rows)
         after = self.spec.limits.evict_after
         if after is not None and self.steps % max(1, after // 4) == 0 and not self.hold_evictions:
@@ -188,10 +196,10 @@ class RowTable:
         m = n - count
         if self.gone is not None:
             self.gone.append(self.ids[:n][mask])     # a copy (boolean indexing), taken before the move
-        for name in ("ids", "values", "changed", "touched", "hits"):
+        for name in ("ids", "values", "updated", "touched", "hits"):
             arr = getattr(self, name)
             arr[:m] = arr[:n][kept]
-        self.changed[m:n] = False
+        self.updated[m:n] = 0
         for name, arr in self.state.items():
             arr[:m] = arr[:n][kept]
             arr[m:n] = self._state_spec[name][1]      # a row made there later starts fresh
@@ -212,7 +220,7 @@ class RowTable:
     def saved_rows(self, changed_only: bool) -> np.ndarray:
         """The row numbers a save writes: every row, or those updated since the last save."""
         n = self.index.size
-        return np.flatnonzero(self.changed[:n]) if changed_only else np.arange(n)
+        return np.flatnonzero(self.updated[:n] > self.saved_at) if changed_only else np.arange(n)
 
     def chunk(self, rows: np.ndarray) -> Chunk:
         return Chunk(self.ids[rows], self.values[rows], {k: v[rows] for k, v in self.state.items()}, self.steps)
@@ -222,13 +230,16 @@ class RowTable:
         rows = self.index.find(ids)
         return self.chunk(rows[rows >= 0])
 
-    def saved(self) -> None:
-        """A save completed: later incremental saves hold only rows updated after it."""
-        self.changed[:] = False
+    def saved(self, began: int | None = None) -> None:
+        """A save completed that began when ``changes`` was ``began`` (now, if None): later
+        incremental saves hold the rows updated after that."""
+        self.saved_at = max(self.saved_at, self.changes if began is None else int(began))
 
-    def put(self, chunk: Chunk, changed: bool = False) -> None:
-        """Rows from a checkpoint (or a backup's copy: ``changed`` marks them updated since the
-        last save): made if new, overwritten if not, with their optimizer state."""
+    def put(self, chunk: Chunk, updated: int | np.ndarray | None = None, evict: bool = True) -> None:
+        """Rows from a checkpoint (or a backup's copy: ``updated``, the primary's update count
+        of the rows): made if new, overwritten if not, with their optimizer state. ``evict``
+        False: rows a primary held (its copy, or a restart restored from it), which may be more
+        than its capacity while a save held its evictions; its own evictions are replayed."""
         if set(chunk.state) != set(self.state):
             raise ValueError(f"table {self.spec.name!r}: the checkpoint holds optimizer state "
                              f"{sorted(chunk.state)}, this table's optimizer keeps {sorted(self.state)}")
@@ -236,12 +247,13 @@ class RowTable:
         if chunk.values.shape != (n, self.spec.dim):
             raise ValueError(f"table {self.spec.name!r}: checkpoint rows of shape {chunk.values.shape} for "
                              f"{n} ids; the table has dimension {self.spec.dim}")
-        rows = self.rows(chunk.ids, fill=False)
+        rows = self.rows(chunk.ids, fill=False, evict=evict)
         self.values[rows] = chunk.values
         for name, arr in chunk.state.items():
             self.state[name][rows] = arr.reshape(n, self.widths[name])
-        if changed:
-            self.changed[rows] = True
+        if updated is not None:
+            self.updated[rows] = updated
+            self.changes = max(self.changes, int(np.max(updated, initial=0)))
         self.steps = max(self.steps, chunk.steps)
 
 
@@ -260,11 +272,15 @@ def chunk_to_wire(chunk: Chunk) -> dict:
 
 def chunk_from_wire(body: dict, spec: TableSpec, widths: dict[str, int]) -> Chunk:
     """The Chunk a command carries, checked against the table; ValueError naming what is wrong."""
+    names = sorted(body.get("state", {})) if isinstance(body, dict) and isinstance(body.get("state"), dict) else None
+    if names is not None and names != sorted(widths):
+        raise ValueError(f"table {spec.name!r}: the checkpoint holds optimizer state {names}, this table's "
+                         f"optimizer keeps {sorted(widths)}")
     try:
         ids = np.frombuffer(body["ids"], np.int64)
         dtype, n = spec.np_dtype, len(ids)
         values = np.frombuffer(body["values"], dtype).reshape(n, spec.dim)
-        state = {k: np.frombuffer(v, dtype).reshape(n, widths.get(k, 1)) for k, v in body["state"].items()}
+        state = {k: np.frombuffer(v, dtype).reshape(n, widths[k]) for k, v in body["state"].items()}
         return Chunk(ids, values, state, int(body["steps"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"table {spec.name!r}: malformed rows in a checkpoint command: {exc}") from None

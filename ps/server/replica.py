@@ -26,11 +26,11 @@ from .store import Store
 from .tables import Tables
 from .updaters import Optimizers, apply_rows
 
-TABLE_EVENTS = frozenset({"tdeclare", "tstate", "tdata", "trows", "tevict", "tsaved", "tput"})
+TABLE_EVENTS = frozenset({"tdeclare", "tstate", "tdata", "trows", "tevict", "tsavebegin", "tsaved", "tput"})
 BULK = frozenset({"key", "tdata"})      # a snapshot's events that travel one per message
 
-# dtypes an event array may have: the key dtypes plus int64 row ids
-_ARRAY_DTYPES = (*DTYPES, np.dtype("<i8"), np.dtype("<u4"))
+# dtypes an event array may have: the key dtypes plus int64 row ids and uint64 update counts
+_ARRAY_DTYPES = (*DTYPES, np.dtype("<i8"), np.dtype("<u4"), np.dtype("<u8"))
 _ARRAY_CODE = {dt: i for i, dt in enumerate(_ARRAY_DTYPES)}
 
 

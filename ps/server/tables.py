@@ -74,6 +74,7 @@ class _Served:
     rounds: dict[int, dict[int, _Push]] = field(default_factory=dict)   # seq -> worker -> push
     closed: int = 0                        # sync rounds closed (they close in order)
     exporting: np.ndarray | None = None    # the rows of the save under way in id order (fixed at its first chunk)
+    save_began: int | None = None          # the rows' update count when the save under way began
     clocks: dict[int, int] = field(default_factory=dict)     # async, ssp: worker -> its pushes applied
     held: list[_Held] = field(default_factory=list)           # ssp: pulls of workers too far ahead
 
@@ -172,7 +173,8 @@ class Tables:
         if ids is not None:
             names = sorted(rows.state)
             chunk = rows.chunk_of(ids)
-            journal.append(Event("trows", served.spec.key, 0, [served.closed, worker, seq, chunk.steps, names],
+            journal.append(Event("trows", served.spec.key, 0, [served.closed, worker, seq, chunk.steps, names,
+                                                               rows.changes],
                                  (chunk.ids, chunk.values.reshape(-1), *(chunk.state[k].reshape(-1) for k in names))))
 
     def snapshot(self) -> list[Event]:
@@ -183,14 +185,15 @@ class Tables:
         for key, served in self.tables.items():
             events.append(Event("tdeclare", key, 0, served.spec.to_wire()))
             events.append(Event("tstate", key, 0, [served.closed, [[w, n] for w, n in served.clocks.items()],
-                                                  served.rows.steps, len(served.rows)]))
+                                                  served.rows.steps, len(served.rows), served.rows.changes,
+                                                  served.rows.saved_at, served.save_began]))
             rows, names = served.rows, sorted(served.rows.state)
             n, step = len(rows), rows_per_chunk(served.spec)
             for start in range(0, n, step):
                 part = np.arange(start, min(n, start + step))
                 chunk = rows.chunk(part)
                 events.append(Event("tdata", key, 0, [names, chunk.steps],
-                                    (chunk.ids, chunk.values.reshape(-1), rows.changed[part].astype(np.uint32),
+                                    (chunk.ids, chunk.values.reshape(-1), rows.updated[part],
                                      *(chunk.state[k].reshape(-1) for k in names))))
         return events
 
@@ -240,31 +243,38 @@ class Tables:
             raise ProtocolError(f"replica event {ev.kind} for embedding table {ev.key}, which the copy does not hold")
         rows = served.rows
         if ev.kind == "trows":
-            closed, worker, seq, steps, names = ev.info
+            closed, worker, seq, steps, names, changes = ev.info
             ids, values, *state = ev.arrays
-            rows.put(_chunk(served, ids, values, names, state, steps), changed=True)
+            rows.put(_chunk(served, ids, values, names, state, steps), updated=int(changes), evict=False)
+            rows.changes = max(rows.changes, int(changes))
             served.closed = max(served.closed, int(closed))
             if worker >= 0:
                 served.clocks[worker] = max(served.clocks.get(worker, 0), int(seq))
         elif ev.kind == "tdata":
             names, steps = ev.info
-            ids, values, changed, *state = ev.arrays
-            rows.put(_chunk(served, ids, values, names, state, steps))
-            marked = rows.index.find(ids[changed.astype(bool)])
-            rows.changed[marked[marked >= 0]] = True
+            ids, values, updated, *state = ev.arrays
+            rows.put(_chunk(served, ids, values, names, state, steps), updated=updated.astype(np.uint64),
+                     evict=False)
         elif ev.kind == "tstate":
-            closed, clocks, steps, count = ev.info
+            closed, clocks, steps, count, changes, saved_at, save_began = ev.info
             served.closed, rows.steps = int(closed), int(steps)
+            rows.changes, rows.saved_at = int(changes), int(saved_at)
+            served.save_began = None if save_began is None else int(save_began)
             rows.reserve(len(rows) + int(count))
             served.clocks = {int(w): int(n) for w, n in clocks}
         elif ev.kind == "tevict":
             rows.remove(ev.arrays[0])
+        elif ev.kind == "tsavebegin":
+            served.save_began = int(ev.info)
         elif ev.kind == "tsaved":
-            rows.saved()
+            began, completed = ev.info
+            if completed and began is not None:
+                rows.saved(began)
+            served.save_began = None
         elif ev.kind == "tput":
             names, steps = ev.info
             ids, values, *state = ev.arrays
-            rows.put(_chunk(served, ids, values, names, state, steps))
+            rows.put(_chunk(served, ids, values, names, state, steps), evict=False)     # its evictions follow
         else:
             raise ProtocolError(f"unknown embedding table event {ev.kind!r}")
         if rows.gone:
@@ -303,6 +313,9 @@ class Tables:
         after, count = body.get("after"), min(int(body["count"]), rows_per_chunk(served.spec))
         rows = served.rows
         if after is None or served.exporting is None:
+            if after is None or served.save_began is None:      # a new save (else a restart goes on)
+                served.save_began = rows.changes
+                self._record(Event("tsavebegin", served.spec.key, 0, served.save_began))
             saved = rows.saved_rows(bool(body.get("changed")))
             served.exporting = saved[np.argsort(rows.ids[saved])]
             rows.hold_evictions = True      # until saved(): the row numbers must stay
@@ -312,11 +325,17 @@ class Tables:
         return {"total": len(order), "more": first + len(part) < len(order), **chunk_to_wire(rows.chunk(part))}
 
     def saved(self, body: dict) -> None:
+        """The save under way ended: written whole (``completed``, the default), so the next
+        incremental save holds the rows updated since it began, or abandoned. Either way rows
+        may be evicted again."""
         served = self._named(body)
+        completed = bool(body.get("completed", True))
         served.exporting = None
         served.rows.hold_evictions = False
-        served.rows.saved()
-        self._record(Event("tsaved", served.spec.key))
+        if completed and served.save_began is not None:
+            served.rows.saved(served.save_began)
+        self._record(Event("tsaved", served.spec.key, 0, [served.save_began, completed]))
+        served.save_began = None
 
     def put(self, body: dict) -> int:
         served = self._named(body)

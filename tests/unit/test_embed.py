@@ -7,7 +7,7 @@ import pytest
 from ps.embed import Init, LocalTable, TableSpec, initial_rows
 from ps.embed.hashing import name_seed, server_of
 from ps.embed.index import IdIndex
-from ps.embed.table import RowTable, sum_rows
+from ps.embed.table import RowTable, chunk_from_wire, chunk_to_wire, sum_rows
 from ps.message import Command, Entry, Message, Op, Rows, decode, encode, worker_id
 from ps.optim import rowwise
 from ps.server.tables import Tables
@@ -431,3 +431,79 @@ def test_an_exported_table_serves_its_rows_and_the_training_rows_of_ids_it_never
         Rows(tmp_path / "ckpt")
     with pytest.raises(ValueError, match="missing must be one of init, zeros, error, got 'nan'"):
         Rows(tmp_path / "out", missing="nan")
+
+
+def test_an_incremental_save_holds_the_rows_updated_while_the_last_save_was_under_way():
+    """async: another worker's push lands between two chunks of a save. The rows it updated
+    (one already written, one new) belong to the next incremental save. Before, the end of a
+    save cleared every row's mark, and the full save plus the incremental one missed them."""
+    spec = TableSpec("inc", 2, rowwise.SGD(lr=1.0), Init("zeros"), consistency="async")
+    tables = Tables(num_workers=2)
+    tables.declare({"spec": spec.to_wire()})
+    widths = {k: w for k, (w, _) in spec.optimizer.state(spec.dim).items()}
+    tables.handle(W0, *_push(spec, 1, [1, 2, 3], np.ones((3, 2), np.float32)))
+
+    def save(changed, meanwhile=None):
+        got, after, more = {}, None, True
+        while more:
+            reply = tables.export({"name": "inc", "after": after, "count": 1, "changed": changed})
+            chunk = chunk_from_wire(reply, spec, widths)
+            got.update({int(i): v.copy() for i, v in zip(chunk.ids, chunk.values)})
+            more = reply["more"] and len(chunk.ids) > 0
+            after = int(chunk.ids[-1]) if len(chunk.ids) else after
+            if meanwhile is not None:
+                meanwhile()
+                meanwhile = None
+        tables.saved({"name": "inc"})
+        return got
+
+    full = save(False, lambda: tables.handle(W1, *_push(spec, 1, [1, 7], np.ones((2, 2), np.float32))))
+    incremental = save(True)
+    assert sorted(incremental) == [1, 7]
+    both = {**full, **incremental}
+    for i in (1, 2, 3, 7):
+        [row] = tables.handle(W0, *_pull(spec, [i], seq=1))
+        assert np.array_equal(both[i], row.data.reshape(2)), i
+    assert save(True) == {}                                 # nothing updated since
+
+
+def test_a_checkpoint_of_another_optimizer_is_refused_by_name_on_a_server():
+    spec = TableSpec("opt", 4, rowwise.SGD(lr=0.1))
+    tables = Tables(num_workers=1)
+    tables.declare({"spec": spec.to_wire()})
+    adam = LocalTable(TableSpec("opt", 4, rowwise.Adam(lr=0.1)))
+    adam.push(np.arange(3), np.ones((3, 4), np.float32))
+    [chunk] = adam.chunks(changed_only=False)
+    with pytest.raises(ValueError, match=r"the checkpoint holds optimizer state \['exp_avg', 'exp_avg_sq'\], "
+                                         r"this table's optimizer keeps \[\]"):
+        tables.put({"name": "opt", **chunk_to_wire(chunk)})
+
+
+def test_a_save_that_fails_or_is_skipped_still_ends_the_servers_hold_on_evictions(tmp_path):
+    """The servers hold evictions while a save is under way, until it ends. A restart that
+    skips the save its dead self wrote ends it (its dead self may have died before it did), and
+    a save that fails ends it as abandoned (nothing counted as saved)."""
+    from ps.embed import checkpoint
+
+    class Recorded(LocalTable):
+        ended: list
+
+        def mark_saved(self, completed=True):
+            self.ended.append(completed)
+            super().mark_saved(completed)
+
+    table = Recorded(TableSpec("held", 2, rowwise.SGD(lr=0.1)))
+    table.ended = []
+    table.push(np.arange(4), np.ones((4, 2), np.float32))
+    checkpoint.save(table, tmp_path / "whole")
+    table.restarted = True
+    checkpoint.save(table, tmp_path / "whole")
+    assert table.ended == [True, True]
+
+    def broken(changed_only):
+        raise OSError("disk full")
+        yield
+    table.chunks = broken
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save(table, tmp_path / "failed")
+    assert table.ended == [True, True, False]

@@ -168,7 +168,7 @@ ALLOWED = {
     "bench.gluon": {"mxnet"},
     "bench.worker": {"__init__", "bench.gluon"},
     "bench.soak": {"__init__", "launcher.process", "netutil"},
-    "bench.chaos": {"__init__", "launcher.process", "netutil"},
+    "bench.chaos": {"__init__", "embed", "embed.checkpoint", "launcher.process", "netutil", "optim.rowwise"},
     "bench.sparse": {"launcher.process", "mxnet", "netutil"},
     "bench.torch": {"bench.cluster", "launcher.process", "netutil", "torch"},
     "bench.ctr": {"embed", "embed.hashing"},

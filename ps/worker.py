@@ -155,6 +155,11 @@ class KVWorker:
         for answer in answers.values():
             for key, rounds in answer["skipped"]:
                 skipped[int(key)] = max(skipped.get(int(key), 0), int(rounds))
+            for key, rounds in answer.get("tables", ()):      # embedding tables: where they got to
+                with self._lock:
+                    behind = int(rounds) - self._push_seq.get(int(key), self._seq_start)
+                if behind > 0:
+                    skipped[int(key)] = max(skipped.get(int(key), 0), behind)
         self.skip_rounds(skipped)
         self.po.barrier("workers", what="every worker to leave the join (kv.join)", watched=False)
         return Joined(int(answers[min(answers)]["last"]), skipped)

@@ -62,7 +62,8 @@ class KVServer:
         self._early: list[Message] = []
         self.profiler: ServerProfiler | None = None     # made by the first "profiler" command
         self.sender = ReplySender(self.po, self.guard)
-        self.tables = Tables(self.po.num_workers, journal=lambda: self.store.journal)
+        self.tables = Tables(self.po.num_workers, journal=lambda: self.store.journal,
+                             joined=lambda: self.store.joins.joined)
         self.po.on(Command.DATA, self._on_data)
         self.po.on(Command.SERVER_CMD, self._on_command)
         self.po.on(Command.WORKER_CLOSED, self._on_worker_closed)
@@ -338,13 +339,17 @@ class KVServer:
         store.set_members([int(k) for k in body["keys"]], [worker_id(int(r)) for r in body["ranks"]])
 
     def _join(self, store: Store, body: dict[str, Any]) -> None:
-        replies = store.join(worker_id(int(body["rank"])))
+        replies = store.join(worker_id(int(body["rank"]))) + self.tables.worker_joined()
         if replies:
             self.outbox.send(replies)
 
     def _leave(self, store: Store, body: dict[str, Any]) -> dict[str, Any]:
-        last, skipped = store.leave(worker_id(int(body["rank"])))
-        return {"last": id_to_rank(last), "skipped": skipped}
+        worker = worker_id(int(body["rank"]))
+        last, skipped = store.leave(worker)
+        replies = self.tables.worker_left(worker)
+        if replies:
+            self.outbox.send(replies)
+        return {"last": id_to_rank(last), "skipped": skipped, "tables": self.tables.progress()}
 
     def _set_compression(self, store: Store, body: dict[str, Any]) -> None:
         store.compression = compression.parse(body["params"])

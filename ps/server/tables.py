@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import Callable, Collection, NamedTuple
 
 import numpy as np
 
@@ -117,19 +117,24 @@ def _no_journal() -> None:
     return None
 
 
+def _no_joins() -> Collection[int]:
+    return ()
+
+
 class Tables:
     """``journal``: where changes go for the backup (the Store's list, None without one);
+    ``joined``: the workers in Horovod's join (the Store's, ps/server/events.py's Joins);
     ``copy``: this is a backup's copy, which follows its primary's evictions instead of
     evicting by its own limits."""
 
     def __init__(self, num_workers: int, journal: Callable[[], list[Event] | None] = _no_journal,
-                 copy: bool = False):
+                 copy: bool = False, joined: Callable[[], Collection[int]] = _no_joins):
         self.num_workers = num_workers
         self.name = "server"
         self.tables: dict[int, _Served] = {}
         self.closed_workers: set[int] = set()
         self.warned: dict[tuple[int, int], TableStall] = {}     # (table key, round) -> the stall named
-        self._journal, self._copy = journal, copy
+        self._journal, self._copy, self._joined = journal, copy, joined
         # a copy's events, applied a little after each message (work) or all at once (settle):
         # replaying a snapshot of 10^7 rows takes seconds, and the server's I/O thread must not
         # sit on it (the restart it protects waits on this server's acknowledgements meanwhile)
@@ -445,7 +450,10 @@ class Tables:
         return replies
 
     def _needed(self) -> set[int]:
-        return {worker_id(r) for r in range(self.num_workers)} - self.closed_workers
+        """The workers a sync round waits for and an ssp pull's staleness counts: not those
+        that closed their stores, nor those in Horovod's join (their share of a round is zero
+        until they leave it; then they skip the rounds closed meanwhile: :meth:`progress`)."""
+        return {worker_id(r) for r in range(self.num_workers)} - self.closed_workers - set(self._joined())
 
     def _close_rounds(self, served: _Served) -> list[Reply]:
         """Close the table's sync rounds that every worker still in the job pushed to, in order."""
@@ -463,17 +471,54 @@ class Tables:
             ids = [a for p in ranked for a in p.ids]
             if ids:
                 uids, sums = sum_rows(np.concatenate(ids), np.concatenate([g for p in ranked for g in p.grads]))
-                served.rows.apply(uids, sums / np.asarray(len(pushes), sums.dtype))
+                # the mean over the workers that pushed and those in the join (their share zero,
+                # as Horovod's allreduce counts a joined rank)
+                joined = len(set(self._joined()) - set(pushes) - self.closed_workers)
+                served.rows.apply(uids, sums / np.asarray(len(pushes) + joined, sums.dtype))
             else:
                 uids = np.empty(0, np.int64)
                 served.rows.apply(uids, np.empty((0, served.spec.dim), served.rows.values.dtype))
             self._changed(served, uids)
             replies += [Reply(w, _answer(p), None) for w, p in pushes.items()]
 
+    def worker_joined(self) -> list[Reply]:
+        """A worker is in Horovod's join: rounds that wait only for workers in it close, and
+        ssp pulls held for their progress are answered."""
+        return self._go_on()
+
+    def worker_left(self, worker: int) -> list[Reply]:
+        """``worker`` leaves the join: in an async or ssp table its clock moves to the most
+        pushes any worker made (its next push is numbered after them, :meth:`progress`), so an
+        ssp pull, its own included, does not wait for the pushes it skipped."""
+        replies: list[Reply] = []
+        for served in self.tables.values():
+            if served.spec.consistency == "sync":
+                continue
+            top = max(served.clocks.values(), default=0)
+            if served.clocks.get(worker, 0) < top:
+                served.clocks[worker] = top
+                self._changed(served, np.empty(0, np.int64), worker, top)     # the copy's clock too
+            if served.spec.staleness is not None:
+                replies += self._release(served)
+        return replies
+
+    def progress(self) -> list[list[int]]:
+        """Per table, [key, rounds]: its sync rounds closed, or the most pushes of a worker
+        applied (async, ssp). A worker leaving the join skips to it, so its next push counts
+        after the rounds the others made meanwhile (none are in flight: every worker joined)."""
+        out = []
+        for key, served in self.tables.items():
+            rounds = served.closed if served.spec.consistency == "sync" else max(served.clocks.values(), default=0)
+            out.append([key, rounds])
+        return out
+
     def worker_closed(self, worker: int) -> list[Reply]:
         """A worker closed its store: rounds that had all but its push close without it; a
         round it had pushed to is closed with the others' (its share is in)."""
         self.closed_workers.add(worker)
+        return self._go_on()
+
+    def _go_on(self) -> list[Reply]:
         replies: list[Reply] = []
         for served in self.tables.values():
             if served.spec.consistency == "sync":

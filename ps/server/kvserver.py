@@ -219,7 +219,7 @@ class KVServer:
         """Name embedding tables' stalled sync rounds as _check_stalls names keys'."""
         self._tables_resumed()
         for stall in self.tables.stalls(after):
-            text = (f"{self.name}: sync round {stall.round} of embedding table {stall.table!r} has waited "
+            text = (f"{self.name}: {stall.what} {stall.round} of embedding table {stall.table!r} has waited "
                     f"{stall.waited:.0f}s for {', '.join(self._describe(w) for w in stall.missing)}"
                     f"{_waiting(list(stall.waiting))} (PS_STALL_WARNING={after:g}s)")
             self._announce(text, stall.waiting)
@@ -227,7 +227,7 @@ class KVServer:
     def _tables_resumed(self) -> None:
         """Say when a table's round we warned about closed."""
         for stall in self.tables.resumed():
-            self._announce(f"{self.name}: the stalled sync round {stall.round} of embedding table "
+            self._announce(f"{self.name}: the stalled {stall.what} {stall.round} of embedding table "
                            f"{stall.table!r} went on", stall.waiting, over=True)
 
     def _report_resumed(self) -> None:

@@ -105,6 +105,7 @@ class TableStall(NamedTuple):
     waited: float
     missing: tuple[int, ...]
     waiting: tuple[int, ...]
+    what: str = "sync round"        # or an ssp table's "pull at step": what waits
 
 
 class TableError(Exception):
@@ -551,7 +552,8 @@ class Tables:
                 continue
             if (key, rnd) in self.warned or now - since < after:
                 continue
-            stall = TableStall(served.spec.name, rnd, now - since, tuple(sorted(missing)), tuple(sorted(waiting)))
+            stall = TableStall(served.spec.name, rnd, now - since, tuple(sorted(missing)), tuple(sorted(waiting)),
+                               "sync round" if served.spec.consistency == "sync" else "ssp pull at step")
             self.warned[(key, rnd)] = stall
             found.append(stall)
         return found

@@ -286,7 +286,8 @@ def test_a_stalled_sync_round_is_named_once_with_the_worker_it_waits_for():
     tables.handle(W0, *_push(spec, 1, [1], [[1]]))
     assert tables.stalls(60.0) == []
     [stall] = tables.stalls(0.0)
-    assert (stall.table, stall.round, stall.missing, stall.waiting) == ("slow", 1, (W1,), (W0,))
+    assert (stall.table, stall.round, stall.missing, stall.waiting, stall.what) == ("slow", 1, (W1,), (W0,),
+                                                                                     "sync round")
     assert tables.stalls(0.0) == []                  # named once
     assert tables.resumed() == []
     tables.handle(W1, *_push(spec, 1, [2], [[1]]))
@@ -307,7 +308,8 @@ def test_under_ssp_a_pull_waits_only_while_its_worker_is_more_than_s_pushes_ahea
     assert len(tables.handle(W0, *_push(spec, 2, [5], [[1]]))) == 1
     assert pull(W0, 2) == []                                    # 2 ahead of worker 1: it waits
     [stall] = tables.stalls(0.0)
-    assert (stall.table, stall.round, stall.missing, stall.waiting) == ("ssp", 2, (W1,), (W0,))
+    assert (stall.table, stall.round, stall.missing, stall.waiting, stall.what) == ("ssp", 2, (W1,), (W0,),
+                                                                                     "ssp pull at step")
     replies = tables.handle(W1, *_push(spec, 1, [5], [[1]]))
     assert [r.dest for r in replies] == [W1, W0]                # its push, then the held pull
     assert replies[1].data.tolist() == [-3.0]

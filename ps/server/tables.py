@@ -246,7 +246,8 @@ class Tables:
             return
         served = self.tables.get(ev.key)
         if served is None:
-            raise ProtocolError(f"replica event {ev.kind} for embedding table {ev.key}, which the copy does not hold")
+            raise ProtocolError(f"replica event {ev.kind} for embedding table {ev.key}, which no earlier event "
+                                "declared here")
         rows = served.rows
         if ev.kind == "trows":
             closed, worker, seq, steps, names, changes = ev.info
@@ -319,6 +320,7 @@ class Tables:
         after, count = body.get("after"), min(int(body["count"]), rows_per_chunk(served.spec))
         rows = served.rows
         if after is None or served.exporting is None:
+            served.exporting = None                             # an abandoned save's rows go first
             if after is None or served.save_began is None:      # a new save (else a restart goes on)
                 served.save_began = rows.changes
                 self._record(Event("tsavebegin", served.spec.key, 0, served.save_began))

@@ -42,7 +42,10 @@ def save(table: Any, path: str | os.PathLike, incremental: bool = False) -> int:
     if done is not None:
         logger.warning("%s holds the save of table %r this worker's dead self made: not saved again (a restart "
                        "re-running its script)", out, table.spec.name)
-        table.mark_saved()      # in case its dead self died before it did: the servers hold evictions
+        # ends the servers' hold on evictions in case its dead self died before it did; as
+        # abandoned, not completed: the save the servers have under way may be a later one its
+        # dead self died in, whose start must not count as saved
+        table.mark_saved(completed=False)
         return done
     if restarted and _partial(out):
         # its dead self died in this save; under sync the table has not moved since (this

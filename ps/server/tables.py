@@ -21,7 +21,6 @@ worker's pushes applied.
 """
 from __future__ import annotations
 
-import bisect
 import collections
 import dataclasses
 import logging
@@ -120,6 +119,19 @@ def _no_journal() -> None:
 
 def _no_joins() -> Collection[int]:
     return ()
+
+
+def _first_after(order: np.ndarray, ids: np.ndarray, after: int) -> int:
+    """Where in ``order`` (row numbers in id order) the first row whose id is above ``after``
+    is: a binary search through the row numbers (bisect's ``key=`` needs Python 3.10)."""
+    lo, hi = 0, len(order)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ids[order[mid]] <= after:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 class Tables:
@@ -267,6 +279,8 @@ class Tables:
             served.closed, rows.steps = int(closed), int(steps)
             rows.changes, rows.saved_at = int(changes), int(saved_at)
             served.save_began = None if save_began is None else int(save_began)
+            if not self._copy:      # a restart in the middle of a save holds evictions, as its primary did
+                rows.hold_evictions = served.save_began is not None
             rows.reserve(len(rows) + int(count))
             served.clocks = {int(w): int(n) for w, n in clocks}
         elif ev.kind == "tevict":
@@ -328,7 +342,7 @@ class Tables:
             served.exporting = saved[np.argsort(rows.ids[saved])]
             rows.hold_evictions = True      # until saved(): the row numbers must stay
         order = served.exporting
-        first = 0 if after is None else bisect.bisect_right(order, int(after), key=lambda row: int(rows.ids[row]))
+        first = 0 if after is None else _first_after(order, rows.ids, int(after))
         part = order[first:first + count]
         return {"total": len(order), "more": first + len(part) < len(order), **chunk_to_wire(rows.chunk(part))}
 

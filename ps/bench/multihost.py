@@ -34,11 +34,9 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-import psutil
-
 from launcher.process import start_group, stop_group
 
-from . import linkload
+from . import footprint, linkload
 from .measure import load_between, machine_seconds
 from .multihost_report import Run, read_csv, report_runs, write_csv
 from .netns import Hosts, NamespaceError
@@ -256,14 +254,14 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
                 if line.startswith("TIMED") and not timed.is_set():
                     counters["start"] = [hosts.link_bytes(h) for h in range(1, args.hosts + 1)]
                     counters["cpu0"] = machine_seconds()
-                    counters["sched0"] = [_cpu_seconds(scheduler), time.monotonic()]
+                    counters["sched0"] = [footprint.cpu_seconds(scheduler), time.monotonic()]
                     timed.set()
                 out.append(line)
         outputs = [[] for _ in workers]
         readers = [threading.Thread(target=watch, args=(p, o), daemon=True) for p, o in zip(workers, outputs)]
         for t in readers:
             t.start()
-        watcher = threading.Thread(target=lambda: counters.setdefault("procs", _watch_processes(procs, finished)),
+        watcher = threading.Thread(target=lambda: counters.setdefault("procs", footprint.watch(procs, finished)),
                                    daemon=True)
         watcher.start()
         deadline = time.time() + args.timeout
@@ -273,7 +271,7 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
         watcher.join(5)
         counters["end"] = [hosts.link_bytes(h) for h in range(1, args.hosts + 1)]
         cpu1 = machine_seconds()
-        sched1 = [_cpu_seconds(scheduler), time.monotonic()]
+        sched1 = [footprint.cpu_seconds(scheduler), time.monotonic()]
         for t in readers:
             t.join(5)
         for p, out in zip(workers, outputs):
@@ -301,7 +299,7 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
     bigarray = int(_env(hosts, 0, "scheduler", args, None, extra).get("MXNET_KVSTORE_BIGARRAY_BOUND", 1_000_000))
     bound = simple_bound(shapes, k, args.compute, link, num_servers(args), bigarray, args.server_hosts)
     sched0 = counters.get("sched0", [0.0, 0.0])
-    sample = counters.get("procs", ProcessSample(0.0, 0.0, 0.0))
+    sample = counters.get("procs", footprint.ProcessSample(0.0, 0.0, 0.0))
     return Run(impl, rep, k, step, args.compute, bound, args.compute / step,
                statistics.median(moved) / total_steps / 1e6, load,
                tight_bound(shapes, k, args.compute, link, num_servers(args), bigarray, args.server_hosts),
@@ -312,74 +310,6 @@ def run_once(hosts: Hosts, args: argparse.Namespace, impl: str, rep: int, shapes
                start_s=max(r.get("formed", launched) for r in results) - launched,
                rss_mb=sample.rss_mb, conns=sample.conns, threads=sample.threads,
                sched_cpu=(sched1[0] - sched0[0]) / max(1e-9, sched1[1] - sched0[1]), server_hosts=args.server_hosts)
-
-
-class ProcessSample(NamedTuple):
-    """The job's processes while it ran: the largest of each (scheduler included)."""
-
-    rss_mb: float
-    conns: float            # TCP connections established
-    threads: float
-
-
-def _watch_processes(procs: list[subprocess.Popen], finished: threading.Event,
-                     every: float = 0.25) -> ProcessSample:
-    """The largest of each over samples from launch until ``finished``. One sample at the timed
-    steps' start missed the connections of a quick job (3 steps of 50 ms) that was closing them
-    by the time the sample ran on a loaded machine; a job's connections are up from formation."""
-    best = ProcessSample(0.0, 0.0, 0.0)
-    while True:
-        now = _process_sample(procs)
-        best = ProcessSample(*(max(a, b) for a, b in zip(best, now)))
-        if finished.wait(every):
-            return best
-
-
-def _process_sample(procs: list[subprocess.Popen]) -> ProcessSample:
-    """Each process's RSS, established TCP connections and threads, the largest of each. The
-    host wrapper (``ip netns exec``) execs, so the pid is the Python process's."""
-    rss, conns, threads = [], [], []
-    for p in procs:
-        try:
-            proc = psutil.Process(p.pid)
-            for child in [proc, *proc.children(recursive=True)]:
-                if "python" not in child.name():
-                    continue
-                rss.append(child.memory_info().rss / 2**20)
-                conns.append(_established(child.pid))
-                threads.append(child.num_threads())
-        except psutil.Error:
-            continue
-    return ProcessSample(max(rss, default=0.0), max(conns, default=0.0), max(threads, default=0.0))
-
-
-def _established(pid: int) -> int:
-    """TCP connections of ``pid`` that are established, read from its own network namespace's
-    table (psutil reads the caller's, where a namespace host's sockets are not)."""
-    try:
-        links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
-        inodes = {link[len("socket:["):-1] for link in links if link.startswith("socket:[")}
-        count = 0
-        for table in ("tcp", "tcp6"):
-            with open(f"/proc/{pid}/net/{table}") as fh:
-                next(fh)
-                for line in fh:
-                    fields = line.split()
-                    count += fields[3] == "01" and fields[9] in inodes      # 01: ESTABLISHED
-        return count
-    except OSError:         # gone, or a socket closed while we read
-        return 0
-
-
-def _cpu_seconds(proc: subprocess.Popen | None) -> float:
-    """CPU seconds of ``proc``'s Python process so far (0 when gone or none)."""
-    if proc is None:
-        return 0.0
-    try:
-        p = psutil.Process(proc.pid)
-        return sum(sum(c.cpu_times()[:2]) for c in [p, *p.children(recursive=True)])
-    except psutil.Error:
-        return 0.0
 
 
 def _link_load(trace: str, link: float | None, start: float | None, end: float | None,

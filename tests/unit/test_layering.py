@@ -177,11 +177,11 @@ ALLOWED = {
     "bench.cli": {"bench.cluster", "bench.gluon", "bench.measure", "bench.report", "netutil"},
     "bench.__main__": {"bench.cli", "bench.multihost"},
     "bench.netns": set(),
-    "bench.multihost": {"bench.kvstore_step", "bench.linkload", "bench.measure", "bench.multihost_report", "bench.netns",
+    "bench.multihost": {"bench.footprint", "bench.kvstore_step", "bench.linkload", "bench.measure", "bench.multihost_report", "bench.netns",
                         "bench.torch_step", "config", "keys", "launcher.process"},
     "bench.kvstore_step": {"__init__"}, "bench.multihost_report": {"bench.measure"},
     "bench.torch_step": {"torch"},
-    "bench.linkload": {"bench.netns"},
+    "bench.linkload": {"bench.netns"}, "bench.footprint": set(),
 }
 
 

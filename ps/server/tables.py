@@ -21,79 +21,34 @@ worker's pushes applied.
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Collection, NamedTuple
 
 import numpy as np
 
 from ..embed.limits import Limits
 from ..embed.spec import TableSpec
-from ..embed.table import Chunk, RowTable, chunk_from_wire, chunk_to_wire, rows_per_chunk, sum_rows
-from ..errors import ProtocolError
+from ..embed.table import (
+    RowTable,
+    chunk_from_wire,
+    chunk_to_wire,
+    rows_per_chunk,
+    sum_rows,
+)
 from ..message import DTYPES, Entry, Op, Rows, dtype_code, worker_id
+from . import tablejournal
 from .events import Event
 from .rounds import Reply
+from .tablestate import Held, Push, Served
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class _Push:
-    """One worker's push to one round, as its chunks come."""
-
-    entry: Entry                           # its first chunk: what the answer names
-    ids: list[np.ndarray] = field(default_factory=list)
-    grads: list[np.ndarray] = field(default_factory=list)
-    rows: int = 0
-    came: float = field(default_factory=time.monotonic)
-
-    @property
-    def complete(self) -> bool:
-        return self.rows >= self.entry.total
-
-
-class _Held(NamedTuple):
-    """An ssp pull that waits until the slowest worker is close enough."""
-
-    sender: int
-    entry: Entry
-    data: Rows
-    came: float
-
-
-@dataclass
-class _Served:
-    spec: TableSpec
-    rows: RowTable
-    code: int
-    rounds: dict[int, dict[int, _Push]] = field(default_factory=dict)   # seq -> worker -> push
-    closed: int = 0                        # sync rounds closed (they close in order)
-    exporting: np.ndarray | None = None    # the rows of the save under way in id order (fixed at its first chunk)
-    save_began: int | None = None          # the rows' update count when the save under way began
-    clocks: dict[int, int] = field(default_factory=dict)     # async, ssp: worker -> its pushes applied
-    held: list[_Held] = field(default_factory=list)           # ssp: pulls of workers too far ahead
-
-
-def _answer(push: _Push) -> Entry:
+def _answer(push: Push) -> Entry:
     e = push.entry
     return Entry(e.ts, e.op, e.key, 0, 0, e.total, e.dtype_code, None, e.row_len, e.seq)
-
-
-def _chunk(served: _Served, ids: np.ndarray, values: np.ndarray, names: list, state: list, steps: int) -> Chunk:
-    """A journal's or snapshot's rows as a Chunk, checked against the table."""
-    n, widths = len(ids), served.rows.widths
-    if sorted(names) != sorted(widths) or len(state) != len(names):
-        raise ProtocolError(f"embedding table {served.spec.name!r}: the replica carries state {names}, "
-                            f"the table keeps {sorted(widths)}")
-    try:
-        return Chunk(ids, values.reshape(n, served.spec.dim),
-                     {k: a.reshape(n, widths[k]) for k, a in zip(names, state)}, int(steps))
-    except ValueError as exc:
-        raise ProtocolError(f"embedding table {served.spec.name!r}: malformed replica rows: {exc}") from None
 
 
 class TableStall(NamedTuple):
@@ -144,15 +99,11 @@ class Tables:
                  copy: bool = False, joined: Callable[[], Collection[int]] = _no_joins):
         self.num_workers = num_workers
         self.name = "server"
-        self.tables: dict[int, _Served] = {}
+        self.tables: dict[int, Served] = {}
         self.closed_workers: set[int] = set()
         self.warned: dict[tuple[int, int], TableStall] = {}     # (table key, round) -> the stall named
         self._journal, self._copy, self._joined = journal, copy, joined
-        # a copy's events, applied a little after each message (work) or all at once (settle):
-        # replaying a snapshot of 10^7 rows takes seconds, and the server's I/O thread must not
-        # sit on it (the restart it protects waits on this server's acknowledgements meanwhile)
-        self._pending: collections.deque[Event] = collections.deque()
-        self._arrived = 0           # changes (not a snapshot's rows) queued since the last work()
+        self._queue = tablejournal.CopyQueue(self._apply)     # a copy's events, applied in slices
 
     # -- declarations ------------------------------------------------------------------
     def declare(self, body: dict) -> dict:
@@ -167,11 +118,11 @@ class Tables:
             self._record(Event("tdeclare", spec.key, 0, spec.to_wire()))
         return {"rows": len(served.rows)}
 
-    def _add(self, spec: TableSpec) -> _Served:
+    def _add(self, spec: TableSpec) -> Served:
         rows = RowTable(dataclasses.replace(spec, limits=Limits()) if self._copy else spec)
         if not self._copy:
             rows.gone = []
-        served = self.tables[spec.key] = _Served(spec, rows, dtype_code(spec.np_dtype))
+        served = self.tables[spec.key] = Served(spec, rows, dtype_code(spec.np_dtype))
         return served
 
     # -- the backup's journal ----------------------------------------------------------------
@@ -180,126 +131,41 @@ class Tables:
         if journal is not None:
             journal.append(event)
 
-    def _changed(self, served: _Served, ids: np.ndarray | None = None, worker: int = -1, seq: int = 0) -> None:
-        """Journal what a change left: the ids evicted, then the rows of ``ids`` (updated)."""
-        rows, journal = served.rows, self._journal()
-        gone, rows.gone = rows.gone, []
-        if journal is None:
-            return
-        if gone:
-            journal.append(Event("tevict", served.spec.key, 0, None, (np.concatenate(gone),)))
-        if ids is not None:
-            names = sorted(rows.state)
-            chunk = rows.chunk_of(ids)
-            journal.append(Event("trows", served.spec.key, 0, [served.closed, worker, seq, chunk.steps, names,
-                                                               rows.changes],
-                                 (chunk.ids, chunk.values.reshape(-1), *(chunk.state[k].reshape(-1) for k in names))))
+    def _changed(self, served: Served, ids: np.ndarray | None = None, worker: int = -1, seq: int = 0) -> None:
+        """Journal what a change left (tablejournal.changed); without a backup, forget it."""
+        journal = self._journal()
+        events = tablejournal.changed(served, ids, worker, seq)
+        if journal is not None:
+            journal.extend(events)
 
     def snapshot(self) -> list[Event]:
-        """Every table as events :meth:`replay` reads: its declaration, its counts, and its
-        rows in chunks of a checkpoint's size (a message each)."""
+        """Every table as events :meth:`replay` reads (tablejournal.snapshot)."""
         self.settle()
-        events = []
-        for key, served in self.tables.items():
-            events.append(Event("tdeclare", key, 0, served.spec.to_wire()))
-            events.append(Event("tstate", key, 0, [served.closed, [[w, n] for w, n in served.clocks.items()],
-                                                  served.rows.steps, len(served.rows), served.rows.changes,
-                                                  served.rows.saved_at, served.save_began]))
-            rows, names = served.rows, sorted(served.rows.state)
-            n, step = len(rows), rows_per_chunk(served.spec)
-            for start in range(0, n, step):
-                part = np.arange(start, min(n, start + step))
-                chunk = rows.chunk(part)
-                events.append(Event("tdata", key, 0, [names, chunk.steps],
-                                    (chunk.ids, chunk.values.reshape(-1), rows.updated[part],
-                                     *(chunk.state[k].reshape(-1) for k in names))))
-        return events
+        return tablejournal.snapshot(self.tables)
 
     def replay(self, ev: Event) -> None:
         """Apply one journaled or snapshot event (a restart's own tables), or queue it (a
         backup's copy: :meth:`work`, :meth:`settle`)."""
         if self._copy:
-            self._pending.append(ev)
-            self._arrived += ev.kind not in ("tdata", "tstate")      # a snapshot's rows make a backlog
+            self._queue.put(ev)
         else:
             self._apply(ev)
 
     def work(self, seconds: float) -> None:
-        """A copy: apply as many queued events as its primary's changes brought since the last
-        call and one more, then more for about ``seconds``. So only a snapshot makes a backlog,
-        which shrinks by an event and ``seconds`` of work per replica message; a primary's
-        steady updates are applied as they come, however long they take (a budget alone let a
-        round's rows that take longer than it to apply pile up here, round after round, in
-        memory and in the settle before a handover)."""
-        owed, self._arrived = self._arrived + 1, 0      # one more at least: a backlog always shrinks
-        deadline = time.monotonic() + seconds
-        while self._pending:
-            self._apply(self._pending.popleft())
-            owed -= 1
-            if owed <= 0 and time.monotonic() >= deadline:
-                return
+        """A copy: apply queued events after a replica message (tablejournal.CopyQueue.work)."""
+        self._queue.work(seconds)
 
     def settle(self) -> None:
         """A copy: apply every queued event (before it is handed over or read)."""
-        self._arrived = 0
-        while self._pending:
-            self._apply(self._pending.popleft())
+        self._queue.settle()
 
     @property
     def backlog(self) -> int:
         """A copy's events queued, not yet applied."""
-        return len(self._pending)
+        return len(self._queue)
 
     def _apply(self, ev: Event) -> None:
-        if ev.kind == "tdeclare":
-            spec = TableSpec.from_wire(ev.info)
-            if spec.key not in self.tables:
-                self._add(spec)
-            return
-        served = self.tables.get(ev.key)
-        if served is None:
-            raise ProtocolError(f"replica event {ev.kind} for embedding table {ev.key}, which no earlier event "
-                                "declared here")
-        rows = served.rows
-        if ev.kind == "trows":
-            closed, worker, seq, steps, names, changes = ev.info
-            ids, values, *state = ev.arrays
-            rows.put(_chunk(served, ids, values, names, state, steps), updated=int(changes), evict=False)
-            rows.changes = max(rows.changes, int(changes))
-            served.closed = max(served.closed, int(closed))
-            if worker >= 0:
-                served.clocks[worker] = max(served.clocks.get(worker, 0), int(seq))
-        elif ev.kind == "tdata":
-            names, steps = ev.info
-            ids, values, updated, *state = ev.arrays
-            rows.put(_chunk(served, ids, values, names, state, steps), updated=updated.astype(np.uint64),
-                     evict=False)
-        elif ev.kind == "tstate":
-            closed, clocks, steps, count, changes, saved_at, save_began = ev.info
-            served.closed, rows.steps = int(closed), int(steps)
-            rows.changes, rows.saved_at = int(changes), int(saved_at)
-            served.save_began = None if save_began is None else int(save_began)
-            if not self._copy:      # a restart in the middle of a save holds evictions, as its primary did
-                rows.hold_evictions = served.save_began is not None
-            rows.reserve(len(rows) + int(count))
-            served.clocks = {int(w): int(n) for w, n in clocks}
-        elif ev.kind == "tevict":
-            rows.remove(ev.arrays[0])
-        elif ev.kind == "tsavebegin":
-            served.save_began = int(ev.info)
-        elif ev.kind == "tsaved":
-            began, completed = ev.info
-            if completed and began is not None:
-                rows.saved(began)
-            served.save_began = None
-        elif ev.kind == "tput":
-            names, steps = ev.info
-            ids, values, *state = ev.arrays
-            rows.put(_chunk(served, ids, values, names, state, steps), evict=False)     # its evictions follow
-        else:
-            raise ProtocolError(f"unknown embedding table event {ev.kind!r}")
-        if rows.gone:
-            rows.gone = []          # a restart replaying its snapshot: nothing to journal
+        tablejournal.apply(self.tables, self._add, ev, self._copy)
 
     def nbytes(self) -> int:
         self.settle()
@@ -317,7 +183,7 @@ class Tables:
         return out
 
     # -- checkpoints (ps/embed/checkpoint.py drives them from a worker) ------------------------
-    def _named(self, body: dict) -> _Served:
+    def _named(self, body: dict) -> Served:
         served = self.tables.get(TableSpec.key_of(body.get("name")))
         if served is None:
             raise KeyError(f"no embedding table {body.get('name')!r} here: declare it first (KVStore.table)")
@@ -382,13 +248,13 @@ class Tables:
             if entry.op & Op.PUSH:
                 return self._push(served, sender, entry, data)
             if served.spec.staleness is not None and not self._fresh_enough(served, entry.seq):
-                served.held.append(_Held(sender, entry, data, time.monotonic()))
+                served.held.append(Held(sender, entry, data, time.monotonic()))
                 return []
             return [self._rows(served, sender, entry, data)]
         except TableError as exc:
             return [Reply(sender, entry.failed(exc.kind, f"{self.name}: {exc}"), None)]
 
-    def _rows(self, served: _Served, sender: int, entry: Entry, data: Rows) -> Reply:
+    def _rows(self, served: Served, sender: int, entry: Entry, data: Rows) -> Reply:
         values = served.rows.lookup(data.ids)
         if served.rows.gone:
             self._changed(served)             # rows made for this pull pushed others out
@@ -396,12 +262,12 @@ class Tables:
         return Reply(sender, Entry(entry.ts, entry.op, entry.key, entry.offset * width, values.size,
                                    entry.total * width, entry.dtype_code, None, width, entry.seq), values.reshape(-1))
 
-    def _fresh_enough(self, served: _Served, clock: int) -> bool:
+    def _fresh_enough(self, served: Served, clock: int) -> bool:
         """ssp: whether every worker still in the job has pushed ``clock - S`` times."""
         floor = clock - served.spec.staleness
         return all(served.clocks.get(w, 0) >= floor for w in self._needed())
 
-    def _release(self, served: _Served) -> list[Reply]:
+    def _release(self, served: Served) -> list[Reply]:
         """ssp: answer the held pulls the slowest worker's progress now allows."""
         ready, keep = [], []
         for held in served.held:
@@ -409,7 +275,7 @@ class Tables:
         served.held = keep
         return [self._rows(served, h.sender, h.entry, h.data) for h in ready]
 
-    def _served(self, entry: Entry) -> _Served:
+    def _served(self, entry: Entry) -> Served:
         served = self.tables.get(entry.key)
         if served is None:
             raise TableError("KeyError", f"no embedding table with key {entry.key}: declare it first "
@@ -422,12 +288,12 @@ class Tables:
                                           f"the request {DTYPES[entry.dtype_code]}")
         return served
 
-    def _push(self, served: _Served, sender: int, entry: Entry, data: Rows) -> list[Reply]:
+    def _push(self, served: Served, sender: int, entry: Entry, data: Rows) -> list[Reply]:
         sync = served.spec.consistency == "sync"
         if entry.seq <= (served.closed if sync else served.clocks.get(sender, 0)):
             # resent to a restarted server, or replayed by a restarted worker: applied already
             last = entry.offset + entry.length >= entry.total
-            return [Reply(sender, _answer(_Push(entry)), None)] if last else []
+            return [Reply(sender, _answer(Push(entry)), None)] if last else []
         pushes = served.rounds.setdefault(entry.seq, {})
         push = pushes.get(sender)
         if push is not None and entry.offset == 0:
@@ -438,7 +304,7 @@ class Tables:
                 return []
             push = None             # sent again from its start: the part that came is dropped
         if push is None:
-            push = pushes[sender] = _Push(entry)
+            push = pushes[sender] = Push(entry)
         elif push.complete:
             return []
         if len(data.ids):
@@ -472,7 +338,7 @@ class Tables:
         until they leave it; then they skip the rounds closed meanwhile: :meth:`progress`)."""
         return {worker_id(r) for r in range(self.num_workers)} - self.closed_workers - set(self._joined())
 
-    def _close_rounds(self, served: _Served) -> list[Reply]:
+    def _close_rounds(self, served: Served) -> list[Reply]:
         """Close the table's sync rounds that every worker still in the job pushed to, in order."""
         replies: list[Reply] = []
         needed = self._needed()

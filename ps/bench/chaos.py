@@ -60,15 +60,16 @@ def table_grad(rank: int, rnd: int, ids: np.ndarray) -> np.ndarray:
 
 
 def saved_rows(path: str) -> dict[str, np.ndarray]:
-    """A save's rows in id order: ids, values and each optimizer state."""
-    parts = sorted(f for f in os.listdir(path) if f.startswith("rows-"))
-    found: dict[str, list[np.ndarray]] = {}
-    for name in parts:
-        with np.load(os.path.join(path, name)) as f:
-            for k in f.files:
-                found.setdefault(k, []).append(f[k])
-    rows = {k: np.concatenate(v) for k, v in found.items()}
-    order = np.argsort(rows["ids"]) if rows else np.empty(0, np.int64)
+    """A save's rows in id order: ids, values and each optimizer state (``state_<name>``), read
+    back through ps.embed.checkpoint into a table of this process."""
+    from ps.embed import LocalTable, TableSpec, checkpoint
+    from ps.optim import rowwise
+    table = LocalTable(TableSpec("chaos", TABLE_DIM, rowwise.Adagrad(lr=0.1)))
+    checkpoint.load(table, path)
+    chunks = list(table.chunks(changed_only=False))
+    rows = {"ids": np.concatenate([c.ids for c in chunks]), "values": np.concatenate([c.values for c in chunks]),
+            **{f"state_{k}": np.concatenate([c.state[k] for c in chunks]) for k in table.rows.state}}
+    order = np.argsort(rows["ids"])
     return {k: v[order] for k, v in rows.items()}
 
 

@@ -37,7 +37,7 @@ def save(table: Any, path: str | os.PathLike, incremental: bool = False) -> int:
     trained on since, and those rows do not belong under that save's name; one its dead self
     began and did not finish is made again."""
     out = Path(path)
-    restarted = getattr(table, "restarted", False)
+    restarted = table.restarted
     done = _complete(out, table.spec.name) if restarted else None
     if done is not None:
         logger.warning("%s holds the save of table %r this worker's dead self made: not saved again (a restart "

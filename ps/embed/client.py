@@ -163,6 +163,8 @@ class LocalTable:
     """The table in this process, for a script that runs without a cluster: one worker, so
     ``sync`` and ``async`` are the same."""
 
+    restarted = False           # a process alone is never a restart (checkpoint.save asks)
+
     def __init__(self, spec: TableSpec):
         self.spec = spec
         self.rows = RowTable(spec)

@@ -199,7 +199,7 @@ def placement_warning(nodes: list[Member]) -> str | None:
     return (f"workers run on {len(worker_hosts)} hosts, servers on only {len(server_hosts)} "
             f"({', '.join(server_hosts)}): each server host's link carries its share of every worker's "
             f"pushes and pulls. On links of equal speed a job is fastest with servers on as many hosts as "
-            f"workers (one server on each worker host: docs/benchmarks.md, \"How many servers?\")")
+            f"workers (one server on each worker host: docs/multihost.md, \"How many servers?\")")
 
 
 def assign_ranks(nodes: list[Member]) -> list[Member]:

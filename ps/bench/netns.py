@@ -66,7 +66,7 @@ class Hosts:
 
     ``tcp``: the hosts' TCP congestion control (``cubic``, Linux's default, or ``bbr``...); None
     keeps the machine's. It decides how well K flows share a shaped link: at K = 4, 1 Gbit/s,
-    BBR kept the links 82-85 % busy where cubic kept them 92-94 % (docs/benchmarks.md)."""
+    BBR kept the links 82-85 % busy where cubic kept them 92-94 % (docs/multihost.md)."""
 
     def __init__(self, count: int, link: str | None, prefix: str = "psbench", burst: str = "256kb",
                  latency: str = "20ms", tcp: str | None = None):

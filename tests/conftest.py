@@ -18,6 +18,13 @@ from tests.helpers import Procs, free_port, poll_for
 # seconds a test's threads and processes get to end after it (tests/integration/test_conftest.py
 # runs its leaky tests with less: what it checks is the failure, not the wait)
 LEAK_GRACE = float(os.environ.get("TESTS_LEAK_GRACE", "5.0"))
+
+# One OpenMP and one OpenBLAS thread in every process a test starts (they inherit this
+# environment): the models here are tiny, a job's five processes share two cores, and
+# OpenBLAS alone spends ~70 ms of CPU starting a thread per core in each of the suite's
+# ~1,400 processes (numpy, MXNet and torch each load one). A test that wants more sets its own.
+for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
 OUR_THREADS = ("ps-", "bench-read")   # names of the threads ps and its tests start
 
 
@@ -76,8 +83,8 @@ def pytest_collection_modifyitems(session, config, items):
 
 # Test files that use what only one test at a time can have: Slurm's and gridengine's fixed
 # ports, the namespace hosts' names and addresses (tests/infra/netns_up.sh, ps.bench --hosts),
-# the sshd fixture's hosts. Under xdist (tests/run.sh runs two workers) they run one after
-# another on one worker, started first (their waits overlap the other worker's CPU-bound
+# the sshd fixture's hosts. Under xdist (tests/run.sh runs three workers) they run one after
+# another on one worker, started first (their waits overlap the other workers' CPU-bound
 # tests); every other test is its own unit of work.
 ONE_AT_A_TIME = ("tests/launcher/test_launcher_batch.py", "tests/launcher/test_launcher_mpi.py",
                  "tests/launcher/test_launcher_multihost.py", "tests/launcher/test_launcher_ssh.py",

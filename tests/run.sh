@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what the suite needs on a fresh Debian machine (Debian
-# packages when run as root, Python packages into ./.venv), then runs pytest on two xdist
-# workers: the fast tier (no processes, no sockets) first, then the tests marked `process`
+# packages when run as root, Python packages into ./.venv), then runs pytest on three xdist
+# workers, on two cores, so that a test waiting on a timeout or a link leaves its core to the
+# others: the fast tier (no processes, no sockets) first, then the tests marked `process`
 # (tests/conftest.py orders them; the files that share the machine run on one worker).
 # Extra arguments go to pytest, e.g. `bash tests/run.sh tests/unit -x`,
 # `bash tests/run.sh -m "not process"` for the fast tier alone, `-n 0` for one process.
@@ -37,4 +38,4 @@ fi
 # torch 2.13.0: a CPU build (here it is on this machine's package index; any newer release
 # resolves to a CUDA build of several GB)
 .venv/bin/python -m pip install -q -e '.[test,mxnet,bench,demo,torch,dashboard]' 'torch==2.13.0' 2>&1 | grep -v -i "warning" || true
-exec .venv/bin/python -m pytest -n 2 "$@"
+exec .venv/bin/python -m pytest -n 3 "$@"

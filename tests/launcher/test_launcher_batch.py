@@ -26,8 +26,9 @@ def records(d, prefix: str) -> list[dict]:
 def fake_env(tmp_path, **extra) -> dict:
     rec = tmp_path / "record"
     rec.mkdir()
+    # OMP_NUM_THREADS: forwarded to every task, as dmlc's tracker does (launcher/tracker.py)
     return {"PATH": f"{FAKES}:{os.environ['PATH']}", "FAKE_RECORD": str(rec), "PYTHONPATH": ROOT,
-            "PYTHONUNBUFFERED": "1", **extra}
+            "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "3", **extra}
 
 
 def by_role(recs: list[dict], flag: str, value_of) -> dict:
@@ -47,14 +48,14 @@ def test_sge_qsub_argv_env_and_job(launch, tmp_path):
     for role, n in (("server", 1), ("worker", 2)):
         names = ["PATH", "DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT",
                  "DMLC_JOB_CLUSTER", "PYTHONUNBUFFERED", "DMLC_ROLE", "PS_TEST_JOB"]
-        names = ["PYTHONPATH"] + names + (["W_ONLY"] if role == "worker" else [])
+        names = ["OMP_NUM_THREADS", "PYTHONPATH"] + names + (["W_ONLY"] if role == "worker" else [])
         assert recs[role]["argv"] == [
             "-sync", "y", "-terse", "-cwd", "-t", f"1-{n}", "-S", "/bin/sh", "-N", f"ps-{role}",
             "-o", f"{logs}/{role}.$TASK_ID.out", "-e", f"{logs}/{role}.$TASK_ID.err",
             "-v", ",".join(names), f"{logs}/{role}.sh"]
         got = recs[role]["env"]
         assert {k: got[k] for k in names if k not in ("PATH", "PS_TEST_JOB")} == {
-            "PYTHONPATH": f"{MXNET_AUTOLOAD}:{HOROVOD_PATH}:{ROOT}", "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1",
+            "OMP_NUM_THREADS": "3", "PYTHONPATH": f"{MXNET_AUTOLOAD}:{HOROVOD_PATH}:{ROOT}", "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1",
             "DMLC_PS_ROOT_URI": "127.0.0.1",
             "DMLC_PS_ROOT_PORT": port, "DMLC_JOB_CLUSTER": "sge", "PYTHONUNBUFFERED": "1", "DMLC_ROLE": role,
             **({"W_ONLY": "x y"} if role == "worker" else {})}
@@ -91,7 +92,7 @@ def test_yarn_argv_env_and_job(launch, tmp_path):
     recs = by_role(records(env["FAKE_RECORD"], "yarn"), "-appname", lambda n: n[3:])
     client = "org.apache.hadoop.yarn.applications.distributedshell.Client"
     for role, n in (("server", 1), ("worker", 2)):
-        shell_env = {"PYTHONPATH": f"{MXNET_AUTOLOAD}:{HOROVOD_PATH}:{ROOT}", "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1",
+        shell_env = {"OMP_NUM_THREADS": "3", "PYTHONPATH": f"{MXNET_AUTOLOAD}:{HOROVOD_PATH}:{ROOT}", "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1",
                      "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": port, "DMLC_JOB_CLUSTER": "yarn",
                      "PYTHONUNBUFFERED": "1", "DMLC_ROLE": role, "PS_TEST_JOB": job.marker,
                      **({"S_ONLY": "1"} if role == "server" else {})}

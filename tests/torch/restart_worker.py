@@ -1,13 +1,14 @@
 """A ps.torch training loop in which rank 1 SIGKILLs, once, a server or itself (test_torch.py):
 
-    python restart_worker.py MARKER_FILE server|worker|none [join|table]
+    python restart_worker.py MARKER_FILE server|worker|none [join] [table]
 
 Prints ``DONE [rank, weights]`` at the end; the marker file says the kill happened already (a
 restarted worker runs this script again). ``join``: rank 0 trains 5 steps and joins
 (Horovod's uneven data), so the kill at step 10 comes while it is in join; then every rank
 prints ``DONE [rank, weights, last to join, a sum after the join]``. ``table``: the model
 also reads an embedding table on the servers (ps.torch.EmbeddingBag, Adagrad, sync); every
-rank prints ``DONE [rank, weights, the table's rows of every id it used]``."""
+rank prints ``DONE [rank, weights, the table's rows of every id it used]``; with both, the
+join's two and then the rows."""
 import json
 import os
 import signal
@@ -29,11 +30,11 @@ def main():
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
     table = hvd.EmbeddingBag(8, "sum", name="restart", optimizer=rowwise.Adagrad(lr=0.1)) \
-        if sys.argv[3:] == ["table"] else None
+        if "table" in sys.argv[3:] else None
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                                    named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    uneven = sys.argv[3:] == ["join"]
+    uneven = "join" in sys.argv[3:]
     for step in range(5 if uneven and hvd.rank() == 0 else 30):
         x = torch.arange(32.0).reshape(4, 8) * (hvd.rank() + 1) / 32
         if table is not None:

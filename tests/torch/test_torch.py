@@ -153,7 +153,8 @@ def test_server_optimizer_async_two_workers_learn(procs):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("victim", ["server", "worker", "server in join", "server with table"])
+@pytest.mark.parametrize("victim", ["server", "worker", "server in join", "server with table",
+                                    "server in join with table"])
 def test_a_killed_server_is_recovered_and_a_killed_worker_ends_the_job_with_the_reason(procs, tmp_path, victim):
     """--max-restarts under Horovod's API: a server only sums, so its restart recovers the
     sums and the job ends with the weights of an unfaulted run; a worker holds the model, so its
@@ -162,10 +163,12 @@ def test_a_killed_server_is_recovered_and_a_killed_worker_ends_the_job_with_the_
     ``server in join``: rank 0 is in hvd.join() when the server dies; its restart knows it from
     the replica (before: it did not, and its sums waited for rank 0 for ever). ``server with
     table``: the model reads a ps.torch.EmbeddingBag too; the restart gets its rows back from
-    the replica and every row ends as in the unfaulted run, bit for bit."""
+    the replica and every row ends as in the unfaulted run, bit for bit. ``server in join with
+    table``: both, so the restart must also know that the table's sync rounds go on without
+    rank 0 (Horovod's join), else rank 1's table pushes after the kill wait for rank 0's."""
     script = str(ROOT / "tests" / "torch" / "restart_worker.py")
     who, *rest = victim.split(" ", 1)
-    mode = [rest[0].split()[-1]] if rest else []        # join, table
+    mode = [w for w in ("join", "table") if rest and w in rest[0].split()]
 
     def done(out):
         return sorted(json.loads(ln.split("DONE ", 1)[1]) for ln in out.splitlines() if "DONE " in ln)
@@ -186,6 +189,10 @@ def test_a_killed_server_is_recovered_and_a_killed_worker_ends_the_job_with_the_
         if mode == ["table"]:   # every rank's weights and rows equal (and equal the unfaulted run's)
             (_, w0, rows0), (_, w1, rows1) = done(out)
             assert w0 == w1 and rows0 == rows1 and len(rows0) > 8, out
+        elif mode == ["join", "table"]:     # their own weights, the same rows
+            (_, w0, last0, after0, rows0), (_, w1, last1, after1, rows1) = done(out)
+            assert w0 != w1 and last0 == last1 == 1 and after0 == after1 == [2.0, 2.0], out
+            assert rows0 == rows1 and len(rows0) > 8, out
         elif mode:              # rank 0 stopped after 5 steps, rank 1 went on: their own weights
             (_, w0, last0, after0), (_, w1, last1, after1) = done(out)
             assert w0 != w1 and last0 == last1 == 1 and after0 == after1 == [2.0, 2.0], out

@@ -190,6 +190,11 @@ VARIABLES: tuple[Var, ...] = (
         "ps stops handing it more (as TCP_NOTSENT_LOWAT; Linux): the backlog then waits in ps's "
         "priority queue, where an urgent message can overtake it, and not in a FIFO socket "
         "buffer; 0 = off (only the window bounds it)"),
+    Var("PS_TORCH_FUSION", "torch_fusion", _bytes, 0,
+        "ps.torch's DistributedOptimizer: gradients smaller than this many bytes (1M, 256K...) "
+        "travel together, consecutive ones (last layer first) in buckets of up to this size, one "
+        "sum per bucket instead of one per parameter (Horovod's tensor fusion; the same numbers); "
+        "larger gradients go on their own; 0 (default) = every gradient on its own"),
     Var("PS_LOCAL_IPC", "local_ipc", _bool, True,
         "1: a server also listens on an ipc:// twin that workers on its machine use instead of TCP; "
         "0: a server offers no twin and a worker uses none (TCP to its own machine too: to test or "
@@ -322,6 +327,7 @@ class Config:
     max_restarts: int = 0
     send_window: int = 8 << 20
     send_lowat: int = 128 << 10
+    torch_fusion: int = 0
     local_ipc: bool = True
     dashboard: Listen | None = None
     dashboard_linger: float = 0.0

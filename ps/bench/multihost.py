@@ -65,17 +65,19 @@ def scaled(shapes: list[list[int]], factor: float) -> list[list[int]]:
 # the keys as the full model would be on the full link. Unscaled, MXNet's bigarray bound
 # (1M elements) splits none of ResNet-50's tensors at 0.05 of their bytes: every key then lives
 # on one server, all K workers push it to that server's port at once, and ps and native alike
-# lose a third of their speed at K = 8.
-SCALED = ("MXNET_KVSTORE_BIGARRAY_BOUND", "PS_SEND_WINDOW", "PS_SEND_LOWAT")
+# lose a third of their speed at K = 8. ps.torch's fusion size too: the tensors it fuses at F
+# are those it fuses in the full model.
+SCALED = ("MXNET_KVSTORE_BIGARRAY_BOUND", "PS_SEND_WINDOW", "PS_SEND_LOWAT", "PS_TORCH_FUSION")
 
 
 def scaled_env(factor: float) -> dict[str, str]:
-    """The defaults of :data:`SCALED` times ``factor`` (nothing at 1); explicit settings win."""
+    """The defaults of :data:`SCALED` times ``factor`` (nothing at 1; nothing for one that is
+    off, 0); explicit settings win."""
     if factor >= 1:
         return {}
     from ..config import VARIABLES
     defaults = {v.name: v.default for v in VARIABLES}
-    return {name: str(max(1, round(defaults[name] * factor))) for name in SCALED}
+    return {name: str(max(1, round(defaults[name] * factor))) for name in SCALED if defaults[name]}
 
 
 def _sent_by_key(sizes: list[int], hosts: int, servers: int, bigarray_bound: int, server_hosts: int = 0):

@@ -1,5 +1,6 @@
 """Horovod's DistributedOptimizer: each gradient leaves for the servers the moment autograd
-has accumulated it (last layer first), and ``step()`` waits only for what is in flight.
+has accumulated it (last layer first; small ones together, once their bucket is full:
+ps/torch/fusion.py), and ``step()`` waits only for what is in flight.
 
 The wrapped optimizer keeps its state and hyper-parameters (the wrapper is an instance of a
 subclass of its class, sharing its attributes, as Horovod's is); only ``step`` and
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 
 from ..collective import Average, Sum, predivide_factor, tensor_key
-from . import runtime
+from . import fusion, runtime
 from .compression import Compression
 from .cross_barrier import CrossBarrier
 from .gather import sparse_allreduce_async
@@ -26,8 +27,8 @@ from .sums import as_array, ensure_keys, reduce_op, scaled
 
 class _Sent(NamedTuple):
     """A gradient on its way: the pushpull, where its sum lands, and how to undo the wire form."""
-    handle: Any
-    result: np.ndarray          # the sum, as it travels (a view of the gradient where it can be)
+    handle: Any                 # the pushpull's handle, or its bucket's fusion.Pending
+    result: np.ndarray          # the sum, as it travels (a view of the gradient, or of its bucket, where it can be)
     wire: torch.Tensor          # the compressed gradient that was sent
     ctx: Any                    # the compressor's context for decompress
 
@@ -75,6 +76,7 @@ class _Distributed:
         self._ps_where = where or scope()        # the process set whose workers share the gradients
         self._ps_alone = alone                   # not in that set: trains on its own gradients (Horovod)
         self._ps_keys = {}
+        self._ps_fused: dict[torch.Tensor, fusion.Member] = {}
         if alone:
             self._ps_hooks = []
             return
@@ -88,7 +90,16 @@ class _Distributed:
             self._ps_keys[p] = (self._ps_where.key(tensor_key(f"allreduce.grad.{name}", tuple(wire.shape),
                                                               flat.dtype)),
                                 tuple(wire.shape), flat.dtype)
-        ensure_keys(list(self._ps_keys.values()), self._ps_where, joinable=True)()     # every worker has them
+        # small gradients share a key (PS_TORCH_FUSION); a process set's keep one each
+        limit = self._ps_kv.config.torch_fusion if self._ps_kv is not None and not self._ps_where.group else 0
+        self._ps_fused = fusion.layout(list(self._ps_names), self._ps_keys, self._ps_names, self._ps_priority, limit,
+                                       lambda name, shape, dtype: self._ps_where.key(tensor_key(name, shape, dtype)))
+        keys = [self._ps_keys[p] for p in self._ps_names if p not in self._ps_fused]
+        if self._ps_fused:
+            # every parameter checked first, so a disagreement names the parameter, not a bucket
+            runtime.job.check_same_everywhere(list(self._ps_keys.values()))
+            keys += [(b.key, (b.size,), b.buffer.dtype) for b in fusion.buckets(self._ps_fused)]
+        ensure_keys(keys, self._ps_where, joinable=True)()     # every worker has them
         self._ps_hooks = [p.register_post_accumulate_grad_hook(self._ps_ready) for p in self._ps_names]
 
     def _ps_ready(self, p: torch.Tensor) -> None:
@@ -110,6 +121,9 @@ class _Distributed:
         if grad.is_sparse:
             if not self._ps_sparse_as_dense:
                 self._ps_sparse[p] = None           # an allgather: made at synchronize(), in order
+                member = self._ps_fused.get(p)
+                if member is not None:              # its bucket still goes, zeros in its place
+                    self._ps_fill(member, np.zeros(member.size, member.bucket.buffer.dtype))
                 return
             grad = grad.to_dense()
         if self._ps_predivide != 1.0:      # in place: the average comes back into p.grad anyway
@@ -124,6 +138,11 @@ class _Distributed:
         if self._ps_kv is None:
             self._ps_inflight[p] = _Sent(None, flat, wire, ctx)
             return
+        member = self._ps_fused.get(p)
+        if member is not None:
+            result = self._ps_fill(member, flat)       # first: the first gradient of a step starts its Pending
+            self._ps_inflight[p] = _Sent(member.bucket.pending, result, wire, ctx)
+            return
         # the sum comes back into the gradient's own memory when ``flat`` is a view of it: a
         # server answers a slice only after it has every worker's push of that slice, so
         # nothing still reads those bytes (a resending van copies its payloads anyway)
@@ -131,6 +150,16 @@ class _Distributed:
         key = self._ps_keys[p][0]
         self._ps_inflight[p] = _Sent(self._ps_kv.pushpull(key, flat, out=result, block=False,
                                                           priority=self._ps_priority[p]), result, wire, ctx)
+
+    def _ps_fill(self, member: fusion.Member, flat: np.ndarray) -> np.ndarray:
+        """Put a gradient into its bucket, which leaves once it holds all of its members';
+        returns where the gradient's sum will be."""
+        bucket = member.bucket
+        view = bucket.put(member, flat)
+        if bucket.full:
+            bucket.sent(self._ps_kv.pushpull(bucket.key, bucket.buffer, out=bucket.buffer, block=False,
+                                             priority=bucket.priority))
+        return view
 
     def synchronize(self) -> None:
         """Wait for every gradient's sum; gradients that no backward pass produced on this
@@ -292,8 +321,8 @@ def _names(param_groups: list[dict], named_parameters: Any) -> dict[torch.Tensor
 
 
 def _check_groups(num_groups: Any, groups: Any) -> None:
-    """Horovod's fusion knobs, checked as Horovod checks them. ps sends every gradient on its
-    own the moment it is ready, so they change nothing else."""
+    """Horovod's fusion knobs, checked as Horovod checks them. ps fuses by size
+    (PS_TORCH_FUSION, ps/torch/fusion.py), so they change nothing else."""
     if not isinstance(num_groups, int) or isinstance(num_groups, bool) or num_groups < 0:
         raise ValueError(f"num_groups should be a non-negative integer, got {num_groups!r}")
     if groups is None:

@@ -3,7 +3,9 @@ every worker trains two copies of each model from the same start on the same bat
 per path, with each of torch's per-parameter optimizers and an LR schedule; test_cross_barrier.py
 checks the weights are equal, bit for bit. Then the refusals, each caught and printed.
 
-    python cross_worker.py [--passes 2] [--autocast]
+    python cross_worker.py [--passes 2] [--autocast] [--timeline PATH]
+
+``--timeline``: rank 0 writes Horovod's timeline of the job (a row per key summed).
 """
 import json
 import sys
@@ -100,13 +102,18 @@ def main():
     passes = int(sys.argv[sys.argv.index("--passes") + 1]) if "--passes" in sys.argv else 1
     autocast = "--autocast" in sys.argv
     hvd.init()
-    same = {}
+    if "--timeline" in sys.argv:
+        hvd.start_timeline(sys.argv[sys.argv.index("--timeline") + 1])
+    same, weights = {}, {}
     for name in OPTIMIZERS:
         wait, cross = train(name, False, passes, autocast), train(name, True, passes, autocast)
         same[name] = wait == cross
+        weights[name] = wait
         if name == "sgd":
             moved = wait != train_start()
-    print("RESULT " + json.dumps({"rank": hvd.rank(), "same": same, "moved": moved,
+    if "--timeline" in sys.argv:
+        hvd.stop_timeline()
+    print("RESULT " + json.dumps({"rank": hvd.rank(), "same": same, "moved": moved, "weights": weights,
                                   "refused": refusals() if passes == 1 and not autocast else {}}), flush=True)
     hvd.shutdown()
 

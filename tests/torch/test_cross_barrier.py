@@ -2,6 +2,7 @@
 for every gradient. Real workers and servers through the launcher; the weights must equal
 the waiting path's bit for bit, and what it cannot do is refused by name."""
 import json
+import re
 
 import pytest
 
@@ -15,9 +16,16 @@ SCRIPT = str(ROOT / "tests" / "torch" / "cross_worker.py")
 
 
 def run(procs, *args):
-    env = cluster_env(0, PS_MXNET_AUTOLOAD="0", PS_STALL_WARNING="30")
-    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local",
-                            PYTHON, SCRIPT, *args], env)
+    return finish(procs, start(procs, {}, *args))
+
+
+def start(procs, extra, *args):
+    env = cluster_env(0, PS_MXNET_AUTOLOAD="0", PS_STALL_WARNING="30", **extra)
+    return procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local",
+                        PYTHON, SCRIPT, *args], env)
+
+
+def finish(procs, launcher):
     code, out, err = procs.finish(launcher, timeout=170)
     assert code == 0, out + err
     found = [json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line]
@@ -42,3 +50,23 @@ def test_per_module_updates_equal_the_waiting_step_for_every_per_parameter_optim
             assert "torch.compile'd model" in said["compiled"], said
             assert "'s.weight' got a new gradient before its update" in said["stale"] \
                 or "'s.bias' got a new gradient before its update" in said["stale"], said
+
+
+@pytest.mark.timeout(200)
+def test_fused_gradients_train_to_the_numbers_of_a_key_per_parameter(procs, tmp_path):
+    """PS_TORCH_FUSION: small gradients share a key. At 256 bytes this net's six gradients go
+    as two buckets and one alone (first.weight, 640 bytes); at 0 each has its own key. Every
+    optimizer's weights, waiting and cross-barrier, and with a module the forward skips (its
+    gradients sent as zeros at step()), are the same bit for bit."""
+    jobs = {limit: start(procs, {"PS_TORCH_FUSION": limit}, "--timeline", str(tmp_path / f"{limit}.json"))
+            for limit in ("0", "256")}
+    found = {limit: finish(procs, job) for limit, job in jobs.items()}
+    for alone, fused in zip(found["0"], found["256"]):
+        assert alone["same"] == fused["same"] == {name: True for name in alone["same"]}, (alone, fused)
+        assert alone["weights"] == fused["weights"]
+    rows = {limit: set(re.findall(r'"name": "(allreduce\.grad\.[^"]*)"', (tmp_path / f"{limit}.json").read_text()))
+            for limit in jobs}
+    assert "allreduce.grad.fused.sgd.wait.side.bias.3" in rows["256"], rows["256"]        # side.*, head.1.bias
+    assert "allreduce.grad.fused.sgd.cross.head.1.weight.2" in rows["256"], rows["256"]   # head.1.weight, first.bias
+    assert "allreduce.grad.sgd.wait.first.weight" in rows["256"], rows["256"]             # alone
+    assert not any(".fused." in r for r in rows["0"]) and "allreduce.grad.sgd.wait.side.bias" in rows["0"], rows["0"]

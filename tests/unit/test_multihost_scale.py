@@ -9,7 +9,7 @@ from ps.keys import plan
 def test_the_byte_thresholds_scale_with_the_model():
     assert scaled_env(1.0) == {}
     assert scaled_env(0.05) == {"MXNET_KVSTORE_BIGARRAY_BOUND": "50000", "PS_SEND_WINDOW": str(round(0.05 * (8 << 20))),
-                                "PS_SEND_LOWAT": str(round(0.05 * (128 << 10)))}
+                                "PS_SEND_LOWAT": str(round(0.05 * (128 << 10)))}     # PS_TORCH_FUSION: off
 
 
 def test_at_a_twentieth_of_its_bytes_resnet50_splits_the_same_tensors_over_the_servers():

@@ -32,13 +32,16 @@ class Pending:
     members. Made when the bucket's first gradient of a step arrives; the pushpull is known
     once the last one has."""
 
-    def __init__(self) -> None:
+    def __init__(self, bucket: Bucket) -> None:
+        self.bucket = bucket
         self.handle: Any = None
 
     def wait(self) -> None:
         if self.handle is None:
-            raise RuntimeError("a fused gradient's bucket was never sent: not every gradient of the bucket "
-                               "was produced or sent before the wait (ps/torch/fusion.py)")
+            b = self.bucket
+            raise RuntimeError(f"a fused gradient's bucket was never sent ({b.key!r}: {len(b.params) - b.filled} of "
+                               f"its {len(b.params)} gradients were not produced or sent before the wait; "
+                               "ps/torch/fusion.py)")
         self.handle.wait()
 
     @property
@@ -57,13 +60,13 @@ class Bucket:
         self.buffer = np.zeros(self.size, dtype)
         self.priority = priority
         self.filled = 0
-        self.pending = Pending()
+        self.pending = Pending(self)
 
     def put(self, member: Member, flat: np.ndarray) -> np.ndarray:
         """Copy one member's gradient (as it travels) into the buffer; returns the slice its
         sum will land in."""
         if self.filled == 0:
-            self.pending = Pending()
+            self.pending = Pending(self)
         view = self.buffer[member.start:member.start + member.size]
         view[...] = flat
         self.filled += 1

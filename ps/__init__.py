@@ -1,20 +1,40 @@
 """ps: a pure-Python parameter server, compatible with MXNet's distributed KVStore.
 
 Workers use :class:`KVStore`; servers and the scheduler run with ``python -m ps``.
+
+The names below are imported when first used (PEP 562), so that ``python -m ps.launch``,
+which needs none of them, does not pay for numpy and the worker runtime in every launcher a
+job starts (about 70 ms of CPU each).
 """
 from __future__ import annotations
 
-from . import optim
-from .config import Config
-from .customer import Handle
-from .errors import (ClosedError, ConfigError, PeerLostError, ProtocolError, PSError,
-                     PSTimeoutError, RemoteError, TransportError)
-from .kvstore import KVStore, RowSparse
+import importlib
 
 __version__ = "0.1.0"
+
+_WHERE = {
+    "KVStore": "kvstore", "RowSparse": "kvstore", "Handle": "customer", "Config": "config",
+    "PSError": "errors", "ConfigError": "errors", "TransportError": "errors",
+    "ClosedError": "errors", "PeerLostError": "errors", "PSTimeoutError": "errors",
+    "ProtocolError": "errors", "RemoteError": "errors",
+}
 
 __all__ = [
     "KVStore", "RowSparse", "Handle", "Config", "optim",
     "PSError", "ConfigError", "TransportError", "ClosedError", "PeerLostError",
     "PSTimeoutError", "ProtocolError", "RemoteError",
 ]
+
+
+def __getattr__(name: str):
+    if name == "optim":
+        return importlib.import_module(".optim", __name__)
+    if name in _WHERE:
+        value = getattr(importlib.import_module("." + _WHERE[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'ps' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ PYTHON = sys.executable
 _UNREAD: weakref.WeakKeyDictionary[subprocess.Popen, bytes] = weakref.WeakKeyDictionary()
 
 __all__ = ["ROOT", "PYTHON", "free_port", "cluster_env", "Procs", "poll_for", "wait_for", "read_until",
-           "alive", "processes_with_env"]
+           "alive", "processes_with_env", "once_per_session"]
 
 
 def cluster_env(port: int, servers: int = 2, workers: int = 2, **extra: str) -> dict[str, str]:
@@ -35,6 +36,30 @@ def cluster_env(port: int, servers: int = 2, workers: int = 2, **extra: str) -> 
                PS_HEARTBEAT_INTERVAL="0.5", PS_HEARTBEAT_TIMEOUT="10")
     env.update(extra)
     return env
+
+
+def once_per_session(tmp_path_factory, name: str, make) -> Path:
+    """The directory ``make(directory)`` filled, made once per test session however many xdist
+    workers ask: a reference job (nobody killed) that tests on every worker compare with is
+    run once, not once per worker that has one of those tests. The first to ask makes it
+    under a file lock; the others wait on the lock and find it made. A ``make`` that failed
+    leaves nothing behind, so the next to ask tries again (and fails the same way)."""
+    from filelock import FileLock
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base    # the session's, not the machine's
+    where, done = root / f"once-{name}", root / f"once-{name}.done"
+    with FileLock(str(root / f"once-{name}.lock"), timeout=600):
+        if not done.exists():
+            if where.exists():
+                shutil.rmtree(where)
+            where.mkdir()
+            try:
+                make(where)
+            except BaseException:
+                shutil.rmtree(where, ignore_errors=True)
+                raise
+            done.touch()
+    return where
 
 
 class Procs:

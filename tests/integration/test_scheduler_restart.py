@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.helpers import ROOT, Procs, cluster_env, free_port, read_until
+from tests.helpers import ROOT, Procs, cluster_env, free_port, once_per_session, read_until
 
 pytestmark = pytest.mark.process
 
@@ -57,15 +57,17 @@ def weights(path):
 
 @pytest.fixture(scope="module")
 def unfaulted(tmp_path_factory):
-    procs = Procs()
-    try:
-        out = tmp_path_factory.mktemp("ref")
-        scheduler, servers, workers = start_job(procs, free_port(), out)
-        for code, text in finish_all(procs, [*workers, *servers, scheduler]):
-            assert code == 0, text
-        return weights(out)
-    finally:
-        procs.cleanup()
+    """The weights of the same job nobody killed (once per session: tests on every xdist
+    worker compare with them)."""
+    def make(out):
+        procs = Procs()
+        try:
+            scheduler, servers, workers = start_job(procs, free_port(), out)
+            for code, text in finish_all(procs, [*workers, *servers, scheduler]):
+                assert code == 0, text
+        finally:
+            procs.cleanup()
+    return weights(once_per_session(tmp_path_factory, "scheduler-restart", make))
 
 
 def kill_and_restart(procs, port, out, scheduler, servers, workers, delay, also=(), sig=signal.SIGKILL, **extra):

@@ -127,10 +127,13 @@ HVD_IN_A_THREAD = HVD_SCRIPT.replace(
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("script", [HVD_SCRIPT, HVD_IN_A_THREAD], ids=["main-thread", "init-in-a-thread"])
+@pytest.mark.parametrize("mpi_path,script", [("openmpi", HVD_SCRIPT), ("mpich", HVD_IN_A_THREAD)],
+                         ids=["openmpi-main-thread", "mpich-init-in-a-thread"], indirect=["mpi_path"])
 def test_ps_torch_under_a_bare_mpirun(mpi_path, script):
     """`mpirun -np 3 python train.py` with `hvd.init()`: rank 0 starts the scheduler, each rank
-    a server; the ranks, sizes and an allreduce come out as under horovodrun; nothing is left."""
+    a server; the ranks, sizes and an allreduce come out as under horovodrun; nothing is left.
+    Each MPI once, each with one of the two places to call hvd.init() (where ps's processes
+    are started from does not depend on the MPI)."""
     pytest.importorskip("torch")
     kind, path = mpi_path
     argv = ["mpirun", "-np", "3"] + (["--allow-run-as-root", "--oversubscribe"] if kind == "openmpi" else [])

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.helpers import PYTHON, ROOT, cluster_env
+from tests.helpers import PYTHON, ROOT, cluster_env, once_per_session
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(240)]
 
@@ -45,16 +45,19 @@ def mpirun(n: int, *args: str, env: dict[str, str], timeout: float = 180) -> sub
 
 
 @pytest.fixture(scope="module")
-def separate_servers():
-    """The reference: ``python -m ps.launch -n 2 -s 2`` with kvstore='dist_sync'."""
-    env = cluster_env(0)
-    proc = subprocess.run([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", PYTHON, SCRIPT, "--kvstore", "dist_sync"],
-                          env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    ranks = results(proc.stdout)
-    assert [r["rank"] for r in ranks] == [0, 1] and {r["role"] for r in ranks} == {"worker"}, proc.stdout
-    assert len({r["digest"] for r in ranks}) == 1
-    return ranks[0]["digest"]
+def separate_servers(tmp_path_factory):
+    """The reference: ``python -m ps.launch -n 2 -s 2`` with kvstore='dist_sync' (once per
+    session: tests on every xdist worker compare with it)."""
+    def make(out):
+        proc = subprocess.run([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", PYTHON, SCRIPT, "--kvstore",
+                               "dist_sync"], env=cluster_env(0), cwd=str(ROOT), capture_output=True, text=True,
+                              timeout=180)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        ranks = results(proc.stdout)
+        assert [r["rank"] for r in ranks] == [0, 1] and {r["role"] for r in ranks} == {"worker"}, proc.stdout
+        assert len({r["digest"] for r in ranks}) == 1
+        (out / "digest").write_text(ranks[0]["digest"])
+    return (once_per_session(tmp_path_factory, "mpi-mode-separate-servers", make) / "digest").read_text()
 
 
 def test_a_bare_mpirun_with_dist_sync_mpi_trains_as_separate_servers_do(separate_servers):

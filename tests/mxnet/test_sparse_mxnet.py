@@ -30,8 +30,8 @@ def local_reference(api, workers):
     return local["weights"]
 
 
-@pytest.mark.parametrize("api,kind,workers", [("gluon", "dist_sync", 2), ("module", "dist_sync", 2),
-                                              ("gluon", "dist_async", 1), ("module", "dist_async", 1)])
+# each API and each kind once (the two APIs differ in how they pull rows, the kinds in the servers)
+@pytest.mark.parametrize("api,kind,workers", [("gluon", "dist_sync", 2), ("module", "dist_async", 1)])
 def test_sparse_training_matches_mxnet(procs, api, kind, workers):
     env = cluster_env(0, SPARSE_WORKERS=str(workers))
     launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", str(workers), "-s", "2", "--launcher", "local",

@@ -56,10 +56,11 @@ def alone_beside(procs, *args, script=SCRIPT):
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("mode,flags,tol,env", [
-    ("sgd", [], 1e-5, {}), ("adam", [], 1e-5, {}), ("sgd", ["--fp16", "--predivide"], 2e-3, {}),
-    # over TCP through the send window (messages this small are not credited): priority order, same sums
+    ("adam", [], 1e-5, {}), ("sgd", ["--fp16", "--predivide"], 2e-3, {}),
+    # SGD with momentum and weight decay, over TCP through the send window (messages this small
+    # are not credited): priority order, same sums (the other variants go over local IPC)
     ("sgd", [], 1e-5, {"PS_LOCAL_IPC": "0", "PS_SEND_WINDOW": "64K"})],
-    ids=["sgd-momentum-wd", "adam", "sgd-fp16-compression-predivide", "sgd-tcp-send-window"])
+    ids=["adam", "sgd-fp16-compression-predivide", "sgd-momentum-wd-tcp-send-window"])
 def test_two_workers_equal_one_process_on_both_batches(procs, mode, flags, tol, env):
     one = alone_beside(procs, mode, *flags)
     out = launch(procs, mode, *flags, **env)
@@ -153,8 +154,7 @@ def test_server_optimizer_async_two_workers_learn(procs):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("victim", ["server", "worker", "server in join", "server with table",
-                                    "server in join with table"])
+@pytest.mark.parametrize("victim", ["worker", "server with table", "server in join with table"])
 def test_a_killed_server_is_recovered_and_a_killed_worker_ends_the_job_with_the_reason(procs, tmp_path, victim):
     """--max-restarts under Horovod's API: a server only sums, so its restart recovers the
     sums and the job ends with the weights of an unfaulted run; a worker holds the model, so its
@@ -193,12 +193,8 @@ def test_a_killed_server_is_recovered_and_a_killed_worker_ends_the_job_with_the_
             (_, w0, last0, after0, rows0), (_, w1, last1, after1, rows1) = done(out)
             assert w0 != w1 and last0 == last1 == 1 and after0 == after1 == [2.0, 2.0], out
             assert rows0 == rows1 and len(rows0) > 8, out
-        elif mode:              # rank 0 stopped after 5 steps, rank 1 went on: their own weights
-            (_, w0, last0, after0), (_, w1, last1, after1) = done(out)
-            assert w0 != w1 and last0 == last1 == 1 and after0 == after1 == [2.0, 2.0], out
         else:
-            (_, want), (_, also) = done(out)
-            assert want == also, out
+            pytest.fail(f"no checks for {victim!r}")
     else:
         assert code != 0 and not done(out), out + err
         assert "this worker (rank 1) was restarted (--max-restarts), but a Horovod-style job keeps its model" \

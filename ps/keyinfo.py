@@ -69,9 +69,11 @@ class KeyTable:
             raise KeyError(f"key {key!r} is not initialized; call kv.init({key!r}, value) first")
         return info
 
-    def new(self, key: Any, value: np.ndarray, label: str | None = None) -> KeyInfo:
+    def new(self, key: Any, value: np.ndarray, label: str | None = None, server: int | None = None) -> KeyInfo:
         """The record ``key`` gets for ``value``'s shape and dtype (not added: see :meth:`add`).
-        Fixes the table's key kind, so a later key of the other kind is refused."""
+        Fixes the table's key kind, so a later key of the other kind is refused. ``server``: where
+        a key that is not cut lives, in place of its hash's server (keys.balance); every worker
+        must pass the same."""
         label = label or repr(key)
         kind = str if isinstance(key, str) else int
         if self.kind is not None and kind is not self.kind:
@@ -81,9 +83,13 @@ class KeyTable:
         int_key = keys_mod.to_int_key(key)
         self.kind = kind
         row_len = max(1, int(np.prod(value.shape[1:], dtype=np.int64))) if value.ndim >= 2 else 1
-        return KeyInfo(key, int_key, tuple(value.shape), value.dtype, dtype_code(value.dtype),
-                       keys_mod.plan(int_key, value.size, self.num_servers, self.bigarray_bound, row_len),
-                       row_len, label)
+        slices = keys_mod.plan(int_key, value.size, self.num_servers, self.bigarray_bound, row_len)
+        if server is not None:
+            if isinstance(server, bool) or not isinstance(server, int) or not 0 <= server < self.num_servers:
+                raise ValueError(f"key {label}: server {server!r} is not one of the {self.num_servers} servers")
+            if len(slices) == 1:
+                slices = (Slice(server, 0, value.size),)
+        return KeyInfo(key, int_key, tuple(value.shape), value.dtype, dtype_code(value.dtype), slices, row_len, label)
 
     def add(self, info: KeyInfo) -> None:
         self._infos[info.name] = info

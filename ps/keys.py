@@ -8,11 +8,16 @@ row-sparse push or pull of any key finds each row on one server. A key with fewe
 than servers leaves the last servers out.
 MXNet computes the hash in 32-bit ``int`` and overflows for keys >= 215330; ps uses
 exact integers there, so those keys may land on another server than MXNet's.
+
+Where every worker knows the whole set of keys alike (ps.torch's gradients), :func:`balance`
+places the uncut ones by size instead of by hash: the hash leaves one server with a third
+more bytes than the mean on ResNet-50's shapes, and the busiest server sets the step.
 """
 from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -74,3 +79,24 @@ def chunks(size: int, itemsize: int, chunk_bytes: int = CHUNK_BYTES) -> list[tup
     if size <= step:
         return [(0, size)]
     return [(off, min(step, size - off)) for off in range(0, size, step)]
+
+
+def balance(arrays: Sequence[tuple[Hashable, int]], num_servers: int, bound: int) -> dict[Hashable, int]:
+    """A server for each ``(name, size)`` array that lives whole on one (fewer than ``bound``
+    elements), so that the servers hold about as many elements each: largest first, each to
+    the server holding least so far (ties: the lowest), a cut array counting on every server.
+    Depends on the set, not its order (ties in size go by name), so workers that list the same
+    arrays in another order agree. Names must be unique and comparable."""
+    load = [0] * num_servers
+    placed: dict[Hashable, int] = {}
+    if num_servers <= 1:
+        return placed
+    for name, size in sorted(arrays, key=lambda a: (-a[1], a[0])):
+        if size >= bound:
+            for piece in plan(0, size, num_servers, bound):
+                load[piece.server] += piece.size
+            continue
+        server = min(range(num_servers), key=load.__getitem__)
+        placed[name] = server
+        load[server] += size
+    return placed

@@ -263,18 +263,21 @@ class KVStore:
         if error is not None:
             raise error
 
-    def declare(self, key: Any, shape: Sequence[int], dtype: Any, joinable: bool = False) -> None:
+    def declare(self, key: Any, shape: Sequence[int], dtype: Any, joinable: bool = False,
+                server: int | None = None) -> None:
         """Register ``key`` on this worker alone: no message, no barrier. The servers make it,
         zeros, when the first worker's push of it arrives, so workers may declare a key at
         different moments (Horovod's collectives, whose first use of a name meets nobody:
         a worker may start one while another is at a barrier). For keys whose value is the
         last round's sum (no optimizer on the servers); a pull before any push finds no key.
         ``joinable``: while workers are in :meth:`join`, the key's rounds close without them
-        (a sum that takes their share as zero); other keys' rounds fail then."""
+        (a sum that takes their share as zero); other keys' rounds fail then. ``server``: the
+        server a key below MXNET_KVSTORE_BIGARRAY_BOUND lives on, in place of its hash's
+        (``ps.keys.balance``); every worker must declare the key with the same."""
         self._check_open()
         value = np.broadcast_to(np.zeros((), np.dtype(dtype)), tuple(int(d) for d in shape))    # no memory
         dtype_code(value.dtype)                 # an unsupported dtype is named now
-        self._keys.add(replace(self._keys.new(key, value), declared=True, joinable=bool(joinable)))
+        self._keys.add(replace(self._keys.new(key, value, server=server), declared=True, joinable=bool(joinable)))
 
     def join(self, timeout: float | None = None) -> Joined:
         """Horovod's ``join``, for uneven data: this worker has no more pushes until every

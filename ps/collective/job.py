@@ -300,7 +300,8 @@ class Job:
         if not np.array_equal(self._store.pushpull(key, mine), mine * count):
             raise self.disagreed(MismatchError(what), group)
 
-    def ensure_keys(self, items: list[KeySpec], group: int = 0, joinable: bool = False) -> Callable[[], None]:
+    def ensure_keys(self, items: list[KeySpec], group: int = 0, joinable: bool = False,
+                    placement: dict[str, int] | None = None) -> Callable[[], None]:
         """Make the keys not seen yet, and check that every worker asks for the same names,
         shapes and dtypes. Returns ``verify``: call it before using what the keys bring back;
         on a mismatch it raises MismatchError (a ValueError and a RuntimeError) on every
@@ -312,7 +313,8 @@ class Job:
         in Horovod. ``group``: only that group's members take part; its lowest rank makes
         the keys (with the group's members on the servers), then the members meet, which
         checks them too (``verify`` has nothing left to do). ``joinable``: sums that go on
-        without workers in ``join`` (KVStore.declare)."""
+        without workers in ``join`` (KVStore.declare). ``placement``: the server of some new
+        keys over every worker (KVStore.declare's ``server``; the same on every worker)."""
         new = [(name, tuple(shape), np.dtype(dtype)) for name, shape, dtype in items if name not in self._keys]
         again = [(name, tuple(shape), np.dtype(dtype)) for name, shape, dtype in items if name in self._suspect]
         kv = self._store
@@ -335,7 +337,8 @@ class Job:
                       "member must use the same names, shapes and dtypes in the same order")
         elif kv is not None and new:
             for name, shape, dtype in new:
-                kv.declare(name, (int(np.prod(shape)),), dtype, joinable=joinable)
+                kv.declare(name, (int(np.prod(shape)),), dtype, joinable=joinable,
+                           server=(placement or {}).get(name))
             # keys the other workers made while this one was in join were checked without it
             fresh = [item for item in new if kv.server_key(item[0]) not in self._excused]
             if fresh and verify is _nothing:

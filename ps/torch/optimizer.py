@@ -16,6 +16,7 @@ from typing import Any, Iterator, NamedTuple
 import numpy as np
 import torch
 
+from .. import keys as keys_mod
 from ..collective import Average, Sum, predivide_factor, tensor_key
 from . import fusion, runtime
 from .compression import Compression
@@ -99,7 +100,11 @@ class _Distributed:
             # every parameter checked first, so a disagreement names the parameter, not a bucket
             runtime.job.check_same_everywhere(list(self._ps_keys.values()))
             keys += [(b.key, (b.size,), b.buffer.dtype) for b in fusion.buckets(self._ps_fused)]
-        ensure_keys(keys, self._ps_where, joinable=True)()     # every worker has them
+        # every worker has the same keys, so they are placed by size rather than by hash
+        placement = keys_mod.balance([(name, int(np.prod(shape))) for name, shape, _ in keys],
+                                     self._ps_kv.num_servers, self._ps_kv.config.bigarray_bound) \
+            if self._ps_kv is not None and not self._ps_where.group else None
+        ensure_keys(keys, self._ps_where, joinable=True, placement=placement)()     # every worker has them
         self._ps_hooks = [p.register_post_accumulate_grad_hook(self._ps_ready) for p in self._ps_names]
 
     def _ps_ready(self, p: torch.Tensor) -> None:

@@ -76,15 +76,16 @@ def _work_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def ensure_keys(items: list[tuple[str, tuple[int, ...], np.dtype]], where: Scope | None = None,
-                joinable: bool = False) -> Callable[[], None]:
+                joinable: bool = False, placement: dict[str, int] | None = None) -> Callable[[], None]:
     """Make the keys not seen yet; returns what checks that every worker (of ``where``) asked
     for the same ones: call it before using a result (ps/collective/job.py). ``joinable``: sums
-    that go on while workers are in ``hvd.join()``, their share zero."""
+    that go on while workers are in ``hvd.join()``, their share zero. ``placement``: a server
+    for some of them (ps.keys.balance), the same on every worker."""
     runtime.store()
     if runtime.server_optimizer:
         raise RuntimeError("a ServerOptimizer runs on the servers of this job, and they update every key they "
                            "hold: allreduce and broadcast of new tensors are not available after it is created")
-    return runtime.job.ensure_keys(items, where.group if where is not None else 0, joinable)
+    return runtime.job.ensure_keys(items, where.group if where is not None else 0, joinable, placement)
 
 
 # -- names in flight ---------------------------------------------------------------------

@@ -439,6 +439,27 @@ def test_declared_keys_are_made_by_their_first_push_without_any_meeting(van):
         assert c.run(job) == [([3.0] * 4, 0.75, 0.75)] * 2
 
 
+def test_a_declared_key_lives_on_the_server_given_for_it(van):
+    """declare(server=): every worker names the same server for a key below the bigarray
+    bound (ps.torch places its gradients by size so: ps.keys.balance). Each key is sent to the
+    server its hash does not pick, and the servers hold exactly those bytes."""
+    from ps.keys import plan, str_key
+    arrays = {"a": np.float32, "b": np.float32, "c": np.float64}
+    where = {name: 1 - plan(str_key(name), 10, 2, 1000)[0].server for name in arrays}
+
+    def job(kv):
+        for name, dtype in arrays.items():
+            kv.declare(name, (10,), dtype, server=where[name])
+        sums = [kv.pushpull(name, np.full(10, kv.rank + 1.0, dtype)).tolist() for name, dtype in arrays.items()]
+        kv.barrier()
+        held = kv.server_command("stats")
+        return sums, [held[server]["bytes"] for server in sorted(held)]
+    want = [sum(10 * np.dtype(dtype).itemsize for name, dtype in arrays.items() if where[name] == s) for s in (0, 1)]
+    with local_cluster(2, 2, van=van, bigarray_bound=1000) as c:
+        for sums, held in c.run(job):
+            assert sums == [[3.0] * 10] * 3 and held == want, (held, want, where)
+
+
 def test_a_key_of_some_workers_closes_its_rounds_when_they_pushed(van):
     """init(members=): only those workers push the key; the lowest makes it, the members then
     meet on a key they share; a worker outside them is refused with the members named."""

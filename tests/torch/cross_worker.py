@@ -10,9 +10,13 @@ checks the weights are equal, bit for bit. Then the refusals, each caught and pr
 import json
 import sys
 
+import numpy as np
 import torch
 
 import ps.torch as hvd
+from ps.collective import tensor_key
+from ps.keys import balance
+from ps.torch import runtime
 
 STEPS, BATCH = 8, 6
 OPTIMIZERS = {
@@ -114,8 +118,19 @@ def main():
     if "--timeline" in sys.argv:
         hvd.stop_timeline()
     print("RESULT " + json.dumps({"rank": hvd.rank(), "same": same, "moved": moved, "weights": weights,
+                                  "placed": placed("sgd.wait."),
                                   "refused": refusals() if passes == 1 and not autocast else {}}), flush=True)
     hvd.shutdown()
+
+
+def placed(prefix):
+    """The server each gradient key of one optimizer lives on, and where ps.keys.balance
+    places that set (keys of a key each: with PS_TORCH_FUSION on, some are in buckets)."""
+    kv = runtime.store()
+    names = {tensor_key(f"allreduce.grad.{prefix}{n}", tuple(p.shape), np.float32): p.numel()
+             for n, p in Net().named_parameters()}
+    return {"servers": {k: kv.key_info(k).slices[0].server for k in names if kv.key_info(k) is not None},
+            "want": balance(list(names.items()), kv.num_servers, kv.config.bigarray_bound)}
 
 
 def train_start():

@@ -209,3 +209,15 @@ def test_per_key_multipliers_travel_under_int_keys():
     spec = int_keyed({"name": "sgd", "params": {"lr_mult": {"w": 0.5, 3: 2.0}, "wd_mult": {}, "lr": 0.1}})
     assert spec["params"]["lr_mult"] == {keys.to_int_key("w"): 0.5, 3: 2.0}
     assert spec["params"]["lr"] == 0.1 and spec["name"] == "sgd"
+
+
+def test_a_server_given_for_a_key_places_it_whole_there_unless_it_is_cut():
+    t = table(num_servers=3, bound=100)
+    value = np.zeros(10, np.float32)
+    hashed = t.new(5, value).slices[0].server
+    other = (hashed + 1) % 3
+    assert t.new(5, value, server=other).slices == (keys.Slice(other, 0, 10),)
+    assert t.new(6, np.zeros(300, np.float32), server=other).slices == keys.plan(6, 300, 3, 100)   # cut: as ever
+    for bad in (3, -1, "1", True):
+        with pytest.raises(ValueError, match=rf"key 5: server {bad!r} is not one of the 3 servers"):
+            t.new(5, value, server=bad)

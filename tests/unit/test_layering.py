@@ -141,7 +141,7 @@ ALLOWED = {
                      "torch.runtime", "torch.sums"},
     "torch.cross_barrier": set(),
     "torch.fusion": set(),
-    "torch.optimizer": {"collective", "torch.compression", "torch.cross_barrier", "torch.fusion", "torch.gather", "torch.process_sets", "torch.runtime",
+    "torch.optimizer": {"collective", "keys", "torch.compression", "torch.cross_barrier", "torch.fusion", "torch.gather", "torch.process_sets", "torch.runtime",
                         "torch.sums"},
     "torch.ops": {"collective", "collective.objects", "collective.process_sets", "errors", "torch.compression",
                   "torch.gather", "torch.optimizer", "torch.process_sets", "torch.runtime", "torch.sums"},

@@ -27,12 +27,15 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name == "optim":
-        return importlib.import_module(".optim", __name__)
     if name in _WHERE:
         value = getattr(importlib.import_module("." + _WHERE[name], __name__), name)
         globals()[name] = value
         return value
+    try:            # a submodule (ps.optim, ps.keys, ps.errors, ...), as when they loaded with ps
+        return importlib.import_module("." + name, __name__)
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
     raise AttributeError(f"module 'ps' has no attribute {name!r}")
 
 

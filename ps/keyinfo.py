@@ -85,10 +85,11 @@ class KeyTable:
         row_len = max(1, int(np.prod(value.shape[1:], dtype=np.int64))) if value.ndim >= 2 else 1
         slices = keys_mod.plan(int_key, value.size, self.num_servers, self.bigarray_bound, row_len)
         if server is not None:
-            if isinstance(server, bool) or not isinstance(server, int) or not 0 <= server < self.num_servers:
+            if isinstance(server, bool) or not isinstance(server, (int, np.integer)) or \
+                    not 0 <= server < self.num_servers:
                 raise ValueError(f"key {label}: server {server!r} is not one of the {self.num_servers} servers")
             if len(slices) == 1:
-                slices = (Slice(server, 0, value.size),)
+                slices = (Slice(int(server), 0, value.size),)
         return KeyInfo(key, int_key, tuple(value.shape), value.dtype, dtype_code(value.dtype), slices, row_len, label)
 
     def add(self, info: KeyInfo) -> None:

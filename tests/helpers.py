@@ -46,7 +46,10 @@ def once_per_session(tmp_path_factory, name: str, make) -> Path:
     leaves nothing behind, so the next to ask tries again (and fails the same way)."""
     from filelock import FileLock
     base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base    # the session's, not the machine's
+    # an xdist worker's is <the session's>/popen-gwN; without xdist, the session's own (not its
+    # parent, which every session on the machine shares). Not PYTEST_XDIST_WORKER: a pytest a
+    # test starts inherits it
+    root = base.parent if base.name.startswith("popen-gw") else base
     where, done = root / f"once-{name}", root / f"once-{name}.done"
     with FileLock(str(root / f"once-{name}.lock"), timeout=600):
         if not done.exists():

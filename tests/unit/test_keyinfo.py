@@ -221,3 +221,4 @@ def test_a_server_given_for_a_key_places_it_whole_there_unless_it_is_cut():
     for bad in (3, -1, "1", True):
         with pytest.raises(ValueError, match=rf"key 5: server {bad!r} is not one of the 3 servers"):
             t.new(5, value, server=bad)
+    assert t.new(5, value, server=np.int64(other)).slices == (keys.Slice(other, 0, 10),)     # a numpy int too

@@ -200,6 +200,18 @@ def pairs(key: Any, value: Any) -> list[tuple[Any, Any]]:
     return [(key, value)]
 
 
+def triples(key: Any, value: Any, out: Any) -> list[tuple[Any, Any, Any]]:
+    """(key, value, out) of a pull or pushpull on one key or on a list of keys; ``value`` None
+    for a pull, ``out`` None for a new array."""
+    many = isinstance(key, (list, tuple))
+    keys = key if many else [key]
+    values = [None] * len(keys) if value is None else value if many else [value]
+    outs = out if many and out is not None else [out] * len(keys)
+    if len(values) != len(keys) or len(outs) != len(keys):
+        raise ValueError(f"{len(keys)} keys but {len(values)} values / {len(outs)} outputs")
+    return list(zip(keys, values, outs))
+
+
 def key_labels(labels: Any, n: int) -> list[str | None]:
     """init's ``labels`` (None, one str, or one per key) as one per key of ``n``."""
     labels = [None] * n if labels is None else [labels] if isinstance(labels, str) else list(labels)

@@ -28,7 +28,7 @@ from .errors import ClosedError, ConfigError, PSError, PSTimeoutError
 from .message import Op, Role, dtype_code, namespace_field
 from .postoffice import Postoffice
 from .keyinfo import (KeyInfo, KeyTable, RowSparse, dense, int_keyed, is_rows, key_labels, member_ranks, pairs,
-                      receiver, row_sparse, unique_rows)
+                      receiver, row_sparse, triples, unique_rows)
 from .van import Van
 from .waitreport import WaitReporter
 from .worker import Joined, KVWorker
@@ -342,14 +342,8 @@ class KVStore:
         return self.pull(key, out=out, priority=priority)
 
     def _pull_like(self, op: int, key: Any, value: Any, out: Any, block: bool, priority: int = 0) -> Any:
-        many = isinstance(key, (list, tuple))
-        names = key if many else [key]
-        values = [None] * len(names) if value is None else value if many else [value]
-        outs = out if many and out is not None else [out] * len(names)
-        if len(values) != len(names) or len(outs) != len(names):
-            raise ValueError(f"{len(names)} keys but {len(values)} values / {len(outs)} outputs")
         handles, finals = [], []
-        for k, v, o in zip(names, values, outs):
+        for k, v, o in triples(key, value, out):
             info = self._keys.info(k)
             flat = None if v is None else dense(info, v, "pushpull to").reshape(-1)
             recv, final = receiver(info, o)
@@ -424,20 +418,22 @@ class KVStore:
 
         Sent once, by rank 0; every worker then waits at a barrier so none pushes early.
         """
-        self._check_open()
         spec = optimizer.to_spec() if hasattr(optimizer, "to_spec") else dict(optimizer)
-        spec = int_keyed(spec)
-        if self.rank == 0:
-            self._worker.command("set_optimizer", {"spec": spec, **namespace_field(namespace)})
-        self._po.barrier("workers", what="every worker to set the optimizer")
+        self._from_rank0("set_optimizer", {"spec": int_keyed(spec), **namespace_field(namespace)},
+                         "every worker to set the optimizer")
 
     def set_pickled_optimizer(self, payload: bytes, signature: bytes, namespace: int = 0) -> None:
         """Collective, opt-in (PS_ALLOW_PICKLE on the servers): see ps/optim/pickled.py."""
+        self._from_rank0("set_optimizer_pickle", {"payload": payload, "signature": signature,
+                                                  **namespace_field(namespace)}, "every worker to set the optimizer")
+
+    def _from_rank0(self, cmd: str, body: dict[str, Any], what: str) -> None:
+        """A setting every worker asks for: rank 0 sends it, and all wait at a barrier, so that
+        no worker pushes before the servers have it."""
         self._check_open()
         if self.rank == 0:
-            self._worker.command("set_optimizer_pickle", {"payload": payload, "signature": signature,
-                                                          **namespace_field(namespace)})
-        self._po.barrier("workers", what="every worker to set the optimizer")
+            self._worker.command(cmd, body)
+        self._po.barrier("workers", what=what)
 
     def set_namespace(self, keys: Any, namespace: int) -> None:
         """Give initialized ``keys`` the optimizer of ``namespace`` (a number > 0) instead of
@@ -451,11 +447,8 @@ class KVStore:
         """Collective: compress float32 keys' pushes (``{'type': '2bit', 'threshold': 0.5}`` as
         MXNet: pulls stay exact) or pushes and pulls (``{'type': 'fp16'}``; add ``'pull': False``
         to pull exact float32). The servers keep float32 either way. Set it before training."""
-        self._check_open()
         parsed = comp.parse(params)
-        if self.rank == 0:
-            self._worker.command("set_compression", {"params": parsed})
-        self._po.barrier("workers", what="every worker to set gradient compression")
+        self._from_rank0("set_compression", {"params": parsed}, "every worker to set gradient compression")
         self._compressor = comp.Compressor(parsed)
 
     def server_command(self, cmd: str, payload: dict[str, Any] | None = None,

@@ -81,12 +81,11 @@ class Bucket:
         self.filled = 0
 
 
-def layout(params: list[torch.Tensor], wires: dict[torch.Tensor, tuple[str, tuple[int, ...], np.dtype]],
-           names: dict[torch.Tensor, str], priority: dict[torch.Tensor, int], limit: int,
-           key_of: Any) -> dict[torch.Tensor, Member]:
-    """The buckets of ``params`` (in the optimizer's order; filled last first): each small
-    gradient's Member. ``wires[p]``: its key, wire shape and dtype; ``key_of(name, shape,
-    dtype)``: a bucket's key. Parameters not in the result go on their own."""
+def layout(names: dict[torch.Tensor, str], wires: dict[torch.Tensor, tuple[str, tuple[int, ...], np.dtype]],
+           priority: dict[torch.Tensor, int], limit: int, key_of: Any) -> dict[torch.Tensor, Member]:
+    """The buckets of the parameters ``names`` holds (in the optimizer's order; filled last
+    first): each small gradient's Member. ``wires[p]``: its key, wire shape and dtype;
+    ``key_of(name, shape, dtype)``: a bucket's key. Parameters not in the result go on their own."""
     members: dict[torch.Tensor, Member] = {}
     if limit <= 0:
         return members
@@ -105,7 +104,7 @@ def layout(params: list[torch.Tensor], wires: dict[torch.Tensor, tuple[str, tupl
                 start += n
         run.clear()
 
-    for p in reversed(params):
+    for p in reversed(list(names)):
         _, shape, dtype = wires[p]
         n = int(np.prod(shape))
         nbytes = n * dtype.itemsize

@@ -91,19 +91,20 @@ class _Distributed:
             self._ps_keys[p] = (self._ps_where.key(tensor_key(f"allreduce.grad.{name}", tuple(wire.shape),
                                                               flat.dtype)),
                                 tuple(wire.shape), flat.dtype)
-        # small gradients share a key (PS_TORCH_FUSION); a process set's keep one each
-        limit = self._ps_kv.config.torch_fusion if self._ps_kv is not None and not self._ps_where.group else 0
-        self._ps_fused = fusion.layout(list(self._ps_names), self._ps_keys, self._ps_names, self._ps_priority, limit,
+        # over every worker, small gradients share a key (PS_TORCH_FUSION) and the keys are
+        # placed by size; a process set's keep a key each, placed by hash
+        everyone = self._ps_kv is not None and not self._ps_where.group
+        limit = self._ps_kv.config.torch_fusion if everyone else 0
+        self._ps_fused = fusion.layout(self._ps_names, self._ps_keys, self._ps_priority, limit,
                                        lambda name, shape, dtype: self._ps_where.key(tensor_key(name, shape, dtype)))
         keys = [self._ps_keys[p] for p in self._ps_names if p not in self._ps_fused]
         if self._ps_fused:
             # every parameter checked first, so a disagreement names the parameter, not a bucket
             runtime.job.check_same_everywhere(list(self._ps_keys.values()))
             keys += [(b.key, (b.size,), b.buffer.dtype) for b in fusion.buckets(self._ps_fused)]
-        # every worker has the same keys, so they are placed by size rather than by hash
         placement = keys_mod.balance([(name, int(np.prod(shape))) for name, shape, _ in keys],
                                      self._ps_kv.num_servers, self._ps_kv.config.bigarray_bound) \
-            if self._ps_kv is not None and not self._ps_where.group else None
+            if everyone else None
         ensure_keys(keys, self._ps_where, joinable=True, placement=placement)()     # every worker has them
         self._ps_hooks = [p.register_post_accumulate_grad_hook(self._ps_ready) for p in self._ps_names]
 

@@ -14,7 +14,7 @@ def layout_of(sizes, limit, dtypes=None):
     dtypes = dtypes or [np.dtype(np.float32)] * len(sizes)
     wires = {p: (f"key.{names[p]}", (n,), d) for p, n, d in zip(params, sizes, dtypes)}
     priority = {p: -i for i, p in enumerate(params)}
-    members = fusion.layout(params, wires, names, priority, limit,
+    members = fusion.layout(names, wires, priority, limit,
                             lambda name, shape, dtype: f"{name}:{shape[0]}:{np.dtype(dtype).str}")
     out = []
     for bucket in fusion.buckets(members):
@@ -48,7 +48,7 @@ def test_a_bucket_leaves_once_full_and_every_step_has_its_own_pending_sum():
     params = [torch.nn.Parameter(torch.zeros(3)) for _ in range(2)]
     names = {p: f"p{i}" for i, p in enumerate(params)}
     wires = {p: ("k", (3,), np.dtype(np.float32)) for p in params}
-    members = fusion.layout(params, wires, names, {p: 0 for p in params}, 1 << 20, lambda *a: "bucket")
+    members = fusion.layout(names, wires, {p: 0 for p in params}, 1 << 20, lambda *a: "bucket")
     bucket = members[params[0]].bucket
     first = bucket.put(members[params[1]], np.full(3, 2.0, np.float32))
     pending = bucket.pending

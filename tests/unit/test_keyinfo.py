@@ -5,7 +5,7 @@ import pytest
 
 from ps import keys
 from ps.keyinfo import (KeyTable, RowSparse, check_rows, dense, int_keyed, is_rows, key_labels, member_ranks, pairs,
-                        receiver, row_sparse, unique_rows)
+                        receiver, row_sparse, triples, unique_rows)
 
 
 def table(num_servers: int = 2, bound: int = 1_000_000) -> KeyTable:
@@ -222,3 +222,11 @@ def test_a_server_given_for_a_key_places_it_whole_there_unless_it_is_cut():
         with pytest.raises(ValueError, match=rf"key 5: server {bad!r} is not one of the 3 servers"):
             t.new(5, value, server=bad)
     assert t.new(5, value, server=np.int64(other)).slices == (keys.Slice(other, 0, 10),)     # a numpy int too
+
+
+def test_a_pull_or_pushpull_pairs_each_key_with_its_value_and_output():
+    assert triples(3, None, None) == [(3, None, None)]
+    assert triples([1, 2], ["a", "b"], None) == [(1, "a", None), (2, "b", None)]
+    assert triples([1, 2], None, ["x", "y"]) == [(1, None, "x"), (2, None, "y")]
+    with pytest.raises(ValueError, match=r"2 keys but 1 values / 2 outputs"):
+        triples([1, 2], ["a"], None)

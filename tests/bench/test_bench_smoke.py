@@ -249,8 +249,11 @@ def test_multihost_bench_runs_on_two_namespace_hosts_and_cleans_up(tmp_path):
         # so on a noisy machine the stall's median may pass the step's by a little (seen once:
         # 66 ms against 62 ms), never by a step
         assert 0 <= float(row["key0_stall_s"]) <= float(row["stall_s"]) < 2 * float(row["step_s"]), row
-        # the links carried the job's bytes (some 10 ms bins busy) and idled less than the whole step
-        assert 0 < float(row["busy_util"]) < 1.5 and 0 <= float(row["idle_s"]) < float(row["step_s"]), row
+        # the links carried the job's bytes (some 10 ms bins busy). The idle seconds are counted
+        # over the union of the workers' timed windows, which is longer than steps x the median
+        # step by the workers' skew, and a quick run's links are idle in nearly every 10 ms bin
+        # (seen: 73 ms idle per step of 69 ms); never two steps
+        assert 0 < float(row["busy_util"]) < 1.5 and 0 <= float(row["idle_s"]) < 2 * float(row["step_s"]), row
     assert "# 2 hosts, 3 servers" in stdout, stdout
     assert chart.stat().st_size > 10_000                             # the efficiency chart was drawn
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

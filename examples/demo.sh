@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project's main job, on this machine: install ps (with MXNet 1.9.1 and scikit-learn)
+# The project's main job, on this machine: install ps (with MXNet 1.9.1)
 # into ./.venv, train a small convolutional network on handwritten digits with 2 workers and
 # 2 servers (`python -m ps.launch`; examples/train_digits.py is a plain Gluon script with
 # kvstore='dist_sync' and no `import ps`), then train it in one process and compare.
@@ -22,9 +22,9 @@ if [ ${#dashboard[@]} -gt 0 ] && [[ " ${script_args[*]-} " != *" --epochs"* ]]; 
   script_args+=(--epochs 60)      # time to open the page and watch
 fi
 set -- "${script_args[@]+"${script_args[@]}"}"
-if ! $PY -c "import ps.mxnet_autoload, mxnet, sklearn, prometheus_client" >/dev/null 2>&1; then
-  echo "demo: installing ps, MXNet 1.9.1, scikit-learn and prometheus_client into ./.venv (once)"
-  $PY -m pip install -q -e '.[mxnet,demo,dashboard]' 2>&1 | grep -v -i warning || true
+if ! $PY -c "import ps.mxnet_autoload, mxnet, prometheus_client" >/dev/null 2>&1; then
+  echo "demo: installing ps, MXNet 1.9.1 and prometheus_client into ./.venv (once)"
+  $PY -m pip install -q -e '.[demo]' 2>&1 | grep -v -i warning || true
 fi
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

@@ -30,7 +30,7 @@ from ps.embed import TableSpec, checkpoint
 from ps.embed.client import LocalTable
 from ps.optim import rowwise
 
-SHAPES = {3: (40,), 5: (300_000,), 7: (17, 33), 9: (1000,)}   # key 5 is cut across both servers
+SHAPES = {3: (40,), 5: (120_000,), 7: (17, 33), 9: (1000,)}   # key 5 is cut across both servers
 
 
 def grad(rank: int, rnd: int, key: int, shape: tuple) -> np.ndarray:

@@ -6,7 +6,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from tests.helpers import PYTHON, ROOT, cluster_env
+from tests.helpers import PYTHON, ROOT, cluster_env, once_per_session
 
 pytestmark = pytest.mark.process
 
@@ -31,27 +31,26 @@ def launch(procs, *args, expect=0, script=SCRIPT, workers=2, **extra):
     return out + err
 
 
-def alone(*args, script=SCRIPT):
-    """``script --local`` in one process with no cluster variables: its one RESULT."""
-    env = {k: v for k, v in cluster_env(0).items() if not k.startswith("DMLC_")}
-    res = subprocess.run([PYTHON, script, *args, "--local"], capture_output=True, text=True, timeout=120, env=env)
-    assert res.returncode == 0, res.stdout + res.stderr
-    (one,) = results(res.stdout)
-    return one
+SERVER = str(ROOT / "tests" / "torch" / "server_worker.py")
+# the one-process runs the tests compare with: a script's --local run on both workers' batches
+REFERENCES = [(SCRIPT, "adam"), (SCRIPT, "sgd", "--fp16", "--predivide"), (SCRIPT, "sgd"),
+              (SERVER, "sgd", "sync"), (SERVER, "adam", "sync"), (SERVER, "adam", "async", "--one", "--steps", "3")]
 
 
-def alone_beside(procs, *args, script=SCRIPT):
-    """:func:`alone`, started now so that it runs beside the job the test launches next (it
-    waits for no cluster; most of its time is importing torch); call the result for its RESULT."""
-    env = {k: v for k, v in cluster_env(0).items() if not k.startswith("DMLC_")}
-    proc = procs.start([PYTHON, script, *args, "--local"], env)
-
-    def result():
-        code, out, err = procs.finish(proc, timeout=120)
-        assert code == 0, out + err
-        (one,) = results(out)
-        return one
-    return result
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory):
+    """``alone(script, *args)``: the RESULT of ``script *args --local``, one process with no
+    cluster variables. All of REFERENCES run once per session, in one process
+    (tests/torch/local_refs.py), whichever xdist workers have these tests."""
+    def make(root):
+        env = {k: v for k, v in cluster_env(0).items() if not k.startswith("DMLC_")}
+        command = [PYTHON, str(ROOT / "tests" / "torch" / "local_refs.py"), str(root / "refs.json")]
+        for i, ref in enumerate(REFERENCES):
+            command += ["--"] * bool(i) + list(ref)
+        res = subprocess.run(command, capture_output=True, text=True, timeout=150, env=env, check=False)
+        assert res.returncode == 0, res.stdout + res.stderr
+    found = json.loads((once_per_session(tmp_path_factory, "torch-references", make) / "refs.json").read_text())
+    return lambda script, *args: found[" ".join((script, *args))]
 
 
 @pytest.mark.timeout(200)
@@ -61,13 +60,12 @@ def alone_beside(procs, *args, script=SCRIPT):
     # are not credited): priority order, same sums (the other variants go over local IPC)
     ("sgd", [], 1e-5, {"PS_LOCAL_IPC": "0", "PS_SEND_WINDOW": "64K"})],
     ids=["adam", "sgd-fp16-compression-predivide", "sgd-momentum-wd-tcp-send-window"])
-def test_two_workers_equal_one_process_on_both_batches(procs, mode, flags, tol, env):
-    one = alone_beside(procs, mode, *flags)
+def test_two_workers_equal_one_process_on_both_batches(procs, alone, mode, flags, tol, env):
+    one = alone(SCRIPT, mode, *flags)
     out = launch(procs, mode, *flags, **env)
     workers = results(out)
     assert sorted(r["rank"] for r in workers) == [0, 1], out
     assert workers[0]["mean_loss"] == workers[1]["mean_loss"], workers   # unnamed allreduce, 15 times
-    one = one()
     for r in workers:
         assert (r["size"], r["local_size"], r["local_rank"]) == (2, 2, r["rank"]), r
         assert r["overlap"], "a gradient should leave before backward() returns"
@@ -108,26 +106,18 @@ def test_bad_input_is_named_alone():
     opt.zero_grad()
 
 
-SERVER = str(ROOT / "tests" / "torch" / "server_worker.py")
-
-
 def server_job(procs, workers, *args):
     got = results(launch(procs, *args, script=SERVER, workers=workers))
     assert len(got) == workers, got
     return got
 
 
-def server_alone(procs, *args):
-    return alone_beside(procs, *args, script=SERVER)
-
-
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("rule", ["sgd", "adam"])
-def test_server_optimizer_sync_equals_one_process(procs, rule):
+def test_server_optimizer_sync_equals_one_process(procs, alone, rule):
     """PyTorch's rule on the servers, gradients averaged per step: one process's numbers."""
-    one = server_alone(procs, rule, "sync")
+    one = alone(SERVER, rule, "sync")
     jobs = server_job(procs, 2, rule, "sync")
-    one = one()
     for r in jobs:
         for name, values in one["weights"].items():
             np.testing.assert_allclose(r["weights"][name], values, rtol=0, atol=1e-5, err_msg=name)
@@ -135,11 +125,10 @@ def test_server_optimizer_sync_equals_one_process(procs, rule):
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("rule", ["adam"])      # SGD: test_server_optimizer_sync_equals_one_process[sgd]
-def test_server_optimizer_one_worker_is_torch_optim_exactly(procs, rule):
+def test_server_optimizer_one_worker_is_torch_optim_exactly(procs, alone, rule):
     """Through real servers (weights sharded over two), three steps: bit-identical to torch.optim."""
-    one = server_alone(procs, rule, "async", "--one", "--steps", "3")
+    one = alone(SERVER, rule, "async", "--one", "--steps", "3")
     (r,) = server_job(procs, 1, rule, "async", "--steps", "3")
-    one = one()
     for name, values in one["weights"].items():
         np.testing.assert_array_equal(r["weights"][name], values, err_msg=name)
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.process
 
 
 SCRIPT = str(ROOT / "tests" / "integration" / "recovery_worker.py")
-ROUNDS = 60
+ROUNDS = 40
 
 
 def start(procs, out, optimizer, *kills, rounds=ROUNDS, restarts=2, servers=2, workers=2, extra=(), merged=False,
@@ -280,7 +280,7 @@ def test_a_server_dying_with_worker_0_just_before_a_learning_rate_change_still_t
 
 @pytest.mark.timeout(200)
 def test_a_worker_and_then_a_server_killed_in_one_job(procs, tmp_path, unfaulted):
-    code, text = launch(procs, tmp_path, "sgd", ("worker", 1, 12, "push"), ("server", 1, 40, "pull"))
+    code, text = launch(procs, tmp_path, "sgd", ("worker", 1, 12, "push"), ("server", 1, 30, "pull"))
     assert code == 0, text
     assert_all_workers_equal(tmp_path)
     got = weights(tmp_path)

@@ -178,9 +178,12 @@ def test_timeout_and_dry_run(launch):
     assert dry.wait(15) == 0
     pythonpath = shlex.quote("PYTHONPATH=" + os.pathsep.join(
         p for p in (MXNET_AUTOLOAD, HOROVOD_PATH, os.environ.get("PYTHONPATH")) if p))
+    # a PYTHONPATH the launcher inherits keeps its place in the environment, the first
+    inherited = bool(os.environ.get("PYTHONPATH"))
     assert dry.matching("[worker 0] ") == [(
-        f"[worker 0] env DMLC_NUM_WORKER=1 DMLC_NUM_SERVER=1 DMLC_PS_ROOT_URI=127.0.0.1 "
-        f"'DMLC_PS_ROOT_PORT=<port>' DMLC_JOB_CLUSTER=local {pythonpath} DMLC_ROLE=worker DMLC_TASK_ID=1 "
+        f"[worker 0] env {pythonpath + ' ' if inherited else ''}DMLC_NUM_WORKER=1 DMLC_NUM_SERVER=1 "
+        f"DMLC_PS_ROOT_URI=127.0.0.1 'DMLC_PS_ROOT_PORT=<port>' DMLC_JOB_CLUSTER=local "
+        f"{'' if inherited else pythonpath + ' '}DMLC_ROLE=worker DMLC_TASK_ID=1 "
         f"DMLC_RANK=0 PS_TEST_JOB={dry.marker} {PY} train.py --lr 0.1")]
     assert dry.matching("[server 0] ")[0].endswith(f"{PY} -m ps")
 

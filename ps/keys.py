@@ -81,13 +81,20 @@ def chunks(size: int, itemsize: int, chunk_bytes: int = CHUNK_BYTES) -> list[tup
     return [(off, min(step, size - off)) for off in range(0, size, step)]
 
 
-def balance(arrays: Sequence[tuple[Hashable, int]], num_servers: int, bound: int) -> dict[Hashable, int]:
+def balance(arrays: Sequence[tuple[Hashable, int]], num_servers: int, bound: int,
+            held: list[int] | None = None) -> dict[Hashable, int]:
     """A server for each ``(name, size)`` array that lives whole on one (fewer than ``bound``
     elements), so that the servers hold about as many elements each: largest first, each to
     the server holding least so far (ties: the lowest), a cut array counting on every server.
     Depends on the set, not its order (ties in size go by name), so workers that list the same
-    arrays in another order agree. Names must be unique and comparable."""
-    load = [0] * num_servers
+    arrays in another order agree. Names must be unique and comparable.
+
+    ``held``: the elements each server holds already (an earlier set's placement, so that a
+    second set does not start on the servers the first one filled); the call adds this set's
+    to it, in place."""
+    load = held if held is not None else [0] * num_servers
+    if len(load) != num_servers:
+        raise ValueError(f"held has {len(load)} servers' counts for {num_servers} servers")
     placed: dict[Hashable, int] = {}
     if num_servers <= 1:
         return placed

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
+import weakref
 from typing import Any, Iterator, NamedTuple
 
 import numpy as np
@@ -24,6 +25,11 @@ from .cross_barrier import CrossBarrier
 from .gather import sparse_allreduce_async
 from .process_sets import Scope, outside, scope
 from .sums import as_array, ensure_keys, reduce_op, scaled
+
+# per store, the gradient keys its DistributedOptimizers placed and the elements each server
+# holds of them: a second optimizer (a GAN's) starts where the first left off, not on the
+# servers it filled. Every worker makes the same optimizers in the same order, so all agree.
+_PLACED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _Sent(NamedTuple):
@@ -102,9 +108,7 @@ class _Distributed:
             # every parameter checked first, so a disagreement names the parameter, not a bucket
             runtime.job.check_same_everywhere(list(self._ps_keys.values()))
             keys += [(b.key, (b.size,), b.buffer.dtype) for b in fusion.buckets(self._ps_fused)]
-        placement = keys_mod.balance([(name, int(np.prod(shape))) for name, shape, _ in keys],
-                                     self._ps_kv.num_servers, self._ps_kv.config.bigarray_bound) \
-            if everyone else None
+        placement = _place(self._ps_kv, keys) if everyone else None
         ensure_keys(keys, self._ps_where, joinable=True, placement=placement)()     # every worker has them
         self._ps_hooks = [p.register_post_accumulate_grad_hook(self._ps_ready) for p in self._ps_names]
 
@@ -375,3 +379,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     wrapped._ps_setup(named_parameters, op, compression, backward_passes_per_step, gradient_predivide_factor,
                       sparse_as_dense, where, alone, model)
     return wrapped
+
+
+def _place(kv: Any, keys: list[tuple[Any, tuple[int, ...], Any]]) -> dict:
+    """A server for each of ``keys`` this store's optimizers have not placed yet, by size,
+    after what they placed before (ps.keys.balance)."""
+    seen, held = _PLACED.setdefault(kv, (set(), [0] * kv.num_servers))
+    new = [(name, int(np.prod(shape))) for name, shape, _ in keys if name not in seen]
+    seen.update(name for name, _ in new)
+    return keys_mod.balance(new, kv.num_servers, kv.config.bigarray_bound, held=held)

@@ -118,19 +118,25 @@ def main():
     if "--timeline" in sys.argv:
         hvd.stop_timeline()
     print("RESULT " + json.dumps({"rank": hvd.rank(), "same": same, "moved": moved, "weights": weights,
-                                  "placed": placed("sgd.wait."),
+                                  "placed": placed("sgd.wait.", "sgd.cross."),
                                   "refused": refusals() if passes == 1 and not autocast else {}}), flush=True)
     hvd.shutdown()
 
 
-def placed(prefix):
-    """The server each gradient key of one optimizer lives on, and where ps.keys.balance
-    places that set (keys of a key each: with PS_TORCH_FUSION on, some are in buckets)."""
+def placed(*prefixes):
+    """Per optimizer (the first ones this process made, in order): the server each of its
+    gradient keys lives on, by parameter name, and where ps.keys.balance places that set after
+    the sets before it (keys of a key each: with PS_TORCH_FUSION on, some are in buckets)."""
     kv = runtime.store()
-    names = {tensor_key(f"allreduce.grad.{prefix}{n}", tuple(p.shape), np.float32): p.numel()
-             for n, p in Net().named_parameters()}
-    return {"servers": {k: kv.key_info(k).slices[0].server for k in names if kv.key_info(k) is not None},
-            "want": balance(list(names.items()), kv.num_servers, kv.config.bigarray_bound)}
+    held, found = [0] * kv.num_servers, {}
+    for prefix in prefixes:
+        names = {n: (tensor_key(f"allreduce.grad.{prefix}{n}", tuple(p.shape), np.float32), p.numel())
+                 for n, p in Net().named_parameters()}
+        want = balance(list(names.values()), kv.num_servers, kv.config.bigarray_bound, held=held)
+        found[prefix] = {"servers": {n: kv.key_info(k).slices[0].server for n, (k, _) in names.items()
+                                     if kv.key_info(k) is not None},
+                         "want": {n: want[k] for n, (k, _) in names.items() if k in want}}
+    return found
 
 
 def train_start():

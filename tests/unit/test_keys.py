@@ -81,6 +81,19 @@ def test_balance_counts_a_cut_array_on_every_server_and_leaves_it_out():
     assert balance([("x", 5), ("y", 5)], 3, 1000) == {"x": 0, "y": 1}   # equal sizes go by name
 
 
+def test_balance_starts_from_what_the_servers_hold_and_adds_to_it():
+    """A second set (a GAN's second optimizer) goes first to the servers the first set left
+    emptiest; without ``held`` it would fill server 0 again."""
+    held = [0, 0]
+    assert balance([("a", 160), ("b", 48), ("c", 30)], 2, 1000, held=held) == {"a": 0, "b": 1, "c": 1}
+    assert held == [160, 78]
+    assert balance([("A", 160), ("B", 48), ("C", 30)], 2, 1000, held=held) == {"A": 1, "B": 0, "C": 0}
+    assert held == [238, 238]
+    assert balance([("big", 1200)], 2, 1000, held=held) == {} and held == [838, 838]    # a cut array on both
+    with pytest.raises(ValueError, match="held has 3 servers' counts for 2 servers"):
+        balance([("x", 1)], 2, 1000, held=[0, 0, 0])
+
+
 def test_balance_holds_the_spread_to_one_array_where_the_hash_does_not():
     """ResNet-50's shapes below the bound spread by size stay within the largest of them of
     each other (the hash leaves one server a third above the mean: keys.balance's docstring)."""

@@ -42,6 +42,6 @@ fi
 # set it) each would compile the project's modules again (~50 ms of CPU each). Compiled once here,
 # and the tests' processes may write what they compile.
 unset PYTHONDONTWRITEBYTECODE
-.venv/bin/python -m compileall -q -j 0 ps launcher tests examples >/dev/null \
-  || echo "tests/run.sh: compileall found a file it cannot compile (the tests that import it will name it)"
+.venv/bin/python -m compileall -q -j 0 ps launcher tests examples \
+  || echo "tests/run.sh: compileall could not compile the file above (the tests that import it will fail)"
 exec .venv/bin/python -m pytest -n 3 "$@"

@@ -12,7 +12,7 @@ import contextlib
 import time
 import warnings
 import weakref
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -108,8 +108,10 @@ class _Distributed:
             # every parameter checked first, so a disagreement names the parameter, not a bucket
             runtime.job.check_same_everywhere(list(self._ps_keys.values()))
             keys += [(b.key, (b.size,), b.buffer.dtype) for b in fusion.buckets(self._ps_fused)]
-        placement = _place(self._ps_kv, keys) if everyone else None
+        placement, placed = _place(self._ps_kv, keys) if everyone else (None, None)
         ensure_keys(keys, self._ps_where, joinable=True, placement=placement)()     # every worker has them
+        if placed is not None:
+            placed()            # only keys every worker agreed on count for the next optimizer
         self._ps_hooks = [p.register_post_accumulate_grad_hook(self._ps_ready) for p in self._ps_names]
 
     def _ps_ready(self, p: torch.Tensor) -> None:
@@ -381,10 +383,16 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     return wrapped
 
 
-def _place(kv: Any, keys: list[tuple[Any, tuple[int, ...], Any]]) -> dict:
+def _place(kv: Any, keys: list[tuple[Any, tuple[int, ...], Any]]) -> tuple[dict, Callable[[], None]]:
     """A server for each of ``keys`` this store's optimizers have not placed yet, by size,
-    after what they placed before (ps.keys.balance)."""
-    seen, held = _PLACED.setdefault(kv, (set(), [0] * kv.num_servers))
+    after what they placed before (ps.keys.balance); and the call that records them, made once
+    the workers agreed on the keys (a disagreement the job goes on from must leave every
+    worker's record as it was, or the next optimizer's keys would differ between workers)."""
+    seen, held = _PLACED.get(kv, (frozenset(), [0] * kv.num_servers))
+    held = list(held)
     new = [(name, int(np.prod(shape))) for name, shape, _ in keys if name not in seen]
-    seen.update(name for name, _ in new)
-    return keys_mod.balance(new, kv.num_servers, kv.config.bigarray_bound, held=held)
+    placement = keys_mod.balance(new, kv.num_servers, kv.config.bigarray_bound, held=held)
+
+    def record() -> None:
+        _PLACED[kv] = (seen | {name for name, _ in new}, held)
+    return placement, record

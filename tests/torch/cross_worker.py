@@ -124,7 +124,8 @@ def main():
 
 
 def placed(*prefixes):
-    """Per optimizer (the first ones this process made, in order): the server each of its
+    """Per optimizer (``prefixes``: the first ones this process made, in the order main() made
+    them: sgd, the first of OPTIMIZERS, waiting then cross): the server each of its
     gradient keys lives on, by parameter name, and where ps.keys.balance places that set after
     the sets before it (keys of a key each: with PS_TORCH_FUSION on, some are in buckets)."""
     kv = runtime.store()

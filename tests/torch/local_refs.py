@@ -26,8 +26,10 @@ def run(script: str, args: list[str]) -> dict:
             module.main()
     finally:
         sys.argv = argv
-    (line,) = [ln for ln in out.getvalue().splitlines() if ln.startswith("RESULT ")]
-    return json.loads(line[len("RESULT "):])
+    found = [ln for ln in out.getvalue().splitlines() if ln.startswith("RESULT ")]
+    if len(found) != 1:
+        raise SystemExit(f"{script} {' '.join(args)} --local printed {len(found)} RESULT lines:\n{out.getvalue()}")
+    return json.loads(found[0][len("RESULT "):])
 
 
 def main() -> None:

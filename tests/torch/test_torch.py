@@ -50,7 +50,11 @@ def alone(tmp_path_factory):
         res = subprocess.run(command, capture_output=True, text=True, timeout=150, env=env, check=False)
         assert res.returncode == 0, res.stdout + res.stderr
     found = json.loads((once_per_session(tmp_path_factory, "torch-references", make) / "refs.json").read_text())
-    return lambda script, *args: found[" ".join((script, *args))]
+    def one(script, *args):
+        command = " ".join((script, *args))
+        assert command in found, f"{command!r} is not one of REFERENCES"
+        return found[command]
+    return one
 
 
 @pytest.mark.timeout(200)

@@ -147,7 +147,8 @@ def impl_env(impl: str) -> Impl:
     ``ps-joint`` (joint workers: each holds one server shard, no server processes),
     ``ps-torch`` (ps.torch's DistributedOptimizer), ``ps-torch-cross`` (the same with
     ``model=``: each module's forward waits for its own sums), ``ddp`` (PyTorch DDP over gloo, no
-    servers), or ``ps:NAME=VALUE[:NAME=VALUE...]``: which system, and what makes the variant."""
+    servers), or ``ps:NAME=VALUE[:NAME=VALUE...]`` (also ``ps-torch:...``, ``ps-torch-cross:...``):
+    which system, and what makes the variant."""
     if impl in ("native", *TORCH):
         return Impl(impl, {})
     if impl == "ps-restarts":
@@ -159,10 +160,11 @@ def impl_env(impl: str) -> Impl:
     if impl == "ps-joint":
         return Impl("ps", {}, joint=True)
     kind, *pairs = impl.split(":")
-    if kind != "ps" or any("=" not in p for p in pairs):
+    if kind not in ("ps", "ps-torch", "ps-torch-cross") or any("=" not in p for p in pairs):
         raise SystemExit(f"--impls: unknown implementation {impl!r}; use native, ps, ps-restarts, ps-fifo, "
-                         "ps-fp16, ps-joint, ps-torch, ps-torch-cross, ddp or ps:NAME=VALUE[:NAME=VALUE]")
-    return Impl("ps", dict(p.split("=", 1) for p in pairs))
+                         "ps-fp16, ps-joint, ps-torch, ps-torch-cross, ddp or ps:NAME=VALUE[:NAME=VALUE] "
+                         "(ps-torch and ps-torch-cross take NAME=VALUE too)")
+    return Impl(kind, dict(p.split("=", 1) for p in pairs))
 
 
 def link_bytes_per_s(rate: str) -> float:
@@ -400,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     impls = [i for i in args.impls.split(",") if i]
     for impl in impls:
         impl_env(impl)                       # a bad name fails now, not after the first runs
-    if any(i in TORCH for i in impls) and importlib.util.find_spec("torch") is None:
+    if any(impl_env(i).kind in TORCH for i in impls) and importlib.util.find_spec("torch") is None:
         raise SystemExit("--impls ps-torch and ddp need PyTorch: pip install -e '.[torch]'")
     if "native" in impls:
         try:

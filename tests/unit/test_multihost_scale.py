@@ -37,3 +37,17 @@ def test_server_only_hosts_halve_what_a_worker_host_sends_at_k4():
     assert math.isclose(colocated / apart, 1.5, rel_tol=0.08), (colocated, apart)
     two = simple_bound(shapes, 4, 0.0, link, servers=2, server_hosts=2)
     assert math.isclose(two, 2 * model / link, rel_tol=0.1), (two, model / link)   # 4 workers' pushes on 2 links
+
+
+def test_a_torch_job_takes_variables_as_a_variant_and_a_bad_one_is_named():
+    from ps.bench.multihost import impl_env
+    impl = impl_env("ps-torch-cross:PS_SEND_LOWAT=0:PS_TORCH_FUSION=1M")
+    assert (impl.kind, impl.env) == ("ps-torch-cross", {"PS_SEND_LOWAT": "0", "PS_TORCH_FUSION": "1M"})
+    assert impl_env("ps:PS_SEND_WINDOW=0").kind == "ps"
+    for bad in ("ddp:PS_SEND_LOWAT=0", "ps-torch:PS_SEND_LOWAT", "psx"):
+        try:
+            impl_env(bad)
+        except SystemExit as exc:
+            assert repr(bad) in str(exc)
+        else:
+            raise AssertionError(f"{bad} was taken")

@@ -387,7 +387,7 @@ class Postoffice:
         batched by the last of it."""
         self.van.call_later(fn)
 
-    def add_tick(self, fn: Callable[[], bool]) -> None:
+    def add_tick(self, fn: Callable[[], float | None]) -> None:
         """Run ``fn`` on the I/O thread after every pass (:meth:`Van.add_tick`): a role's
         send window offers what a full socket held back (PS_SEND_LOWAT)."""
         self.van.add_tick(fn)

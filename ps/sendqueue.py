@@ -55,6 +55,13 @@ class Outgoing(NamedTuple):
     credit: bool        # counted in the window: the receiver must credit it (Flag.CREDIT)
 
 
+class Held(NamedTuple):
+    """A connection a take held back for want of room (PS_SEND_LOWAT)."""
+
+    excess: int         # bytes it must send before it has room
+    taken: int          # payload bytes ever taken for it: a change says it had room in between
+
+
 class SendQueue:
     """Not thread-safe: the worker calls it under its lock.
 
@@ -67,6 +74,8 @@ class SendQueue:
         self.credit_min = credit_min
         self.in_flight = 0                          # payload bytes sent and not yet credited
         self.blocked = False                        # the last take() held entries back for want of room
+        self.held_back: dict[int, Held] = {}        # and for which servers
+        self._taken: dict[int, int] = {}            # server id -> payload bytes taken for it, ever
         self._by_server: dict[int, int] = {}        # server id -> its share of in_flight
         self._heaps: dict[int, list[Queued]] = {}   # server id -> its queued entries
         self._order = itertools.count()
@@ -103,6 +112,7 @@ class SendQueue:
         repeat while they send something and the window has room."""
         sent: list[Outgoing] = []
         rooms: dict[int, int | None] = {}       # what each connection may still take in this take()
+        self.held_back = {}
         while True:
             more = self._take_pass(unsent, rooms)
             sent.extend(more)
@@ -130,6 +140,7 @@ class SendQueue:
                 heads.append(heap[0])
             else:
                 self.blocked = True
+                self.held_back[server] = Held(1 - left, self._taken.get(server, 0))
         heapq.heapify(heads)
         boxes: dict[int, Batch] = {}
         while heads and self.in_flight < self.window:
@@ -145,6 +156,7 @@ class SendQueue:
                 out.append((server, boxes.pop(server)))
             added = box.nbytes - before
             self._count(server, added)
+            self._taken[server] = self._taken.get(server, 0) + added
             left = rooms[server]
             if left is not None:
                 left = rooms[server] = left - added
@@ -153,6 +165,7 @@ class SendQueue:
                 heapq.heappop(heads)
             elif left is not None and left <= 0:
                 self.blocked = True
+                self.held_back[server] = Held(1 - left, self._taken.get(server, 0))
                 heapq.heappop(heads)
             else:
                 heapq.heapreplace(heads, heap[0])

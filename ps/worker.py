@@ -11,12 +11,14 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 from ._timing import POLL, Deadline
 from .customer import Customer, Handle, Request, StallWatch
+from .drain import DrainClock
 from .errors import PSError, RemoteError
 from .keys import CHUNK_BYTES, Slice, chunks
 from .message import DTYPES, ROW_ID, Batch, Command, Entry, Flag, Message, Op, Rows, node_name, server_id
@@ -66,6 +68,7 @@ class KVWorker:
         self._cmd_ids = itertools.count(1)
         self._cmd_waiters: dict[int, tuple[threading.Event, dict[int, Any]]] = {}
         self._cmd_sent: dict[int, tuple[list[int], dict[str, Any]]] = {}
+        self._drain = DrainClock()             # when the tick looks again at full sockets
         if self._queue is not None and po.config.send_lowat:
             po.add_tick(self._tick)
         po.on(Command.DATA, self._on_reply)
@@ -297,14 +300,19 @@ class KVWorker:
         for out in self._queue.take(self.po.unsent):
             self._send(out.dest, out.batch, Flag.WINDOWED | (Flag.CREDIT if out.credit else 0))
 
-    def _tick(self) -> bool:
+    def _tick(self) -> float | None:
         """On the I/O thread after each pass: requests held back for a full socket leave
-        once it drained."""
+        once it drained; when to look again (ps/drain.py), None while nothing is held back."""
         if not self._queue.blocked:
-            return False
-        with self._lock:
+            return None
+        with self._lock:                # the caller's thread may be in a take() meanwhile
+            wait = self._drain.due_in(self._queue.held_back, time.monotonic())
+            if wait > 0:
+                return wait
             self._send_queued()
-            return self._queue.blocked
+            if not self._queue.blocked:
+                return None
+            return self._drain.next_look(self._queue.held_back, time.monotonic())
 
     def _on_reply(self, msg: Message) -> None:
         self.po.credit(msg)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
+from ..drain import DrainClock
 from ..keys import CHUNK_BYTES
 from ..message import Batch, Command, Flag, Message
 from ..postoffice import Postoffice
@@ -49,6 +50,7 @@ class ReplySender:
         self._priority: dict[int, int] = {}
         self._windowed: set[int] = set()     # workers whose requests ask for credits: reached over a network
         self._batches = 0                    # replies made together queue as one group
+        self._drain = DrainClock()           # when the tick looks again at full sockets
         if self._queue is not None and po.config.send_lowat:
             po.add_tick(self._tick)
         po.on(Command.CREDIT, self._on_credit)
@@ -130,14 +132,19 @@ class ReplySender:
         """Replies leave on the connection the worker's requests came in on."""
         return self.po.unsent(dest, self.routes.get(dest))
 
-    def _tick(self) -> bool:
+    def _tick(self) -> float | None:
         """On the I/O thread after each pass: replies held back for a full socket leave once
-        it drained."""
+        it drained; when to look again (ps/drain.py), None while nothing is held back."""
         if not self._queue.blocked:
-            return False
+            return None
+        wait = self._drain.due_in(self._queue.held_back, time.monotonic())
+        if wait > 0:
+            return wait
         self._send_queued()
         self.guard.handed_over(self._queue.frames())
-        return self._queue.blocked
+        if not self._queue.blocked:
+            return None
+        return self._drain.next_look(self._queue.held_back, time.monotonic())
 
     def _on_credit(self, msg: Message) -> None:
         if self._queue is not None and isinstance(msg.body, int):

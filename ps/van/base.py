@@ -95,10 +95,11 @@ class Van(Protocol):
         ``route`` came in on); None if this van cannot tell (PS_SEND_LOWAT is then off)."""
         return None
 
-    def add_tick(self, fn: Callable[[], bool]) -> None:
-        """Run ``fn`` on the I/O thread after every pass of its loop; while it returns True
-        (it holds messages back until a socket drains: PS_SEND_LOWAT) passes come at least
-        every millisecond. Vans that cannot tell ``unsent`` never call it."""
+    def add_tick(self, fn: Callable[[], float | None]) -> None:
+        """Run ``fn`` on the I/O thread after every pass of its loop. While it holds messages
+        back until a socket drains (PS_SEND_LOWAT) it returns the seconds until it wants to
+        run again, and the next pass comes by then (at the soonest a millisecond later);
+        None: it waits for nothing. Vans that cannot tell ``unsent`` never call it."""
 
     def endpoint_used(self, address: str) -> str:
         """The endpoint a connection to ``address`` really goes to (a peer in this process:

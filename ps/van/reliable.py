@@ -109,7 +109,7 @@ class ReliableVan(Van):
     def unsent(self, node_id: int, route: bytes | None = None) -> int | None:
         return self.inner.unsent(node_id, route)
 
-    def add_tick(self, fn: Callable[[], bool]) -> None:
+    def add_tick(self, fn: Callable[[], float | None]) -> None:
         self.inner.add_tick(fn)
 
     # -- sending -------------------------------------------------------------------------

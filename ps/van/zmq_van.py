@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
 import tempfile
 import threading
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 MAX_MSG_SIZE = 1 << 30     # ZMQ_MAXMSGSIZE: largest single frame a node accepts
 RECV_BATCH = 256           # messages taken from one socket before polling again
-TICK_MS = 1                # loop period while a tick waits for a socket to drain (PS_SEND_LOWAT)
+TICK_MS = 1                # ms: the shortest loop period a tick gets (PS_SEND_LOWAT: ps/drain.py)
 
 
 class ZmqVan(Van):
@@ -68,7 +69,7 @@ class ZmqVan(Van):
         self._watches = Watches(self._poller, lambda: self._socket(zmq.DEALER))
         self._ipc_path: str | None = None
         self._buffers = SendBuffers()           # where unsent() looks
-        self._ticks: list[Callable[[], bool]] = []
+        self._ticks: list[Callable[[], float | None]] = []
         self.local_address: str | None = None   # ipc:// twin of a tcp:// address, for same-host peers
 
     # -- setup ---------------------------------------------------------------------------
@@ -322,7 +323,7 @@ class ZmqVan(Van):
         """Bytes the connection to ``node_id`` (or ``route``) has still to send (sendbuf.py)."""
         return self._buffers.unsent(node_id if route is None else route)
 
-    def add_tick(self, fn: Callable[[], bool]) -> None:
+    def add_tick(self, fn: Callable[[], float | None]) -> None:
         self._ticks.append(fn)
 
     # -- the I/O loop --------------------------------------------------------------------
@@ -330,9 +331,9 @@ class ZmqVan(Van):
         watches = self._watches
         monitors = watches.monitors
         try:
-            waiting = False
+            timeout = 100                   # ms; sooner when a tick wants to look again
             while not self._stopping:
-                for sock, _ in self._poller.poll(TICK_MS if waiting else 100):
+                for sock, _ in self._poller.poll(timeout):
                     if isinstance(sock, zmq.Socket) and sock.closed:
                         continue                    # an earlier handler of this pass closed it (_unwatch)
                     if sock == self._wake_r:
@@ -342,12 +343,15 @@ class ZmqVan(Van):
                     else:
                         self._receive(sock)
                 self._drain_queue()
-                waiting = False
+                timeout = 100
                 for tick in self._ticks:
                     try:
-                        waiting = tick() or waiting
+                        again = tick()
                     except Exception:  # noqa: BLE001
                         logger.exception("error in a tick of the I/O thread")
+                        continue
+                    if again is not None:
+                        timeout = min(timeout, max(TICK_MS, math.ceil(again * 1000)))
             if self._linger > 0:
                 self._drain_queue()
         except Exception:  # noqa: BLE001 - the loop must report, never die silently

@@ -50,7 +50,8 @@ ALLOWED = {
     "dashboard.server": {"_security", "config", "errors", "jobview", "dashboard.metrics"},
     "dashboard": {"dashboard.server"},
     "sendqueue": {"keys", "message"},
-    "worker": {"_timing", "customer", "errors", "keys", "message", "nodestats", "postoffice", "sendqueue"},
+    "drain": set(),
+    "worker": {"_timing", "customer", "drain", "errors", "keys", "message", "nodestats", "postoffice", "sendqueue"},
     # the server role: the rest of ps imports only the package (KVServer), see
     # test_the_core_never_imports_the_server_internals
     "server.events": set(), "server.updaters": set(), "server.bufguard": set(), "server.profiler": set(),
@@ -63,7 +64,7 @@ ALLOWED = {
                      "server.restarts", "server.rounds", "server.updaters", "server.values"},
     "server.replica": {"errors", "message", "optim", "server.events", "server.store", "server.tables",
                        "server.updaters"},
-    "server.replies": {"keys", "message", "postoffice", "sendqueue", "server.bufguard", "server.profiler",
+    "server.replies": {"drain", "keys", "message", "postoffice", "sendqueue", "server.bufguard", "server.profiler",
                        "server.rounds"},
     "server.replication": {"_timing", "errors", "message", "postoffice", "ring", "server.events", "server.replica",
                            "server.replies", "server.rounds", "server.store", "server.tables"},

@@ -142,12 +142,16 @@ def test_a_connection_without_room_holds_back_only_its_own_entries():
     sent = q.take(unsent.get)
     assert [out.dest for out in sent] == [S1] and keys_of(sent) == [[10]]   # one message overshoots
     assert q.blocked and len(q) == 4
+    # what stands between each held-back connection and room: S0 from the start, S1 after
+    # its one message (a MB of payload over a connection that had room for 128 KiB)
+    assert q.held_back == {S0: ((1 << 20) - (1 << 17) + 1, 0),
+                           S1: (sent[0].batch.nbytes - (1 << 17) + 1, sent[0].batch.nbytes)}
     unsent[S1] = 1 << 20                                  # now S1 is backed up and S0 drained
     unsent[S0] = 0
     sent = q.take(unsent.get)
-    assert keys_of(sent) == [[0]] and q.blocked
+    assert keys_of(sent) == [[0]] and q.blocked and set(q.held_back) == {S0, S1}
     sent = q.take(lambda server: None)                    # a van that cannot tell: no limit
-    assert keys_of(sent) == [[1], [2], [11]] and not q.blocked and len(q) == 0
+    assert keys_of(sent) == [[1], [2], [11]] and not q.blocked and len(q) == 0 and q.held_back == {}
 
 
 def test_a_window_smaller_than_the_servers_small_messages_together_leaves_nothing_stranded():

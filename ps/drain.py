@@ -1,0 +1,74 @@
+"""When to look again at connections held back for a full socket (PS_SEND_LOWAT).
+
+A connection whose kernel buffer holds more than PS_SEND_LOWAT unsent gets nothing more until
+it drains, and nothing tells the I/O thread when that is: libzmq owns the socket, and setting
+TCP_NOTSENT_LOWAT on it would make the kernel refuse libzmq's writes beyond it, so the backlog
+would pile up in libzmq's FIFO instead of ps's priority queue. Looking every millisecond costs a
+wake-up of the I/O thread per millisecond for as long as a link is the bottleneck: after a 1 MiB
+message on a 100 Mbit/s link, 80 of them. So each look measures how fast each held-back
+connection drained since the last one and comes back when half of what still stands between it
+and the low-water mark should be gone: a link that speeds up is still met with the low-water
+mark's bytes queued in the kernel, and a long drain takes a handful of looks, not one per
+millisecond.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+SOONEST = 0.001         # s: the I/O thread's finest period (the old fixed one)
+LATEST = 0.020          # s: the longest a drain estimate may defer a look
+STALLED = 0.002         # s: the longest back-off for a connection that did not drain since the last look
+SHARE = 0.5             # come back when this share of the excess should have drained
+
+
+class _Look(NamedTuple):
+    at: float           # time.monotonic()
+    excess: int         # bytes the connection had to send before it takes more
+    taken: int          # the queue's count of bytes taken for it then (Held.taken)
+    wait: float         # the wait this look chose for the connection
+
+
+class DrainClock:
+    """Per connection (a peer id), its last look; not thread-safe (its owner's lock, or the
+    I/O thread's alone). ``held`` maps each held-back connection to a ``sendqueue.Held``:
+    the bytes it must send before it has room, and what was ever taken for it. A connection
+    that was given more since the last look had room in between: its old reading measures
+    nothing, and it starts afresh."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, _Look] = {}
+
+    def due_in(self, held: dict[int, Any], now: float) -> float:
+        """Seconds until the planned look (0: now). The loop runs its ticks after every
+        message as well; a look before it is due would read the same sockets for nothing
+        (what a credit or a new request frees is offered where it arrives). A connection held
+        back anew since the last look is due at once."""
+        soonest = LATEST
+        for peer, h in held.items():
+            look = self._last.get(peer)
+            if look is None or look.taken != h.taken:
+                return 0.0
+            soonest = min(soonest, look.wait - (now - look.at))
+        return max(soonest, 0.0)
+
+    def next_look(self, held: dict[int, Any], now: float) -> float:
+        """Seconds until the next look, given each held-back connection now. Connections not
+        in ``held`` are forgotten. A look within half of SOONEST after the last (the loop
+        also runs for every message that arrives) measures nothing and keeps the plan."""
+        last, self._last = self._last, {}
+        soonest = LATEST
+        for peer, h in held.items():
+            left = h.excess
+            before = last.get(peer)
+            if before is None or before.taken != h.taken:
+                look = _Look(now, left, h.taken, SOONEST)       # no rate yet: the next look measures one
+            elif now - before.at < SOONEST / 2:
+                look = before
+            elif before.excess > left:
+                rate = (before.excess - left) / (now - before.at)
+                look = _Look(now, left, h.taken, min(max(SHARE * left / rate, SOONEST), LATEST))
+            else:                                               # no progress seen: back off, briefly
+                look = _Look(now, left, h.taken, min(2 * before.wait, STALLED))
+            self._last[peer] = look
+            soonest = min(soonest, max(look.wait - (now - look.at), 0.0))
+        return soonest if held else SOONEST

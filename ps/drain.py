@@ -13,48 +13,54 @@ millisecond.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import time
+from typing import Any, Callable, NamedTuple
 
-SOONEST = 0.001         # s: the I/O thread's finest period (the old fixed one)
+SOONEST = 0.001         # s: the I/O loop's finest period
 LATEST = 0.020          # s: the longest a drain estimate may defer a look
-STALLED = 0.002         # s: the longest back-off for a connection that did not drain since the last look
+STALLED = 0.002         # s: the next look at a connection that did not drain since the last one
 SHARE = 0.5             # come back when this share of the excess should have drained
+EARLY = SOONEST / 2     # s: a look this close to its plan counts as due (the loop's timer is in ms)
 
 
 class _Look(NamedTuple):
     at: float           # time.monotonic()
     excess: int         # bytes the connection had to send before it takes more
-    taken: int          # the queue's count of bytes taken for it then (Held.taken)
+    taken: int          # the queue's count of entries taken for it then (Held.taken)
     wait: float         # the wait this look chose for the connection
 
 
 class DrainClock:
     """Per connection (a peer id), its last look; not thread-safe (its owner's lock, or the
     I/O thread's alone). ``held`` maps each held-back connection to a ``sendqueue.Held``:
-    the bytes it must send before it has room, and what was ever taken for it. A connection
-    that was given more since the last look had room in between: its old reading measures
-    nothing, and it starts afresh."""
+    the bytes it must send before it has room, and how many entries were ever taken for it.
+    A connection that was given more since its last look had room in between: its old
+    reading measures nothing, and it starts afresh. ``clock``: time.monotonic, or a test's."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self._last: dict[int, _Look] = {}
 
-    def due_in(self, held: dict[int, Any], now: float) -> float:
+    def due_in(self, held: dict[int, Any]) -> float:
         """Seconds until the planned look (0: now). The loop runs its ticks after every
         message as well; a look before it is due would read the same sockets for nothing
         (what a credit or a new request frees is offered where it arrives). A connection held
-        back anew since the last look is due at once."""
-        soonest = LATEST
+        back anew, or given more, since the last look is due at once; one within EARLY of
+        its plan too."""
+        now, soonest = self.clock(), LATEST
         for peer, h in held.items():
             look = self._last.get(peer)
             if look is None or look.taken != h.taken:
                 return 0.0
             soonest = min(soonest, look.wait - (now - look.at))
-        return max(soonest, 0.0)
+        return soonest if soonest >= EARLY else 0.0
 
-    def next_look(self, held: dict[int, Any], now: float) -> float:
+    def next_look(self, held: dict[int, Any]) -> float:
         """Seconds until the next look, given each held-back connection now. Connections not
-        in ``held`` are forgotten. A look within half of SOONEST after the last (the loop
-        also runs for every message that arrives) measures nothing and keeps the plan."""
+        in ``held`` are forgotten. One whose own look is not due yet (another's is) keeps its
+        plan: a reading over a fraction of a millisecond, with the kernel sending in bursts,
+        would give a rate far off."""
+        now = self.clock()
         last, self._last = self._last, {}
         soonest = LATEST
         for peer, h in held.items():
@@ -62,13 +68,13 @@ class DrainClock:
             before = last.get(peer)
             if before is None or before.taken != h.taken:
                 look = _Look(now, left, h.taken, SOONEST)       # no rate yet: the next look measures one
-            elif now - before.at < SOONEST / 2:
+            elif now - before.at < before.wait - EARLY:
                 look = before
             elif before.excess > left:
                 rate = (before.excess - left) / (now - before.at)
                 look = _Look(now, left, h.taken, min(max(SHARE * left / rate, SOONEST), LATEST))
-            else:                                               # no progress seen: back off, briefly
-                look = _Look(now, left, h.taken, min(2 * before.wait, STALLED))
+            else:                                               # no progress seen: look again soon
+                look = _Look(now, left, h.taken, STALLED)
             self._last[peer] = look
             soonest = min(soonest, max(look.wait - (now - look.at), 0.0))
-        return soonest if held else SOONEST
+        return soonest

@@ -18,7 +18,8 @@ PS_SEND_LOWAT: the window alone leaves most of its bytes in the kernel's socket 
 (measured 2-13 MB per host with an 8 MiB window, against under 1 MB in the link's queue),
 FIFO, in front of the next urgent message. So a connection also gets nothing more while its
 kernel holds more than ``PS_SEND_LOWAT`` bytes unsent (``Van.unsent``); the backlog stays
-here, in priority order, and the van's tick offers it again every millisecond.
+here, in priority order, and the van's tick offers it again once the connection should have
+drained (``held_back`` says which wait; ps/drain.py says when to look).
 
 A message of at most ``CREDIT_MIN`` payload bytes is neither counted in the window nor
 credited: its credit would cost a message each way, and the processing of both, for bytes
@@ -59,7 +60,7 @@ class Held(NamedTuple):
     """A connection a take held back for want of room (PS_SEND_LOWAT)."""
 
     excess: int         # bytes it must send before it has room
-    taken: int          # payload bytes ever taken for it: a change says it had room in between
+    taken: int          # entries ever taken for it: a change says it had room in between
 
 
 class SendQueue:
@@ -75,7 +76,7 @@ class SendQueue:
         self.in_flight = 0                          # payload bytes sent and not yet credited
         self.blocked = False                        # the last take() held entries back for want of room
         self.held_back: dict[int, Held] = {}        # and for which servers
-        self._taken: dict[int, int] = {}            # server id -> payload bytes taken for it, ever
+        self._taken: dict[int, int] = {}            # server id -> entries taken for it, ever
         self._by_server: dict[int, int] = {}        # server id -> its share of in_flight
         self._heaps: dict[int, list[Queued]] = {}   # server id -> its queued entries
         self._order = itertools.count()
@@ -156,7 +157,7 @@ class SendQueue:
                 out.append((server, boxes.pop(server)))
             added = box.nbytes - before
             self._count(server, added)
-            self._taken[server] = self._taken.get(server, 0) + added
+            self._taken[server] = self._taken.get(server, 0) + 1
             left = rooms[server]
             if left is not None:
                 left = rooms[server] = left - added

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-import time
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -68,7 +67,7 @@ class KVWorker:
         self._cmd_ids = itertools.count(1)
         self._cmd_waiters: dict[int, tuple[threading.Event, dict[int, Any]]] = {}
         self._cmd_sent: dict[int, tuple[list[int], dict[str, Any]]] = {}
-        self._drain = DrainClock()             # when the tick looks again at full sockets
+        self.drain = DrainClock()              # when the tick looks again at full sockets
         if self._queue is not None and po.config.send_lowat:
             po.add_tick(self._tick)
         po.on(Command.DATA, self._on_reply)
@@ -305,14 +304,16 @@ class KVWorker:
         once it drained; when to look again (ps/drain.py), None while nothing is held back."""
         if not self._queue.blocked:
             return None
-        with self._lock:                # the caller's thread may be in a take() meanwhile
-            wait = self._drain.due_in(self._queue.held_back, time.monotonic())
+        with self._lock:                # the caller's thread may have taken meanwhile
+            if not self._queue.blocked:
+                return None
+            wait = self.drain.due_in(self._queue.held_back)
             if wait > 0:
                 return wait
             self._send_queued()
             if not self._queue.blocked:
                 return None
-            return self._drain.next_look(self._queue.held_back, time.monotonic())
+            return self.drain.next_look(self._queue.held_back)
 
     def _on_reply(self, msg: Message) -> None:
         self.po.credit(msg)

@@ -50,7 +50,7 @@ class ReplySender:
         self._priority: dict[int, int] = {}
         self._windowed: set[int] = set()     # workers whose requests ask for credits: reached over a network
         self._batches = 0                    # replies made together queue as one group
-        self._drain = DrainClock()           # when the tick looks again at full sockets
+        self.drain = DrainClock()            # when the tick looks again at full sockets
         if self._queue is not None and po.config.send_lowat:
             po.add_tick(self._tick)
         po.on(Command.CREDIT, self._on_credit)
@@ -137,14 +137,14 @@ class ReplySender:
         it drained; when to look again (ps/drain.py), None while nothing is held back."""
         if not self._queue.blocked:
             return None
-        wait = self._drain.due_in(self._queue.held_back, time.monotonic())
+        wait = self.drain.due_in(self._queue.held_back)
         if wait > 0:
             return wait
         self._send_queued()
         self.guard.handed_over(self._queue.frames())
         if not self._queue.blocked:
             return None
-        return self._drain.next_look(self._queue.held_back, time.monotonic())
+        return self.drain.next_look(self._queue.held_back)
 
     def _on_credit(self, msg: Message) -> None:
         if self._queue is not None and isinstance(msg.body, int):

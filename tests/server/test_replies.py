@@ -5,6 +5,7 @@ first, tests/server/test_replication_start.py)."""
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from ps.config import Config
 from ps.keys import CHUNK_BYTES
@@ -71,3 +72,44 @@ def test_the_server_hands_its_replies_straight_to_the_sender_unless_a_backup_kee
     kept = server(2, 2)
     assert kept.outbox is kept.replication and kept.replication.sender is kept.sender
     assert kept.replication.store is kept.store          # the store it streams, not a getter on the server
+
+
+def test_a_held_back_reply_is_offered_when_its_connection_should_have_drained_and_not_before():
+    """PS_SEND_LOWAT on a server (ps/drain.py): a worker's connection holds more than the
+    low-water mark, so its replies wait in the queue. The tick reads the socket when the
+    connection is held back, again 1 ms later to measure its rate, and then not until the
+    plan says (the passes between skip the read); once the connection has room, the next look
+    offers the replies."""
+    from ps.drain import DrainClock
+    from ps.message import Flag
+    po = Post()
+    po.config = SimpleNamespace(send_window=64 * CHUNK_BYTES, send_lowat=1 << 17)
+    ticks, reads = [], []
+    unsent = {W0: 1 << 20}
+    po.add_tick = ticks.append
+
+    def read(dest, route):
+        reads.append(now.t)
+        return unsent[dest]
+    po.unsent = read
+    sender = ReplySender(po, BufferGuard())
+    (tick,) = ticks
+    now = SimpleNamespace(t=0.0)
+    sender.drain = DrainClock(lambda: now.t)
+    request = Message(Command.DATA, W0, 8, [Entry(1, Op.PULL, 3, 0, 4, 4, F32)], route=b"w0")
+    request.flags = Flag.WINDOWED
+    sender.came(request)
+    value = np.zeros(1 << 16, np.float32)        # 256 KB a reply
+    sender.send([Reply(W0, Entry(1, Op.PULL, 3, 0, value.size, value.size, F32), value)])
+    assert po.sent == [] and len(reads) == 1     # held back: the connection holds 1 MB
+    assert tick() == pytest.approx(0.001)        # a first look at once, the next in 1 ms
+    now.t, unsent[W0] = 0.001, (1 << 20) - 12_500        # draining at 12.5 MB/s
+    wait = tick()
+    assert len(reads) == 3 and wait == pytest.approx(0.020)       # room ~73 ms away: capped
+    for t in (0.005, 0.010, 0.015):               # passes for other messages: no read, no send
+        now.t = t
+        assert tick() == pytest.approx(0.021 - t)
+    assert len(reads) == 3 and po.sent == []
+    now.t, unsent[W0] = 0.021, 100_000            # room: the look offers the reply
+    assert tick() is None
+    assert len(reads) == 4 and [m.recver for m in po.sent] == [W0]

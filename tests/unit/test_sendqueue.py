@@ -143,9 +143,9 @@ def test_a_connection_without_room_holds_back_only_its_own_entries():
     assert [out.dest for out in sent] == [S1] and keys_of(sent) == [[10]]   # one message overshoots
     assert q.blocked and len(q) == 4
     # what stands between each held-back connection and room: S0 from the start, S1 after
-    # its one message (a MB of payload over a connection that had room for 128 KiB)
-    assert q.held_back == {S0: ((1 << 20) - (1 << 17) + 1, 0),
-                           S1: (sent[0].batch.nbytes - (1 << 17) + 1, sent[0].batch.nbytes)}
+    # its one message (a MB of payload over a connection that had room for 128 KiB): with the
+    # entries taken for each so far, 0 and 1
+    assert q.held_back == {S0: ((1 << 20) - (1 << 17) + 1, 0), S1: (sent[0].batch.nbytes - (1 << 17) + 1, 1)}
     unsent[S1] = 1 << 20                                  # now S1 is backed up and S0 drained
     unsent[S0] = 0
     sent = q.take(unsent.get)

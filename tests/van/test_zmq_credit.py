@@ -112,28 +112,27 @@ def test_unsent_reads_what_the_kernel_holds_for_a_peer_that_does_not_read():
 def test_a_tick_says_when_the_loop_comes_back_and_none_leaves_it_idle():
     """PS_SEND_LOWAT's tick (ps/drain.py) returns the seconds until it wants to look again: an
     idle loop comes back then, not every millisecond, and at its 100 ms period once the tick
-    waits for nothing."""
-    import itertools
+    waits for nothing. Medians: one late wake-up on a loaded machine is not the rule."""
+    import statistics
     import time
     calls, done = [], threading.Event()
 
     def tick():
         calls.append(time.monotonic())
-        if len(calls) <= 6:
+        if len(calls) <= 7:
             return 0.04
-        if len(calls) >= 10:
+        if len(calls) >= 11:
             done.set()
         return None
 
     a = create_van("zmq")
+    a.add_tick(tick)                           # before the loop's first pass
     try:
         a.start(lambda msg: None, "127.0.0.1", name="A")
-        a.add_tick(tick)
-        a.call_soon(lambda: None)              # a pass: the tick's first call
         assert done.wait(20), f"the loop ran its tick {len(calls)} times in 20 s"
     finally:
         a.stop()
-    gaps = [b - a for a, b in itertools.pairwise(calls)]
-    asked, idle = gaps[:6], gaps[6:9]
-    assert all(0.035 <= g < 0.09 for g in asked), asked
-    assert all(0.09 <= g < 0.3 for g in idle), idle
+    gaps = [later - earlier for earlier, later in zip(calls, calls[1:])]
+    asked, idle = gaps[:6], gaps[7:10]
+    assert 0.035 <= statistics.median(asked) < 0.08, asked
+    assert 0.09 <= statistics.median(idle) < 0.25, idle

@@ -190,6 +190,11 @@ VARIABLES: tuple[Var, ...] = (
         "ps stops handing it more (as TCP_NOTSENT_LOWAT; Linux): the backlog then waits in ps's "
         "priority queue, where an urgent message can overtake it, and not in a FIFO socket "
         "buffer; 0 = off (only the window bounds it)"),
+    Var("PS_CHUNK_BYTES", "chunk_bytes", _bytes, 1 << 20,
+        "bytes of a key that travel in one message (1M, 256K...; at least 64K): a larger slice goes "
+        "and comes back in chunks of this size, so a big key streams and, with PS_SEND_WINDOW, an "
+        "urgent key waits behind at most one chunk per connection; smaller chunks suit slow links "
+        "and cost more messages; every worker of a job must use the same value"),
     Var("PS_TORCH_FUSION", "torch_fusion", _bytes, 0,
         "ps.torch's DistributedOptimizer: gradients smaller than this many bytes (1M, 256K...) "
         "travel together, consecutive ones (last layer first) in buckets of up to this size, one "
@@ -327,6 +332,7 @@ class Config:
     max_restarts: int = 0
     send_window: int = 8 << 20
     send_lowat: int = 128 << 10
+    chunk_bytes: int = 1 << 20
     torch_fusion: int = 0
     local_ipc: bool = True
     dashboard: Listen | None = None
@@ -381,6 +387,9 @@ class Config:
             raise ConfigError(f"DMLC_ROLE=joint: every process is one worker and one server, so DMLC_NUM_SERVER "
                               f"({self.num_servers}) must equal DMLC_NUM_WORKER ({self.num_workers}); leave "
                               "DMLC_NUM_SERVER unset")
+        if self.chunk_bytes < 64 << 10:
+            raise ConfigError(f"PS_CHUNK_BYTES must be at least 64K (65536), got {self.chunk_bytes}: smaller "
+                              "messages would cost more than they carry, and PS_SEND_WINDOW does not count them")
         if self.root_port == 0 and self.role != "scheduler":
             raise ConfigError("DMLC_PS_ROOT_PORT must name the scheduler's port, got '0'")
 

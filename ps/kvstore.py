@@ -86,7 +86,7 @@ class KVStore:
             if joint:       # before this worker registers: the cluster forms only once its server did too
                 from .joint import JointServer
                 self._joint = JointServer(cfg)
-            self._po.start({"sync": self._sync})
+            self._po.start({"sync": self._sync, "chunk": self._po.config.chunk_bytes})
             if self._po.restarted:
                 self._round = self._rejoin()
                 self._po.rejoined()

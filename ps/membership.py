@@ -90,6 +90,7 @@ class Member:
     registered_at: float = 0.0
     reached: bool = False
     down_since: float | None = None
+    chunk: int = 0              # a worker's PS_CHUNK_BYTES: how it cuts its pushes (0: not said)
 
     @classmethod
     def from_registration(cls, body: Any, route: bytes | None) -> "Member":
@@ -100,7 +101,7 @@ class Member:
             role = Role(body["role"])
             member = cls(role, str(body["host"]), int(body["port"]), str(body["addr"]), route,
                          body.get("rank_hint"), bool(body.get("sync", True)), body.get("local"),
-                         body.get("pid"), str(body.get("hostname", "")))
+                         body.get("pid"), str(body.get("hostname", "")), chunk=int(body.get("chunk") or 0))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{type(exc).__name__}: {exc}") from None
         if role == Role.SCHEDULER:

@@ -69,8 +69,9 @@ class SendQueue:
     One heap per server: the next entry is the most urgent head among the servers whose
     connection has room (PS_SEND_LOWAT), so a backed-up connection holds back only its own."""
 
-    def __init__(self, window: int, lowat: int = 0, credit_min: int = CREDIT_MIN):
+    def __init__(self, window: int, lowat: int = 0, credit_min: int = CREDIT_MIN, chunk_bytes: int = CHUNK_BYTES):
         self.window = window
+        self.chunk_bytes = chunk_bytes              # PS_CHUNK_BYTES: a message's payload, about
         self.lowat = lowat                          # PS_SEND_LOWAT; 0: only the window bounds a take
         self.credit_min = credit_min
         self.in_flight = 0                          # payload bytes sent and not yet credited
@@ -104,7 +105,7 @@ class SendQueue:
 
     def take(self, unsent: Callable[[int], int | None] | None = None) -> list[Outgoing]:
         """The messages that may leave now: the most urgent entries while the window has
-        room, packed per server into messages of about CHUNK_BYTES; those of at most
+        room, packed per server into messages of about ``chunk_bytes``; those of at most
         ``credit_min`` bytes leave uncounted.
 
         A pass counts each box while it fills, and the small ones leave uncounted after all:
@@ -153,7 +154,7 @@ class SendQueue:
             if box is None:
                 box = boxes[server] = Batch()
             before = box.nbytes
-            if box.add(item.entry, item.data) >= CHUNK_BYTES:
+            if box.add(item.entry, item.data) >= self.chunk_bytes:
                 out.append((server, boxes.pop(server)))
             added = box.nbytes - before
             self._count(server, added)

@@ -2,7 +2,7 @@
 
 Each operation gets a timestamp; its value is cut by the key's slices (``keys.plan``)
 and each slice into ~1 MiB chunks; entries for one server are packed into messages of
-about ``CHUNK_BYTES`` so that large tensors stream while many small keys share messages.
+about ``PS_CHUNK_BYTES`` so that large tensors stream while many small keys share messages.
 A full box leaves at once; the rest is flushed by the van's I/O thread once it has run what
 was queued before, so a burst of small calls travels together without waiting on a timer.
 """
@@ -19,7 +19,7 @@ from ._timing import POLL, Deadline
 from .customer import Customer, Handle, Request, StallWatch
 from .drain import DrainClock
 from .errors import PSError, RemoteError
-from .keys import CHUNK_BYTES, Slice, chunks
+from .keys import Slice, chunks
 from .message import DTYPES, ROW_ID, Batch, Command, Entry, Flag, Message, Op, Rows, node_name, server_id
 from .nodestats import latency
 from .postoffice import Postoffice
@@ -59,7 +59,8 @@ class KVWorker:
         self._pushes = 0                       # pushes made (PS_DEADLOCK_CHECK: has this worker moved?)
         self._outbox: dict[int, Batch] = {}   # server id -> what waits to leave for it
         window = po.config.send_window
-        self._queue = SendQueue(window, po.config.send_lowat) if window else None   # PS_SEND_WINDOW: by priority instead
+        self._chunk = po.config.chunk_bytes    # PS_CHUNK_BYTES: a message's payload, about
+        self._queue = SendQueue(window, po.config.send_lowat, chunk_bytes=self._chunk) if window else None
         self.credits = 0                       # CREDIT messages received (transport_stats)
         self._lock = threading.RLock()
         self._flush_scheduled = False
@@ -104,7 +105,7 @@ class KVWorker:
                 # on this machine, where there is no link to fill, interleaving them only costs
                 sop = op | Op.STREAM if pushpull and self.po.over_network(sid) else op
                 piece = value[s.start:s.start + s.size]
-                for off, n in chunks(s.size, itemsize):   # the key's dtype: same cut for every encoding
+                for off, n in chunks(s.size, itemsize, self._chunk):   # the key's dtype: same cut for every encoding
                     chunk = piece[off:off + n]
                     self._emit(sid, Entry(ts, sop, key, off, n, s.size, code, None, 0, seq, priority),
                                chunk if encode is None else encode(chunk), req, priority)
@@ -205,7 +206,7 @@ class KVWorker:
         else:
             req = self.customer.new_request(len(rows) * row_len, out,
                                             {sid: lo * row_len for sid, _, lo, _ in parts}, what)
-        per_chunk = max(1, CHUNK_BYTES // (row_len * DTYPES[code].itemsize))
+        per_chunk = max(1, self._chunk // (row_len * DTYPES[code].itemsize))
         with self._lock:
             seq = req.seq = self._next_seq(op, key)
             req.key = key
@@ -235,13 +236,13 @@ class KVWorker:
         else:
             req = self.customer.new_request(sum(len(p.ids) for p in parts) * row_len, out,
                                             {server_id(p.server): p.first * row_len for p in parts}, what)
-        per_chunk = max(1, CHUNK_BYTES // (row_len * DTYPES[code].itemsize))
+        per_chunk = max(1, self._chunk // (row_len * DTYPES[code].itemsize))
         with self._lock:
             seq = req.seq = self._next_seq(op, key) + ahead
             req.key = key
             for part in parts:
                 sid, n = server_id(part.server), len(part.ids)
-                # in chunks of about CHUNK_BYTES of rows both ways (offset/length/total count rows);
+                # in chunks of about PS_CHUNK_BYTES of rows both ways (offset/length/total count rows);
                 # a push to every server it is given, empty or not
                 for off in range(0, max(n, 1), per_chunk):
                     m = min(per_chunk, n - off)
@@ -264,7 +265,7 @@ class KVWorker:
         if box is None:
             self._schedule_flush()
             box = self._outbox[sid] = Batch()
-        if box.add(entry, data) >= CHUNK_BYTES:
+        if box.add(entry, data) >= self._chunk:
             self._send(sid, self._outbox.pop(sid))
 
     def _schedule_flush(self) -> None:

@@ -45,7 +45,8 @@ class KVServer:
         # made now, not on first use: a backup may subscribe as soon as the barrier of
         # start() lets the other servers go; the node table then tells its mode and this
         # server's name (start), before any request is served (_early_or)
-        self.store = Store(self.po.num_workers, guard=self.guard, keep_before=config.max_restarts > 0)
+        self.store = Store(self.po.num_workers, guard=self.guard, chunk_bytes=config.chunk_bytes,
+                           keep_before=config.max_restarts > 0)
         self.error: PSError | None = None
         self._stopped = threading.Event()
         self._joined = threading.Event()

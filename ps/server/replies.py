@@ -1,7 +1,7 @@
 """How a server's replies leave (:class:`ReplySender`), and where the server hands them (:class:`Outbox`).
 
 Replies go back on the connection the worker's requests came in on, packed per worker into
-messages of about CHUNK_BYTES. A worker across a network that asks for it (Flag.WINDOWED,
+messages of about PS_CHUNK_BYTES. A worker across a network that asks for it (Flag.WINDOWED,
 PS_SEND_WINDOW) gets its replies most urgent first through a bounded window: the server's
 link also carries its host's worker's pushes. Values a reply reads are lent until the
 transport lets go of them (ps/server/bufguard.py).
@@ -16,7 +16,6 @@ import time
 from typing import Protocol
 
 from ..drain import DrainClock
-from ..keys import CHUNK_BYTES
 from ..message import Batch, Command, Flag, Message
 from ..postoffice import Postoffice
 from ..sendqueue import SendQueue
@@ -46,7 +45,8 @@ class ReplySender:
         self.profiler: ServerProfiler | None = None    # the server's, once made: spans of sending
         # PS_SEND_WINDOW: a key's priority is its latest request's
         window = po.config.send_window
-        self._queue = SendQueue(window, po.config.send_lowat) if window else None
+        self._chunk = po.config.chunk_bytes  # PS_CHUNK_BYTES: a message's payload, about
+        self._queue = SendQueue(window, po.config.send_lowat, chunk_bytes=self._chunk) if window else None
         self._priority: dict[int, int] = {}
         self._windowed: set[int] = set()     # workers whose requests ask for credits: reached over a network
         self._batches = 0                    # replies made together queue as one group
@@ -80,7 +80,7 @@ class ReplySender:
         self.po.send(msg)
 
     def send(self, replies: list[Reply]) -> None:
-        """Group replies per worker into messages of about CHUNK_BYTES each."""
+        """Group replies per worker into messages of about PS_CHUNK_BYTES each."""
         if not replies:
             return
         profiler = self.profiler
@@ -107,7 +107,7 @@ class ReplySender:
             batch = batches.get(dest)
             if batch is None:
                 batch = batches[dest] = Batch()
-            if batch.add(entry, data) >= CHUNK_BYTES:
+            if batch.add(entry, data) >= self._chunk:
                 self._emit(dest, batches.pop(dest))
         for dest, batch in batches.items():
             self._emit(dest, batch)

@@ -254,7 +254,9 @@ class Store:
         if pend is None:
             pend = rnd.frames[off] = []
         elif pend[0][1].size != n:
-            raise StoreError("ProtocolError", f"key {ks.key}: workers cut the value into different chunks")
+            raise StoreError("ProtocolError", f"key {ks.key}: workers cut the value into different chunks "
+                             f"({pend[0][1].size} and {n} elements at offset {off}): PS_CHUNK_BYTES must be "
+                             "the same on every worker")
         pend.append((sender, data))
         quorum = self.quorum
         full = len(pend) >= self.num_workers if quorum.plain else quorum.chunk_full(ks.key, rnd, pend)

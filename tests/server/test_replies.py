@@ -24,7 +24,7 @@ class Post:
     """What ReplySender uses of a postoffice: its config, a handler, sends."""
 
     def __init__(self):
-        self.config = SimpleNamespace(send_window=0, send_lowat=0)
+        self.config = SimpleNamespace(send_window=0, send_lowat=0, chunk_bytes=CHUNK_BYTES)
         self.handlers, self.sent = {}, []
 
     def on(self, cmd, handler):
@@ -83,7 +83,7 @@ def test_a_held_back_reply_is_offered_when_its_connection_should_have_drained_an
     from ps.drain import DrainClock
     from ps.message import Flag
     po = Post()
-    po.config = SimpleNamespace(send_window=64 * CHUNK_BYTES, send_lowat=1 << 17)
+    po.config = SimpleNamespace(send_window=64 * CHUNK_BYTES, send_lowat=1 << 17, chunk_bytes=CHUNK_BYTES)
     ticks, reads = [], []
     unsent = {W0: 1 << 20}
     po.add_tick = ticks.append

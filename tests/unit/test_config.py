@@ -95,3 +95,11 @@ def test_a_joint_process_counts_one_server_per_worker():
         Config.from_env({**env, "DMLC_ROLE": "joint", "DMLC_NUM_WORKER": "3", "DMLC_NUM_SERVER": "2"})
     with pytest.raises(ConfigError, match="DMLC_NUM_SERVER is not set"):      # only joint derives it
         Config.from_env({**env, "DMLC_NUM_WORKER": "3"})
+
+
+def test_chunk_bytes_defaults_to_a_mebibyte_takes_sizes_and_refuses_what_is_under_64k():
+    assert Config.from_env(BASE).chunk_bytes == 1 << 20
+    assert Config.from_env({**BASE, "PS_CHUNK_BYTES": "256K"}).chunk_bytes == 256 << 10
+    assert Config.from_env({**BASE, "PS_CHUNK_BYTES": "65536"}).chunk_bytes == 65536
+    with pytest.raises(ConfigError, match=r"PS_CHUNK_BYTES must be at least 64K \(65536\), got 16384"):
+        Config.from_env({**BASE, "PS_CHUNK_BYTES": "16K"})

@@ -62,6 +62,19 @@ def _bytes(name: str, raw: str) -> int:
     return int(value * scale)
 
 
+CHUNK_MIN = 96 << 10      # PS_CHUNK_BYTES' least: above the 64K up to which PS_SEND_WINDOW counts no message
+
+
+def _chunk_bytes(name: str, raw: str) -> int:
+    """A byte count of at least CHUNK_MIN, rounded down to a multiple of 8 (the widest dtype):
+    a key is cut into whole elements, and a message leaves once it holds a full chunk."""
+    value = _bytes(name, raw)
+    if value < CHUNK_MIN:
+        raise ConfigError(f"{name} must be at least 96K ({CHUNK_MIN}), got {raw!r}: smaller messages would cost "
+                          "more than they carry, and PS_SEND_WINDOW does not count those of 64K or less")
+    return value - value % 8
+
+
 def _auto_bool(name: str, raw: str) -> str:
     """``auto``, or a bool written as ``1``/``0``: what a feature ps decides by itself unless told."""
     if raw.strip().lower() == "auto":
@@ -190,11 +203,12 @@ VARIABLES: tuple[Var, ...] = (
         "ps stops handing it more (as TCP_NOTSENT_LOWAT; Linux): the backlog then waits in ps's "
         "priority queue, where an urgent message can overtake it, and not in a FIFO socket "
         "buffer; 0 = off (only the window bounds it)"),
-    Var("PS_CHUNK_BYTES", "chunk_bytes", _bytes, 1 << 20,
-        "bytes of a key that travel in one message (1M, 256K...; at least 64K): a larger slice goes "
-        "and comes back in chunks of this size, so a big key streams and, with PS_SEND_WINDOW, an "
-        "urgent key waits behind at most one chunk per connection; smaller chunks suit slow links "
-        "and cost more messages; every worker of a job must use the same value"),
+    Var("PS_CHUNK_BYTES", "chunk_bytes", _chunk_bytes, 1 << 20,
+        "bytes of a key that travel in one message (1M, 256K...; at least 96K, rounded down to a "
+        "multiple of 8): a larger slice goes and comes back in chunks of this size, so a big key "
+        "streams and, with PS_SEND_WINDOW, an urgent key waits behind at most one chunk per "
+        "connection; smaller chunks suit slow links and cost more messages; set the same value on "
+        "every node of a job (the launchers pass it to all)"),
     Var("PS_TORCH_FUSION", "torch_fusion", _bytes, 0,
         "ps.torch's DistributedOptimizer: gradients smaller than this many bytes (1M, 256K...) "
         "travel together, consecutive ones (last layer first) in buckets of up to this size, one "
@@ -387,9 +401,6 @@ class Config:
             raise ConfigError(f"DMLC_ROLE=joint: every process is one worker and one server, so DMLC_NUM_SERVER "
                               f"({self.num_servers}) must equal DMLC_NUM_WORKER ({self.num_workers}); leave "
                               "DMLC_NUM_SERVER unset")
-        if self.chunk_bytes < 64 << 10:
-            raise ConfigError(f"PS_CHUNK_BYTES must be at least 64K (65536), got {self.chunk_bytes}: smaller "
-                              "messages would cost more than they carry, and PS_SEND_WINDOW does not count them")
         if self.root_port == 0 and self.role != "scheduler":
             raise ConfigError("DMLC_PS_ROOT_PORT must name the scheduler's port, got '0'")
 

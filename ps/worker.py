@@ -1,7 +1,7 @@
 """KVWorker: turns one key operation into per-server messages; its Customer tracks the replies.
 
 Each operation gets a timestamp; its value is cut by the key's slices (``keys.plan``)
-and each slice into ~1 MiB chunks; entries for one server are packed into messages of
+and each slice into chunks of ``PS_CHUNK_BYTES``; entries for one server are packed into messages of
 about ``PS_CHUNK_BYTES`` so that large tensors stream while many small keys share messages.
 A full box leaves at once; the rest is flushed by the van's I/O thread once it has run what
 was queued before, so a burst of small calls travels together without waiting on a timer.

@@ -97,9 +97,9 @@ def test_a_joint_process_counts_one_server_per_worker():
         Config.from_env({**env, "DMLC_NUM_WORKER": "3"})
 
 
-def test_chunk_bytes_defaults_to_a_mebibyte_takes_sizes_and_refuses_what_is_under_64k():
+def test_chunk_bytes_defaults_to_a_mebibyte_takes_sizes_in_whole_words_and_refuses_what_is_under_96k():
     assert Config.from_env(BASE).chunk_bytes == 1 << 20
     assert Config.from_env({**BASE, "PS_CHUNK_BYTES": "256K"}).chunk_bytes == 256 << 10
-    assert Config.from_env({**BASE, "PS_CHUNK_BYTES": "65536"}).chunk_bytes == 65536
-    with pytest.raises(ConfigError, match=r"PS_CHUNK_BYTES must be at least 64K \(65536\), got 16384"):
-        Config.from_env({**BASE, "PS_CHUNK_BYTES": "16K"})
+    assert Config.from_env({**BASE, "PS_CHUNK_BYTES": "104858"}).chunk_bytes == 104856   # whole 8-byte words
+    with pytest.raises(ConfigError, match=r"PS_CHUNK_BYTES must be at least 96K \(98304\), got '64K'"):
+        Config.from_env({**BASE, "PS_CHUNK_BYTES": "64K"})

@@ -10,8 +10,8 @@ def test_the_byte_thresholds_scale_with_the_model():
     assert scaled_env(1.0) == {}
     assert scaled_env(0.05) == {"MXNET_KVSTORE_BIGARRAY_BOUND": "50000", "PS_SEND_WINDOW": str(round(0.05 * (8 << 20))),
                                 "PS_SEND_LOWAT": str(round(0.05 * (128 << 10))),
-                                "PS_CHUNK_BYTES": "65536"}     # at its floor; PS_TORCH_FUSION: off
-    assert scaled_env(0.1)["PS_CHUNK_BYTES"] == str(round(0.1 * (1 << 20)))
+                                "PS_CHUNK_BYTES": "98304"}     # at its floor; PS_TORCH_FUSION: off
+    assert scaled_env(0.1)["PS_CHUNK_BYTES"] == "104856"       # 0.1 MiB, in whole 8-byte words
 
 
 def test_at_a_twentieth_of_its_bytes_resnet50_splits_the_same_tensors_over_the_servers():

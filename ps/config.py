@@ -178,37 +178,45 @@ VARIABLES: tuple[Var, ...] = (
         "seconds the cluster may take to form (a scheduler name that does not resolve yet is retried "
         "meanwhile), and that nodes wait for a dead scheduler's restart under PS_MAX_RESTARTS"),
     Var("PS_REQUEST_TIMEOUT", "request_timeout", _float, 0.0,
-        "seconds one push/pull/barrier may take; 0 = no bound (a dead peer is reported anyway)"),
+        "seconds one push/pull/barrier may take; 0 = no bound (a dead peer is reported anyway); a pause "
+        "of the waiting process itself (SIGSTOP, a debugger, swap) that left its wait more than a second "
+        "late is not counted"),
     Var("PS_STALL_WARNING", "stall_warning", _float, 60.0,
-        "seconds a sync round or barrier may wait for some workers before the server (or the "
-        "scheduler) and the waiting workers log which ranks, hosts and keys it waits for; 0 = off"),
+        "seconds a sync round or barrier may wait for some workers before the server (or the scheduler) "
+        "and the waiting workers log which ranks, hosts and keys it waits for; a worker whose request "
+        "nobody has named after twice this long names it and the server it waits on; 0 = off"),
     Var("PS_DEADLOCK_CHECK", "deadlock_check", _float, 1.0,
-        "seconds a worker of a Horovod-style job (ps.torch, ps.mxnet's Horovod API) waits on a "
-        "collective before it asks the scheduler whether the workers' waits can still end; when "
-        "they cannot (the ranks disagree on shapes, names, operations or order), every worker "
-        "raises MismatchError within about 3 such periods and the job goes on; 0 = never ask"),
+        "seconds a worker of a Horovod-style job (ps.torch, ps.mxnet's Horovod API) waits on a collective"
+        " before it tells the scheduler what it waits for; when every worker waits for a round another "
+        "will never push (the ranks disagree on shapes, names, operations, process sets or order), the "
+        "servers drop the open rounds and every worker raises MismatchError naming the waits, about two "
+        "periods after the last worker blocked, and the job goes on; 0 = never ask"),
     Var("PS_MAX_RESTARTS", "max_restarts", lambda n, r: _int(n, r, 0), 0,
-        "restarts of dead servers and workers the job allows (python -m ps.launch --max-restarts "
-        "sets it for every process); > 0: instead of ending the job, everyone waits up to "
-        "PS_CONNECT_TIMEOUT for a dead node to come back, each server keeps a replica of another's "
-        "state, and workers keep each push until it is answered; a scheduler started again at its "
-        "address rebuilds the job from the live nodes (docs/reliability.md)"),
+        "restarts of dead servers and workers the job allows (python -m ps.launch --max-restarts N sets "
+        "it for every process); > 0: instead of ending the job, everyone waits up to PS_CONNECT_TIMEOUT "
+        "for a dead node to come back, each server keeps a replica of another's state, and workers keep "
+        "each push until it is answered; a scheduler started again at its address rebuilds the job from "
+        "the live nodes"),
     Var("PS_SEND_WINDOW", "send_window", _bytes, 8 << 20,
-        "bytes a worker (a server) may have on the way to the servers (workers) across a network "
-        "(16M, 512K...): requests and replies beyond it wait and leave highest priority first "
-        "(MXNet's priority=-index: the first layer's gradient overtakes the backlog of later "
-        "layers'); peers on the same machine (ipc://) are not held back; 0 = off, call order"),
+        "bytes a worker (a server) may have on the way to the servers (workers) across a network (16M, "
+        "512K...): requests and replies beyond it wait and leave highest priority first (MXNet's "
+        "priority=-index: the first layer's gradient overtakes the backlog of later layers'); peers on "
+        "the same machine (ipc://) are not held back; a message of at most 64 KiB is not counted (nor "
+        "credited); 0 = off, call order. Sized for 1 Gbit/s and up (8 MiB is 67 ms of a 1 Gbit/s link); "
+        "on slower links give about 65 ms of the link (400K at 50 Mbit/s took 9% off an 8-host step), "
+        "else the first layer's weights can wait behind up to a second of later layers' bytes"),
     Var("PS_SEND_LOWAT", "send_lowat", _bytes, 128 << 10,
         "with PS_SEND_WINDOW: bytes a connection's kernel send buffer may hold unsent before "
         "ps stops handing it more (as TCP_NOTSENT_LOWAT; Linux): the backlog then waits in ps's "
         "priority queue, where an urgent message can overtake it, and not in a FIFO socket "
         "buffer; 0 = off (only the window bounds it)"),
     Var("PS_CHUNK_BYTES", "chunk_bytes", _chunk_bytes, 1 << 20,
-        "bytes of a key that travel in one message (1M, 256K...; at least 96K, rounded down to a "
-        "multiple of 8): a larger slice goes and comes back in chunks of this size, so a big key "
-        "streams and, with PS_SEND_WINDOW, an urgent key waits behind at most one chunk per "
-        "connection; smaller chunks suit slow links and cost more messages; set the same value on "
-        "every node of a job (the launchers pass it to all)"),
+        "bytes of a key that travel in one message (1M, 256K...; at least 96K, rounded down to a multiple"
+        " of 8): a larger slice goes and comes back in chunks of this size, so a big key streams and, "
+        "with PS_SEND_WINDOW, an urgent key waits behind at most one chunk per connection; smaller chunks"
+        " suit slow links and cost more messages; set the same value on every node of a job (the "
+        "launchers pass it to all; workers that differ when the job forms are refused, naming both "
+        "values; a restarted worker is not compared)"),
     Var("PS_TORCH_FUSION", "torch_fusion", _bytes, 0,
         "ps.torch's DistributedOptimizer: gradients smaller than this many bytes (1M, 256K...) "
         "travel together, consecutive ones (last layer first) in buckets of up to this size, one "
@@ -219,18 +227,19 @@ VARIABLES: tuple[Var, ...] = (
         "0: a server offers no twin and a worker uses none (TCP to its own machine too: to test or "
         "measure the network path on one machine)"),
     Var("PS_DASHBOARD", "dashboard", _listen, None,
-        "[HOST:]PORT: the scheduler serves a live dashboard of the job there (/ in a browser, "
-        "/metrics for Prometheus, /api/... as JSON; docs/dashboard.md); HOST defaults to 127.0.0.1; "
-        "port 0 picks a free one (python -m ps.launch --dashboard sets it)"),
+        "[HOST:]PORT: the scheduler serves a live dashboard of the job there: the page at /, /metrics for"
+        " Prometheus, /api/... as JSON; HOST defaults to 127.0.0.1 (this machine only); port 0 picks a "
+        "free one; python -m ps.launch --dashboard sets it. With PS_SECRET_FILE every request needs the "
+        "dashboard token"),
     Var("PS_DASHBOARD_LINGER", "dashboard_linger", _float, 0.0,
         "seconds the dashboard stays up after the job ended, so its last state (who died, why) can "
         "still be read; the scheduler's process waits that long before it exits"),
     Var("PS_SECRET_FILE", "secret_file", _str, None,
         "file holding a shared secret: authenticate and encrypt all traffic (CURVE)"),
     Var("PS_JOB_KEY_FILE", "job_key_file", _str, None,
-        "file holding this job's signing key (python -m ps.launch writes one per job on one machine): "
+        "(python -m ps.launch writes one per job on one machine) file holding this job's signing key: "
         "workers sign pickled MXNet optimizers with it, servers unpickle only what it signs; "
-        "PS_SECRET_FILE, if set, signs instead. Unlike PS_SECRET_FILE it does not secure the traffic"),
+        "PS_SECRET_FILE, if set, signs instead. It does not secure the traffic"),
     Var("PS_ALLOW_PICKLE", "allow_pickle", _bool, True,
         "1: a server runs MXNet optimizers ps has no numpy version of, pickled by a worker and "
         "HMAC-signed with PS_SECRET_FILE or PS_JOB_KEY_FILE (never unsigned); 0: refuse them"),
@@ -242,12 +251,13 @@ VARIABLES: tuple[Var, ...] = (
         "plain `import mxnet` gets ps's dist_* kvstores (no line changed); 0: off (import ps.mxnet "
         "yourself)"),
     Var("PS_HOROVOD", "horovod", _auto_bool, "auto",
-        "python -m ps.launch: 1 puts ps's `horovod` package (python -m ps.horovod --path) on its "
-        "processes' PYTHONPATH, so `import horovod.torch as hvd` gets ps.torch (no line changed); auto: "
-        "only when the launcher's Python finds no installed Horovod; 0: never"),
+        "python -m ps.launch: 1 puts ps's horovod package (python -m ps.horovod --path) first on its "
+        "processes' PYTHONPATH, so a script's import horovod.torch as hvd (or horovod.mxnet) gets ps's "
+        "Horovod API (no line changed); auto: only when the launcher's Python finds no installed Horovod "
+        "(a real one is never shadowed unless asked); 0: never"),
     Var("HOROVOD_TIMELINE", "timeline", _str, None,
-        "ps.torch / ps.mxnet (Horovod's API): rank 0 writes a chrome://tracing file of its "
-        "collectives here from init() on (hvd.start_timeline does the same at run time)"),
+        "ps.torch / ps.mxnet (Horovod's API): rank 0 writes a chrome://tracing file of its collectives to"
+        " this path from init() on, as Horovod does; hvd.start_timeline(path) does the same at run time"),
     Var("HOROVOD_TIMELINE_MARK_CYCLES", "timeline_mark_cycles", _bool, False,
         "1: the timeline also marks CYCLE_START each time queued requests leave together"),
     Var("MXNET_ENGINE_TYPE", "mxnet_engine_type", _str, None,

@@ -65,14 +65,19 @@ def _bytes(name: str, raw: str) -> int:
 CHUNK_MIN = 96 << 10      # PS_CHUNK_BYTES' least: above the 64K up to which PS_SEND_WINDOW counts no message
 
 
+def whole_chunk(nbytes: int) -> int:
+    """``nbytes`` rounded down to a multiple of 8 (the widest dtype): a key is cut into whole
+    elements, and a message leaves once it holds a full chunk."""
+    return nbytes - nbytes % 8
+
+
 def _chunk_bytes(name: str, raw: str) -> int:
-    """A byte count of at least CHUNK_MIN, rounded down to a multiple of 8 (the widest dtype):
-    a key is cut into whole elements, and a message leaves once it holds a full chunk."""
+    """A byte count of at least CHUNK_MIN, in whole chunks (:func:`whole_chunk`)."""
     value = _bytes(name, raw)
     if value < CHUNK_MIN:
         raise ConfigError(f"{name} must be at least 96K ({CHUNK_MIN}), got {raw!r}: smaller messages would cost "
                           "more than they carry, and PS_SEND_WINDOW does not count those of 64K or less")
-    return value - value % 8
+    return whole_chunk(value)
 
 
 def _auto_bool(name: str, raw: str) -> str:

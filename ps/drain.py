@@ -41,6 +41,18 @@ class DrainClock:
         self.clock = clock
         self._last: dict[int, _Look] = {}
 
+    def tick(self, queue: Any, offer: Callable[[], None]) -> float | None:
+        """A send window's tick (``queue``: a ``sendqueue.SendQueue``): when a look is due,
+        ``offer()`` what the queue now has room for; the seconds until the next look, None
+        while the queue holds nothing back for want of room."""
+        if not queue.blocked:
+            return None
+        wait = self.due_in(queue.held_back)
+        if wait > 0:
+            return wait
+        offer()
+        return self.next_look(queue.held_back) if queue.blocked else None
+
     def due_in(self, held: dict[int, Any]) -> float:
         """Seconds until the planned look (0: now). The loop runs its ticks after every
         message as well; a look before it is due would read the same sockets for nothing

@@ -205,10 +205,14 @@ class Formation:
         if len(syncs) > 1:
             return ("workers disagree on the kvstore type: some asked for dist_sync, others for "
                     "dist_async; every worker must create the same type")
-        cuts = {n.chunk for n in self.pending if n.role == Role.WORKER and n.chunk}
+        cuts: dict[int, list[str]] = {}
+        for n in self.pending:
+            if n.role == Role.WORKER and n.chunk:
+                cuts.setdefault(n.chunk, []).append(n.addr)
         if len(cuts) > 1:
-            return (f"workers disagree on PS_CHUNK_BYTES ({', '.join(str(c) for c in sorted(cuts))}): a server "
-                    "sums the same chunks of every worker; set the same value on every worker")
+            who = "; ".join(f"{c} at {', '.join(sorted(addrs))}" for c, addrs in sorted(cuts.items()))
+            return (f"workers disagree on PS_CHUNK_BYTES ({who}): a server sums the same chunks of every "
+                    "worker; set the same value on every worker")
         nodes: dict[int, Member] = {}
         for role, to_id in ((Role.SERVER, server_id), (Role.WORKER, worker_id)):
             members = [n for n in self.pending if n.role == role]

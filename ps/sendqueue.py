@@ -75,13 +75,17 @@ class SendQueue:
         self.lowat = lowat                          # PS_SEND_LOWAT; 0: only the window bounds a take
         self.credit_min = credit_min
         self.in_flight = 0                          # payload bytes sent and not yet credited
-        self.blocked = False                        # the last take() held entries back for want of room
-        self.held_back: dict[int, Held] = {}        # and for which servers
+        self.held_back: dict[int, Held] = {}        # the servers the last take() held back for want of room
         self._taken: dict[int, int] = {}            # server id -> entries taken for it, ever
         self._by_server: dict[int, int] = {}        # server id -> its share of in_flight
         self._heaps: dict[int, list[Queued]] = {}   # server id -> its queued entries
         self._order = itertools.count()
         self._key_rank: dict[int, list[int]] = {}   # key -> [rank of its least urgent queued entry, entries queued]
+
+    @property
+    def blocked(self) -> bool:
+        """The last take() held entries back for want of room (PS_SEND_LOWAT)."""
+        return bool(self.held_back)
 
     def __len__(self) -> int:
         return sum(len(h) for h in self._heaps.values())
@@ -132,16 +136,14 @@ class SendQueue:
         overshoot TCP_NOTSENT_LOWAT."""
         out: list[tuple[int, Batch]] = []
         if self.in_flight >= self.window or not self._heaps:
-            self.blocked = False
+            self.held_back = {}
             return []
         heads: list[Queued] = []
-        self.blocked = False
         for server, heap in self._heaps.items():
             left = rooms[server] = rooms[server] if server in rooms else self._room(server, unsent)
             if left is None or left > 0:
                 heads.append(heap[0])
             else:
-                self.blocked = True
                 self.held_back[server] = Held(1 - left, self._taken.get(server, 0))
         heapq.heapify(heads)
         boxes: dict[int, Batch] = {}
@@ -158,7 +160,8 @@ class SendQueue:
                 out.append((server, boxes.pop(server)))
             added = box.nbytes - before
             self._count(server, added)
-            self._taken[server] = self._taken.get(server, 0) + 1
+            if self.lowat:
+                self._taken[server] = self._taken.get(server, 0) + 1
             left = rooms[server]
             if left is not None:
                 left = rooms[server] = left - added
@@ -166,7 +169,6 @@ class SendQueue:
                 del self._heaps[server]
                 heapq.heappop(heads)
             elif left is not None and left <= 0:
-                self.blocked = True
                 self.held_back[server] = Held(1 - left, self._taken.get(server, 0))
                 heapq.heappop(heads)
             else:

@@ -305,16 +305,8 @@ class KVWorker:
         once it drained; when to look again (ps/drain.py), None while nothing is held back."""
         if not self._queue.blocked:
             return None
-        with self._lock:                # the caller's thread may have taken meanwhile
-            if not self._queue.blocked:
-                return None
-            wait = self.drain.due_in(self._queue.held_back)
-            if wait > 0:
-                return wait
-            self._send_queued()
-            if not self._queue.blocked:
-                return None
-            return self.drain.next_look(self._queue.held_back)
+        with self._lock:                # the caller's thread may take meanwhile
+            return self.drain.tick(self._queue, self._send_queued)
 
     def _on_reply(self, msg: Message) -> None:
         self.po.credit(msg)

@@ -68,21 +68,20 @@ def scaled(shapes: list[list[int]], factor: float) -> list[list[int]]:
 # lose a third of their speed at K = 8. ps.torch's fusion size too: the tensors it fuses at F
 # are those it fuses in the full model.
 SCALED = ("MXNET_KVSTORE_BIGARRAY_BOUND", "PS_SEND_WINDOW", "PS_SEND_LOWAT", "PS_TORCH_FUSION", "PS_CHUNK_BYTES")
-FLOOR = {"PS_CHUNK_BYTES": 96 << 10}        # the least ps takes (ps/config.py CHUNK_MIN)
 
 
 def scaled_env(factor: float) -> dict[str, str]:
     """The defaults of :data:`SCALED` times ``factor`` (nothing at 1; nothing for one that is
-    off, 0), each at least its :data:`FLOOR`; explicit settings win. DDP's bucket scales alike
-    (``bucket_mb``): unscaled, a 1 MiB chunk on a link ten times slower holds an urgent key
-    back ten times longer than on the full link. The chunk size is a multiple of 8, as ps rounds it."""
+    off, 0); explicit settings win. DDP's bucket scales alike (``bucket_mb``): unscaled, a
+    1 MiB chunk on a link ten times slower holds an urgent key back ten times longer than on
+    the full link. The chunk size is one ps takes: at least CHUNK_MIN, in whole chunks."""
     if factor >= 1:
         return {}
-    from ..config import VARIABLES
+    from ..config import CHUNK_MIN, VARIABLES, whole_chunk
     defaults = {v.name: v.default for v in VARIABLES}
-    scaled = {name: max(FLOOR.get(name, 1), round(defaults[name] * factor)) for name in SCALED if defaults[name]}
+    scaled = {name: max(1, round(defaults[name] * factor)) for name in SCALED if defaults[name]}
     if "PS_CHUNK_BYTES" in scaled:
-        scaled["PS_CHUNK_BYTES"] -= scaled["PS_CHUNK_BYTES"] % 8      # whole elements: what ps takes
+        scaled["PS_CHUNK_BYTES"] = whole_chunk(max(CHUNK_MIN, scaled["PS_CHUNK_BYTES"]))
     return {name: str(value) for name, value in scaled.items()}
 
 

@@ -135,16 +135,11 @@ class ReplySender:
     def _tick(self) -> float | None:
         """On the I/O thread after each pass: replies held back for a full socket leave once
         it drained; when to look again (ps/drain.py), None while nothing is held back."""
-        if not self._queue.blocked:
-            return None
-        wait = self.drain.due_in(self._queue.held_back)
-        if wait > 0:
-            return wait
+        return self.drain.tick(self._queue, self._offer)
+
+    def _offer(self) -> None:
         self._send_queued()
-        self.guard.handed_over(self._queue.frames())
-        if not self._queue.blocked:
-            return None
-        return self.drain.next_look(self._queue.held_back)
+        self.guard.handed_over(self._queue.frames())     # replies still queued keep lending theirs
 
     def _on_credit(self, msg: Message) -> None:
         if self._queue is not None and isinstance(msg.body, int):

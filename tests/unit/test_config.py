@@ -103,3 +103,9 @@ def test_chunk_bytes_defaults_to_a_mebibyte_takes_sizes_in_whole_words_and_refus
     assert Config.from_env({**BASE, "PS_CHUNK_BYTES": "104858"}).chunk_bytes == 104856   # whole 8-byte words
     with pytest.raises(ConfigError, match=r"PS_CHUNK_BYTES must be at least 96K \(98304\), got '64K'"):
         Config.from_env({**BASE, "PS_CHUNK_BYTES": "64K"})
+
+
+def test_the_least_chunk_is_one_the_send_window_counts():
+    from ps.config import CHUNK_MIN
+    from ps.sendqueue import CREDIT_MIN
+    assert CHUNK_MIN > CREDIT_MIN           # a one-chunk message must be credited (PS_SEND_WINDOW)

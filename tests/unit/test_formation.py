@@ -50,8 +50,8 @@ def test_workers_that_cut_keys_differently_are_refused_at_formation_naming_both_
     assert f.register(Member(Role.WORKER, "h", 9001, "inproc://w1", rank_hint=1, chunk=256 << 10))
     assert f.register(Member(Role.SERVER, "h", 9100, "inproc://s0", rank_hint=0))
     why = f.form(clock.now)
-    assert why == ("workers disagree on PS_CHUNK_BYTES (262144, 1048576): a server sums the same chunks of "
-                   "every worker; set the same value on every worker"), why
+    assert why == ("workers disagree on PS_CHUNK_BYTES (262144 at inproc://w1; 1048576 at inproc://w0): a server "
+                   "sums the same chunks of every worker; set the same value on every worker"), why
     same, clock = forming(2, 60)
     for rank in (0, 1):
         assert same.register(Member(Role.WORKER, "h", 9000 + rank, f"inproc://w{rank}", rank_hint=rank,

@@ -221,7 +221,7 @@ VARIABLES: tuple[Var, ...] = (
         "with PS_SEND_WINDOW, an urgent key waits behind at most one chunk per connection; smaller chunks"
         " suit slow links and cost more messages; set the same value on every node of a job (the "
         "launchers pass it to all; workers that differ when the job forms are refused, naming both "
-        "values; a restarted worker is not compared)"),
+        "values, and so is a worker's restart with another value)"),
     Var("PS_TORCH_FUSION", "torch_fusion", _bytes, 0,
         "ps.torch's DistributedOptimizer: gradients smaller than this many bytes (1M, 256K...) "
         "travel together, consecutive ones (last layer first) in buckets of up to this size, one "

@@ -18,7 +18,7 @@ from typing import Any, Callable, NamedTuple
 from . import ring
 from ._timing import DISCONNECT_GRACE
 from .config import Config
-from .membership import Member, assign_ranks, head_count
+from .membership import Member, Terms, agreed_terms, assign_ranks, head_count
 from .message import Command, Role, server_id, worker_id
 from .van import Van
 
@@ -39,7 +39,7 @@ class Formed(NamedTuple):
     """The cluster as it forms: every node by its id, with its rank."""
 
     nodes: dict[int, Member]
-    sync: bool
+    terms: Terms
     ring: list[int]         # server ranks, each keeping the replica of the one before
 
 
@@ -201,18 +201,9 @@ class Formation:
 
     def form(self, now: float) -> Formed | str:
         """The ranks of the registered nodes (last seen ``now``), or why they cannot form."""
-        syncs = {n.sync for n in self.pending if n.role == Role.WORKER}
-        if len(syncs) > 1:
-            return ("workers disagree on the kvstore type: some asked for dist_sync, others for "
-                    "dist_async; every worker must create the same type")
-        cuts: dict[int, list[str]] = {}
-        for n in self.pending:
-            if n.role == Role.WORKER and n.chunk:
-                cuts.setdefault(n.chunk, []).append(n.addr)
-        if len(cuts) > 1:
-            who = "; ".join(f"{c} at {', '.join(sorted(addrs))}" for c, addrs in sorted(cuts.items()))
-            return (f"workers disagree on PS_CHUNK_BYTES ({who}): a server sums the same chunks of every "
-                    "worker; set the same value on every worker")
+        terms = agreed_terms(self.pending)
+        if isinstance(terms, str):
+            return terms
         nodes: dict[int, Member] = {}
         for role, to_id in ((Role.SERVER, server_id), (Role.WORKER, worker_id)):
             members = [n for n in self.pending if n.role == role]
@@ -222,7 +213,7 @@ class Formation:
         order = ring.order([nodes[server_id(r)].host for r in range(self.config.num_servers)])
         self._carried = {n.watch_id: i for i, n in nodes.items() if n.watch_id}
         self.pending = []
-        return Formed(nodes, syncs.pop() if syncs else True, order)
+        return Formed(nodes, terms, order)
 
     # -- after formation: a registration's watch is kept until the node's own one connects --
     def watch_after(self, watch_id: int, connected: bool) -> int | None:

@@ -116,6 +116,52 @@ class Member:
         return f"{self.role.name.lower()} {self.rank} ({node_name(node_id)} at {self.host}:{self.port})"
 
 
+class Terms(NamedTuple):
+    """What every worker of a job says alike, at formation and when one restarts: a worker
+    of another kvstore type, or cutting its pushes into other chunks (a server sums the same
+    chunks of every worker), would make every sum wrong or fail."""
+
+    sync: bool
+    chunk: int = 0      # PS_CHUNK_BYTES (0: no worker said: a job of servers, or one of tests)
+
+    @property
+    def kind(self) -> str:
+        return "dist_sync" if self.sync else "dist_async"
+
+
+def agreed_terms(members: list[Member]) -> Terms | str:
+    """The terms the registered workers agree on, or why they cannot form one job."""
+    workers = [m for m in members if m.role == Role.WORKER]
+    syncs = {m.sync for m in workers}
+    if len(syncs) > 1:
+        return ("workers disagree on the kvstore type: some asked for dist_sync, others for "
+                "dist_async; every worker must create the same type")
+    cuts: dict[int, list[str]] = {}
+    for m in workers:
+        if m.chunk:
+            cuts.setdefault(m.chunk, []).append(m.addr)
+    if len(cuts) > 1:
+        who = "; ".join(f"{c} at {', '.join(sorted(addrs))}" for c, addrs in sorted(cuts.items()))
+        return (f"workers disagree on PS_CHUNK_BYTES ({who}): a server sums the same chunks of every "
+                "worker; set the same value on every worker")
+    return Terms(syncs.pop() if syncs else True, next(iter(cuts), 0))
+
+
+def breaks_terms(terms: Terms, member: Member) -> str | None:
+    """Why a worker registering as a restart cannot take a place in a job of ``terms``, or None."""
+    if member.role != Role.WORKER:
+        return None
+    mine = Terms(member.sync, member.chunk)
+    if mine.sync != terms.sync:
+        return (f"the worker restarting from {member.addr} asked for {mine.kind}, and the job is "
+                f"{terms.kind}; every worker must create the same type")
+    if mine.chunk and terms.chunk and mine.chunk != terms.chunk:
+        return (f"the worker restarting from {member.addr} has PS_CHUNK_BYTES={mine.chunk}, and the job's "
+                f"workers {terms.chunk}: a server sums the same chunks of every worker; restart it with "
+                f"PS_CHUNK_BYTES={terms.chunk}")
+    return None
+
+
 def process_of(member: Member, node_id: int) -> tuple[str, int]:
     """The process a node runs in: a joint process (DMLC_ROLE=joint) is a server and a worker."""
     return (member.hostname, member.pid) if member.pid else ("", -node_id)

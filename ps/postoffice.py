@@ -57,6 +57,7 @@ class Postoffice:
         self.node_id = 0
         self.rank = -1
         self.sync = True
+        self.chunk = 0
         self.server_ids: list[int] = []
         self.ring: list[int] = []           # server ranks; each keeps the replica of the one before it (ps/ring.py)
         self.worker_ids: list[int] = []
@@ -200,6 +201,7 @@ class Postoffice:
         self.node_id = table["you"]
         self.rank = id_to_rank(self.node_id)
         self.sync = table.get("sync", True)
+        self.chunk = int(table.get("chunk", 0))     # the workers' PS_CHUNK_BYTES, for a restarted scheduler
         self.restarted = int(table.get("restart", 0))
         for row in table["nodes"]:
             node = Node.from_row(row)
@@ -469,7 +471,7 @@ class Postoffice:
         report = Rejoin(self.node_id, self.rank, [n for _, n in sorted(self.nodes.items())], self.sync, self.ring,
                         self.restarted, dict(self.down), sorted(self.closed_workers), self.barriers.groups,
                         dict(self.barriers.passed), recovering=bool(self.restarted) and not self._recovered,
-                        closed=self.role == Role.WORKER and self._leaving)
+                        closed=self.role == Role.WORKER and self._leaving, chunk=self.chunk)
         return {**self._registration, REJOIN_KEY: report.to_body()}
 
     def _over(self) -> bool:

@@ -16,7 +16,15 @@ from typing import Any, Callable, Protocol
 
 from .barriers import GROUPS, Barriers
 from .config import Config
-from .membership import Member, Parked, Recovery, process_of, restart_place
+from .membership import (
+    Member,
+    Parked,
+    Recovery,
+    Terms,
+    breaks_terms,
+    process_of,
+    restart_place,
+)
 from .message import Command, Message, Role, node_name
 from .rebuild import Rebuild
 from .van import Van
@@ -36,6 +44,7 @@ class Host(Protocol):
     clock: Callable[[], float]
     van: Van
     nodes: dict[int, Member]
+    terms: Terms
     down_since: dict[int, float]
     closed_workers: set[int]
     barriers: Barriers
@@ -126,6 +135,11 @@ class Readmission:
     def take_over(self, info: Member, route: bytes | None) -> None:
         """A node registering after formation is the restart of a dead node of its role."""
         role = info.role.name.lower()
+        broken = breaks_terms(self.host.terms, info)
+        if broken:
+            logger.warning("scheduler: refused a restart: %s", broken)
+            self.host.reply(route, Command.ABORT, {"reason": broken})
+            return
         for node_id, since in list(self.host.down_since.items()):   # died moments ago, not yet declared
             if self.host.nodes[node_id].role == info.role and self.reachable(node_id):
                 self.host.node_failed(node_id, f"{self.host.describe(node_id)} closed its connection and a new "

@@ -3,13 +3,13 @@
 The scheduler keeps no state on disk. When its process dies (a killed pod, an evicted
 one, a lost machine) and is started again at the same address, the servers and workers
 are still running and hold everything it knew between them: every node holds the node
-table, the kvstore type and the replica ring; each knows the barriers it passed and the
-ones it waits in, which nodes it was told are down, whether it is itself a restart still
-recovering, whether (a worker) it closed its store; and the servers know which workers
-closed. Each node sends this once, as a registration that carries its node id
-(:class:`Rejoin`), and the new scheduler rebuilds the job from the reports
-(ps/scheduler.py). Nothing here moves data: pushes and pulls between workers and servers
-go on while the scheduler is away.
+table, the kvstore type, the workers' chunk size and the replica ring; each knows the
+barriers it passed and the ones it waits in, which nodes it was told are down, whether it
+is itself a restart still recovering, whether (a worker) it closed its store; and the
+servers know which workers closed. Each node sends this once, as a registration that
+carries its node id (:class:`Rejoin`), and the new scheduler rebuilds the job from the
+reports (ps/scheduler.py). Nothing here moves data: pushes and pulls between workers and
+servers go on while the scheduler is away.
 """
 from __future__ import annotations
 
@@ -37,13 +37,14 @@ class Rejoin:
     passed: dict[str, int] = field(default_factory=dict)    # barriers it passed, per group
     recovering: bool = False        # a restart that has not reported its recovery (REJOINED) yet
     closed: bool = False            # a worker that closed its store (its CLOSE may not have arrived)
+    chunk: int = 0                  # the workers' PS_CHUNK_BYTES (0: none said)
 
     def to_body(self) -> dict[str, Any]:
         return {"id": self.node_id, "rank": self.rank, "nodes": [n.to_row() for n in self.nodes],
                 "sync": self.sync, "ring": list(self.ring), "incarnation": self.incarnation,
                 "down": {str(k): v for k, v in self.down.items()}, "closed_workers": list(self.closed_workers),
                 "waiting": list(self.waiting), "passed": dict(self.passed), "recovering": self.recovering,
-                "closed": self.closed}
+                "closed": self.closed, "chunk": self.chunk}
 
     @classmethod
     def from_body(cls, body: Any) -> "Rejoin":
@@ -57,7 +58,8 @@ class Rejoin:
                          [int(i) for i in body.get("closed_workers", [])],
                          [str(g) for g in body.get("waiting", [])],
                          {str(g): int(n) for g, n in body.get("passed", {}).items()},
-                         bool(body.get("recovering", False)), bool(body.get("closed", False)))
+                         bool(body.get("recovering", False)), bool(body.get("closed", False)),
+                         int(body.get("chunk", 0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"a malformed rejoin report ({type(exc).__name__}: {exc})") from None
         ids = {n.node_id for n in report.nodes}
@@ -75,4 +77,6 @@ class Rejoin:
             return "their node tables name different nodes"
         if self.sync != other.sync:
             return "one is dist_sync and the other dist_async"
+        if self.chunk and other.chunk and self.chunk != other.chunk:
+            return f"one says PS_CHUNK_BYTES={self.chunk} and the other {other.chunk}"
         return None

@@ -18,7 +18,8 @@ from .barriers import GROUPS, Barriers
 from .ending import Ending
 from .formation import Formation
 from .jobview import BarrierStall, JobFacts, JobView, NodeFacts
-from .membership import Awaited, Member, find_death, head_count, node_state, placement_warning, unrecoverable
+from .membership import (Awaited, Member, Terms, find_death, head_count, node_state, placement_warning,
+                         unrecoverable)
 from .message import SCHEDULER, Command, Message, Role, node_name
 from .readmission import ACK_WAIT, Readmission
 from .rebuild import Rebuild
@@ -52,7 +53,7 @@ class Scheduler:
         self.closed_workers = self._ending.closed_workers
         self.barriers = Barriers(clock, config.stall_warning, self._members, self.closed_workers, self.describe,
                                   self.send_to)
-        self._sync: bool | None = None
+        self.terms = Terms(True)                 # the workers' kvstore type and chunk, once formed
         self._ring: list[int] = []                  # server ranks, each keeping the replica of the one before
         self._formed_at: float | None = None
         self.down_since: dict[int, float] = {}    # node id -> when its connection dropped
@@ -284,7 +285,7 @@ class Scheduler:
         if isinstance(formed, str):
             self._abort(formed)
             return
-        self.nodes, self._sync, self._ring = formed.nodes, formed.sync, formed.ring
+        self.nodes, self.terms, self._ring = formed.nodes, formed.terms, formed.ring
         warning = placement_warning(list(self.nodes.values()))
         if warning:
             logger.warning("scheduler: %s", warning)
@@ -295,7 +296,7 @@ class Scheduler:
         self._formed_at = now
         logger.info("scheduler: cluster formed in %.2fs: %d servers, %d workers (%s)",
                     now - self._formation.started_at, self.config.num_servers, self.config.num_workers,
-                    "dist_sync" if self._sync else "dist_async")
+                    self.terms.kind)
 
     def watch(self, nodes: dict[int, Member]) -> None:
         """Its connection tells within milliseconds that a node died (ps/van/zmq_watch.py)."""
@@ -304,9 +305,10 @@ class Scheduler:
                 self.van.watch(node_id, info.addr, self._on_connection)
 
     def table(self) -> dict[str, Any]:
-        """What every NODE_TABLE holds: the nodes, the kvstore type, the replica ring."""
-        return {"nodes": [n.node(i).to_row() for i, n in sorted(self.nodes.items())], "sync": self._sync,
-                "ring": self._ring}
+        """What every NODE_TABLE holds: the nodes, the workers' terms, the replica ring (a node
+        reports the terms back to a restarted scheduler, which has no other way to learn them)."""
+        return {"nodes": [n.node(i).to_row() for i, n in sorted(self.nodes.items())], "sync": self.terms.sync,
+                "chunk": self.terms.chunk, "ring": self._ring}
 
     def _on_barrier(self, msg: Message) -> None:
         group = msg.body.get("group") if isinstance(msg.body, dict) else None
@@ -419,7 +421,7 @@ class Scheduler:
                                     seconds) for group, missing, arrived, seconds in self.barriers.stalled(now))
         cfg = self.config
         return JobFacts("ended" if self._done.is_set() else "running" if formed else "forming",
-                        ("dist_sync" if self._sync else "dist_async") if formed else None, cfg.num_workers,
+                        self.terms.kind if formed else None, cfg.num_workers,
                         cfg.num_servers, self.readmission.restarts, cfg.heartbeat_interval, tuple(nodes), stalls,
                         (self.exit_code, self.error or "") if self.exit_code is not None else None)
 
@@ -468,11 +470,11 @@ class Scheduler:
         self._formed_at = self.clock()
         self.nodes = self.rebuild.begin(report, self._formed_at, self._formation.pending)
         self._formation.forget_pending()
-        self._sync, self._ring = report.sync, report.ring
+        self.terms, self._ring = Terms(report.sync, report.chunk), report.ring
         self.watch(self.nodes)
         logger.warning("scheduler: a restarted scheduler: rebuilding the job (%d servers, %d workers, %s) from "
                        "the reports of its live nodes", self.config.num_servers, self.config.num_workers,
-                       "dist_sync" if self._sync else "dist_async")
+                       self.terms.kind)
 
     def _on_native_node(self, exc: Exception) -> None:
         """A native MXNet node would wait for this job forever, and the job for it: end it."""

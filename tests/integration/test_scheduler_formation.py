@@ -30,10 +30,11 @@ class FakeNode:
         self.role = role
         self.addr = f"tcp://127.0.0.1:{free_port()}" if dead else own
 
-    def register(self) -> None:
+    def register(self, **said) -> None:
+        """``said``: more of what a registration says (a worker's "sync", "chunk")."""
         port = int(self.addr.rsplit(":", 1)[1])
         self.van.send(Message(Command.ADD_NODE, 0, SCHEDULER, {
-            "role": int(self.role), "host": self.host, "port": port, "addr": self.addr}))
+            "role": int(self.role), "host": self.host, "port": port, "addr": self.addr, **said}))
 
     def cmds(self) -> list[Command]:
         return [m.cmd for m in self.got]
@@ -65,16 +66,17 @@ def cluster():
         n.van.stop()
 
 
-def _registered(node: FakeNode) -> FakeNode:
-    node.register()
+def _registered(node: FakeNode, **said) -> FakeNode:
+    node.register(**said)
     wait_for(lambda: Command.ADD_NODE in node.cmds(), 10, what=f"the registration of {node.addr}")
     return node
 
 
-def _formed(nodes: list[FakeNode]) -> dict[FakeNode, int]:
-    """Register ``nodes``, wait for each one's node table; their node ids."""
+def _formed(nodes: list[FakeNode], **said) -> dict[FakeNode, int]:
+    """Register ``nodes`` (the workers saying ``said``), wait for each one's node table; their
+    node ids."""
     for n in nodes:
-        _registered(n)
+        _registered(n, **(said if n.role == Role.WORKER else {}))
     ids = {}
     for n in nodes:
         wait_for(lambda n=n: Command.NODE_TABLE in n.cmds(), 10, what=f"the node table at {n.addr}")
@@ -159,6 +161,38 @@ def test_a_restart_gets_its_table_only_once_the_others_acted_on_its_death(cluste
     wait_for(lambda: Command.NODE_TABLE in restart.cmds(), 3, what="the restart's node table after the acks")
     table = next(m.body for m in restart.got if m.cmd == Command.NODE_TABLE)
     assert table["you"] == ids[dead] and table["restart"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_restart_that_cuts_keys_differently_or_asks_for_another_type_is_refused_and_the_right_one_joins(cluster):
+    """The workers formed with PS_CHUNK_BYTES=256K, which every node table carries (a
+    restarted scheduler learns it back from the nodes' reports). A dead worker's restart with
+    1 MiB chunks would push chunks no server sums with the others', and one asking for
+    dist_async another kind of job: each is told why and is not admitted; the restart that
+    matches takes the place."""
+    port, nodes = cluster(PS_MAX_RESTARTS="2")
+    dead, live, server = FakeNode(port, Role.WORKER), FakeNode(port, Role.WORKER), FakeNode(port, Role.SERVER)
+    nodes += [dead, live, server]
+    ids = _formed([dead, live, server], sync=True, chunk=256 << 10)
+    assert {next(m.body["chunk"] for m in n.got if m.cmd == Command.NODE_TABLE) for n in ids} == {256 << 10}
+    dead.van.stop()
+    for n in (live, server):
+        wait_for(lambda n=n: Command.NODE_DOWN in n.cmds(), 10, what=f"the NODE_DOWN at {n.addr}")
+        death = next(m.body["death"] for m in n.got if m.cmd == Command.NODE_DOWN)
+        n.van.send(Message(Command.NODE_DOWN, ids[n], SCHEDULER, {"id": ids[dead], "death": death}, request=False))
+    big, unsynced, right = (FakeNode(port, Role.WORKER) for _ in range(3))
+    nodes += [big, unsynced, right]
+    big.register(sync=True, chunk=1 << 20)
+    assert _reason(big) == (f"the worker restarting from {big.addr} has PS_CHUNK_BYTES=1048576, and the job's "
+                            "workers 262144: a server sums the same chunks of every worker; restart it with "
+                            "PS_CHUNK_BYTES=262144")
+    unsynced.register(sync=False, chunk=256 << 10)
+    assert _reason(unsynced) == (f"the worker restarting from {unsynced.addr} asked for dist_async, and the job "
+                                 "is dist_sync; every worker must create the same type")
+    right.register(sync=True, chunk=256 << 10)
+    wait_for(lambda: Command.NODE_TABLE in right.cmds(), 5, what="the matching restart's node table")
+    assert next(m.body["you"] for m in right.got if m.cmd == Command.NODE_TABLE) == ids[dead]
+    assert Command.NODE_TABLE not in big.cmds() + unsynced.cmds()
 
 
 @pytest.mark.timeout(60)

@@ -2,7 +2,7 @@
 named within seconds, long before PS_CONNECT_TIMEOUT ends the wait."""
 from ps.config import Config
 from ps.formation import FIRST_REPORT, Formation
-from ps.membership import Member
+from ps.membership import Member, Terms
 from ps.message import Role
 
 
@@ -57,7 +57,9 @@ def test_workers_that_cut_keys_differently_are_refused_at_formation_naming_both_
         assert same.register(Member(Role.WORKER, "h", 9000 + rank, f"inproc://w{rank}", rank_hint=rank,
                                     chunk=256 << 10))
     assert same.register(Member(Role.SERVER, "h", 9100, "inproc://s0", rank_hint=0))
-    assert not isinstance(same.form(clock.now), str)
+    formed = same.form(clock.now)
+    assert not isinstance(formed, str), formed
+    assert formed.terms == Terms(True, 256 << 10)
 
 
 def test_a_registration_says_its_chunk_size_and_an_older_one_that_does_not_is_taken_as_before():

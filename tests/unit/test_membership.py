@@ -1,6 +1,7 @@
 """The scheduler's pure rules in ps/membership.py: how a job counts its nodes, which dead
 node a restart replaces, and whether a death can be recovered from."""
-from ps.membership import Member, Recovery, head_count, node_state, restart_place, unrecoverable
+from ps.membership import (Member, Recovery, Terms, agreed_terms, breaks_terms, head_count, node_state, restart_place,
+                           unrecoverable)
 from ps.message import Role, server_id, worker_id
 
 
@@ -86,3 +87,19 @@ def test_a_node_state_is_dead_until_its_restart_registers_then_restarting():
     assert node_state(11, {}, {}, {11}, True) == ("closed", None)
     assert node_state(9, {}, {}, {11}, True) == ("ended", None)
     assert node_state(9, {}, {}, set(), False) == ("alive", None)
+
+
+def test_a_restart_breaks_the_terms_only_by_another_type_or_another_chunk_it_says():
+    """A worker's restart is held to the job's terms (the scheduler refuses it, naming the
+    values); a server says neither, and a worker that said no chunk (an older ps) is taken."""
+    terms = Terms(True, 256 << 10)
+    worker = Member(Role.WORKER, "h", 1, "tcp://h:1", chunk=256 << 10)
+    assert breaks_terms(terms, worker) is None
+    assert breaks_terms(terms, Member(Role.WORKER, "h", 1, "tcp://h:1")) is None
+    assert breaks_terms(terms, Member(Role.SERVER, "h", 1, "tcp://h:1", sync=False, chunk=1 << 20)) is None
+    assert "PS_CHUNK_BYTES=1048576, and the job's workers 262144" in \
+        breaks_terms(terms, Member(Role.WORKER, "h", 1, "tcp://h:1", chunk=1 << 20))
+    assert "asked for dist_async, and the job is dist_sync" in \
+        breaks_terms(terms, Member(Role.WORKER, "h", 1, "tcp://h:1", sync=False, chunk=256 << 10))
+    assert agreed_terms([worker, Member(Role.SERVER, "h", 2, "tcp://h:2")]) == terms
+    assert agreed_terms([]) == Terms(True, 0)

@@ -27,8 +27,11 @@ def report(node_id, **kw):
 
 def test_a_report_round_trips_through_its_message_body():
     r = report(W1, down={S1: "died"}, closed_workers=[W0], waiting=["workers"], passed={"all": 1, "workers": 3},
-               recovering=True, closed=True)
+               recovering=True, closed=True, chunk=256 << 10)
     assert Rejoin.from_body(r.to_body()) == r
+    older = r.to_body()
+    del older["chunk"]              # a node of a ps that did not report it: none said
+    assert Rejoin.from_body(older).chunk == 0
 
 
 @pytest.mark.parametrize("body,says", [
@@ -47,6 +50,9 @@ def test_reports_of_another_job_disagree():
     other = Rejoin(W0, 0, table()[:3], True, [0, 1], 0)
     assert report(W1).agrees(other) == "their node tables name different nodes"
     assert report(W1).agrees(Rejoin(W0, 0, table(), False, [0, 1], 0)) == "one is dist_sync and the other dist_async"
+    assert report(W1, chunk=1 << 20).agrees(report(W0, chunk=128 << 10)) == \
+        "one says PS_CHUNK_BYTES=1048576 and the other 131072"
+    assert report(W1, chunk=1 << 20).agrees(report(W0)) is None
     assert report(W1).agrees(report(W0)) is None
 
 

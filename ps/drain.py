@@ -16,7 +16,9 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, NamedTuple
 
-SOONEST = 0.001         # s: the I/O loop's finest period
+from .van.base import TICK_SOONEST
+
+SOONEST = TICK_SOONEST  # s: the I/O loop's finest period
 LATEST = 0.020          # s: the longest a drain estimate may defer a look
 STALLED = 0.002         # s: the next look at a connection that did not drain since the last one
 SHARE = 0.5             # come back when this share of the excess should have drained

@@ -25,7 +25,17 @@ PYTHON = sys.executable
 _UNREAD: weakref.WeakKeyDictionary[subprocess.Popen, bytes] = weakref.WeakKeyDictionary()
 
 __all__ = ["ROOT", "PYTHON", "free_port", "cluster_env", "Procs", "poll_for", "wait_for", "read_until",
-           "alive", "processes_with_env", "once_per_session"]
+           "alive", "processes_with_env", "once_per_session", "Clock"]
+
+
+class Clock:
+    """The time.monotonic a test sets (``clock.now = ...``), for the parts that take a clock."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def cluster_env(port: int, servers: int = 2, workers: int = 2, **extra: str) -> dict[str, str]:

@@ -8,6 +8,9 @@ from typing import Any, Callable, Protocol
 from ..errors import NativeNodeError
 from ..message import Message
 
+# s: the soonest a tick's next pass of the I/O loop comes (Van.add_tick; the loop's timer is in ms)
+TICK_SOONEST = 0.001
+
 logger = logging.getLogger(__name__)
 
 OnMessage = Callable[[Message], None]

@@ -21,7 +21,7 @@ import zmq
 from ..errors import NativeNodeError, ProtocolError, TransportError
 from ..message import Command, Message, decode, encode, node_name
 from . import in_process
-from .base import OnMessage, Van, control_identity
+from .base import TICK_SOONEST, OnMessage, Van, control_identity
 from .sendbuf import SendBuffers
 from .zmq_watch import OnEvent, Watches
 
@@ -29,7 +29,6 @@ logger = logging.getLogger(__name__)
 
 MAX_MSG_SIZE = 1 << 30     # ZMQ_MAXMSGSIZE: largest single frame a node accepts
 RECV_BATCH = 256           # messages taken from one socket before polling again
-TICK_MS = 1                # ms: the shortest loop period a tick gets (PS_SEND_LOWAT: ps/drain.py)
 
 
 class ZmqVan(Van):
@@ -351,7 +350,7 @@ class ZmqVan(Van):
                         logger.exception("error in a tick of the I/O thread")
                         continue
                     if again is not None:
-                        timeout = min(timeout, max(TICK_MS, math.ceil(again * 1000)))
+                        timeout = min(timeout, math.ceil(max(TICK_SOONEST, again) * 1000))
             if self._linger > 0:
                 self._drain_queue()
         except Exception:  # noqa: BLE001 - the loop must report, never die silently

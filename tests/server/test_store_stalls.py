@@ -3,17 +3,10 @@ import numpy as np
 
 from ps.message import Entry, Op, dtype_code
 from ps.server.store import Store
+from tests.helpers import Clock
 
 W0, W1, W2 = 9, 11, 13
 F32 = dtype_code(np.float32)
-
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
 
 
 def push(store, worker, ts, key=3, n=4, op=Op.PUSH):

@@ -5,16 +5,9 @@ import pytest
 
 from ps.drain import LATEST, SOONEST, STALLED, DrainClock
 from ps.sendqueue import Held
+from tests.helpers import Clock
 
 MB = 1 << 20
-
-
-class Clock:
-    def __init__(self, now=0.0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
 
 
 def held(excess, taken=0):
@@ -24,7 +17,7 @@ def held(excess, taken=0):
 
 def looks(clock, at, readings, taken=0):
     """next_look at each time with that reading of connection 3."""
-    t = Clock()
+    t = Clock(0.0)
     clock.clock = t
     waits = []
     for now, left in zip(at, readings):
@@ -57,7 +50,7 @@ def test_a_connection_that_does_not_drain_is_looked_at_again_every_stalled_perio
 
 
 def test_the_soonest_connection_sets_the_look_and_one_that_got_room_is_forgotten():
-    t = Clock()
+    t = Clock(0.0)
     clock = DrainClock(t)
     clock.next_look(held({1: MB, 2: MB}))
     t.now = 0.002              # 1 drains fast (room in ~2 ms), 2 slowly (room in ~1 s)
@@ -69,7 +62,7 @@ def test_the_soonest_connection_sets_the_look_and_one_that_got_room_is_forgotten
 
 
 def test_a_look_is_due_when_planned_or_at_once_for_a_connection_held_back_or_given_more_since():
-    t = Clock()
+    t = Clock(0.0)
     clock = DrainClock(t)
     assert clock.due_in(held({4: MB})) == 0.0                     # never looked at
     clock.next_look(held({4: 300_000}))

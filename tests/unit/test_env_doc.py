@@ -24,8 +24,9 @@ def test_env_doc_defaults_match():
 
 
 def _plain(text: str) -> str:
-    """A description as words: the page's links and code marks dropped, spaces collapsed."""
-    text = re.sub(r"\s*\(\[[^\]]*\]\([^)]*\)[^)]*\)", "", text)      # "([page](url) ...)"
+    """A description as words: the page's links and code marks dropped, spaces collapsed; a
+    bracket of links alone is the page's, one with words too is compared."""
+    text = re.sub(r"\s*\((?:\[[^\]]*\]\([^)]*\)(?:[,;]\s*)?)+\)", "", text)   # "([page](url))", of links alone
     text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)               # [text](url) -> text
     return re.sub(r"\s+", " ", text.replace("`", "")).strip().rstrip(".").strip()
 

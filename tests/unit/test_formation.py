@@ -4,13 +4,7 @@ from ps.config import Config
 from ps.formation import FIRST_REPORT, Formation
 from ps.membership import Member, Terms
 from ps.message import Role
-
-
-class Clock:
-    now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.helpers import Clock
 
 
 def forming(workers: int, timeout: float) -> tuple[Formation, Clock]:

@@ -9,14 +9,7 @@ from hypothesis import given, strategies as st
 
 from ps.jobview import JobFacts, JobView, NodeFacts, clean, quantile
 from ps.nodestats import BUCKETS, MAX_STALL_KEYS, MAX_STALLS, Histogram, StallClock, stall_list
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.helpers import Clock
 
 
 def node(node_id: int, role: str, rank: int, state: str = "alive", incarnation: int = 0,

@@ -50,7 +50,7 @@ ALLOWED = {
     "dashboard.server": {"_security", "config", "errors", "jobview", "dashboard.metrics"},
     "dashboard": {"dashboard.server"},
     "sendqueue": {"keys", "message"},
-    "drain": set(),
+    "drain": {"van.base"},       # it paces the van's ticks (Van.add_tick)
     "worker": {"_timing", "customer", "drain", "errors", "keys", "message", "nodestats", "postoffice", "sendqueue"},
     # the server role: the rest of ps imports only the package (KVServer), see
     # test_the_core_never_imports_the_server_internals

@@ -3,14 +3,7 @@ and a deadline it watches is postponed by the pause."""
 import logging
 
 from ps._timing import Deadline, PauseWatch
-
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
+from tests.helpers import Clock
 
 
 def test_a_late_call_holds_and_so_do_the_calls_while_the_io_thread_reads_what_waited(caplog):

@@ -112,7 +112,8 @@ def test_unsent_reads_what_the_kernel_holds_for_a_peer_that_does_not_read():
 def test_a_tick_says_when_the_loop_comes_back_and_none_leaves_it_idle():
     """PS_SEND_LOWAT's tick (ps/drain.py) returns the seconds until it wants to look again: an
     idle loop comes back then, not every millisecond, and at its 100 ms period once the tick
-    waits for nothing. Medians: one late wake-up on a loaded machine is not the rule."""
+    waits for nothing. A wait's timer is never early, so every gap is at least what was
+    asked; it can be late on a loaded machine, so the upper bounds are on the median."""
     import statistics
     import time
     calls, done = [], threading.Event()
@@ -134,5 +135,5 @@ def test_a_tick_says_when_the_loop_comes_back_and_none_leaves_it_idle():
         a.stop()
     gaps = [later - earlier for earlier, later in zip(calls, calls[1:])]
     asked, idle = gaps[:6], gaps[7:10]
-    assert 0.035 <= statistics.median(asked) < 0.08, asked
-    assert 0.09 <= statistics.median(idle) < 0.25, idle
+    assert min(asked) >= 0.035 and statistics.median(asked) < 0.08, asked
+    assert min(idle) >= 0.09 and statistics.median(idle) < 0.25, idle

@@ -1,0 +1,62 @@
+"""The multi-host benchmark's footprint sampler (ps/bench/footprint.py) on real processes:
+it counts a process's established TCP connections from its namespace's table, reads that
+table once per sample for processes that share it, and reads it rarely after the first
+seconds (each read walks the kernel's whole connection hash: read for every process four
+times a second it took 14% of this machine, counted in the run's CPU load)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from ps.bench import footprint
+
+pytestmark = pytest.mark.process
+
+# a process holding both ends of one loopback connection, and a listener: 2 established
+HOLDER = ("import socket, time\n"
+          "l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen()\n"
+          "c = socket.create_connection(l.getsockname()); a, _ = l.accept()\n"
+          "print('ready', flush=True); time.sleep(60)\n")
+
+
+@pytest.fixture
+def holders():
+    procs = [subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+
+
+@pytest.mark.timeout(60)
+def test_connections_are_counted_per_process_from_one_read_of_the_shared_table(holders, monkeypatch):
+    reads = []
+    real = footprint._established_inodes
+    monkeypatch.setattr(footprint, "_established_inodes", lambda pid: reads.append(pid) or real(pid))
+    got = footprint.sample(holders)
+    assert got.conns == 2 and got.threads == 1 and got.rss_mb > 1, got
+    assert len(reads) == 1, reads                   # both processes are in this namespace
+    assert footprint.sample(holders, with_conns=False).conns == 0
+    assert len(reads) == 1
+
+
+@pytest.mark.timeout(60)
+def test_after_the_first_seconds_connections_are_read_every_conns_every(holders, monkeypatch):
+    reads = []
+    real = footprint._established_inodes
+    monkeypatch.setattr(footprint, "_established_inodes", lambda pid: reads.append(pid) or real(pid))
+    finished = threading.Event()
+    timer = threading.Timer(1.5, finished.set)
+    timer.start()
+    best = footprint.watch(holders, finished, every=0.01, first=0.3, fast=0.01, conns_fast=0.1, conns_every=0.5)
+    timer.join()
+    assert best.conns == 2, best
+    # 0.3 s at one read per 0.1 s, then 1.2 s at one per 0.5 s: about 6, against ~140 samples
+    assert 3 <= len(reads) <= 9, len(reads)

@@ -74,7 +74,10 @@ class PauseWatch:
     after 7 s named the worker whose push was waiting in its socket). A call that comes
     ``slack`` seconds later than ``period`` after the one before holds, and so does every
     call for ``settle`` seconds after it, while the I/O thread reads what waited. Of two
-    late calls in a row only the first holds, so a check that is always late still judges.
+    late calls in a row the second holds only if it is later than the first by more than
+    ``slack``, so a check that is always late still judges, and a process stopped right
+    after a starved moment still has its pause discounted (else, on a loaded machine, a
+    worker stopped in a debugger failed on the reply that waited in its socket).
     ``name()``, if given, names the process in the warning a pause is logged with. A
     deadline handed to :meth:`hold` is postponed by each pause it notices (``Deadline.paused``).
     """
@@ -89,6 +92,7 @@ class PauseWatch:
         self._last = clock()                    # the first period starts now
         self._held_until = float("-inf")
         self._held = False
+        self._held_late = 0.0                   # how late the call that held last was
 
     def hold(self, deadline: Deadline | None = None) -> bool:
         now = self._clock()
@@ -96,8 +100,8 @@ class PauseWatch:
         if now < self._held_until:
             return True
         late = now - last - self.period
-        if late > self.slack and not self._held:
-            self._held, self._held_until = True, now + self.settle
+        if late > self.slack and (not self._held or late > self._held_late + self.slack):
+            self._held, self._held_late, self._held_until = True, late, now + self.settle
             if deadline is not None:
                 deadline.postpone(late)
             if self.name and self._first_to_tell(now):

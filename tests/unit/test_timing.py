@@ -34,6 +34,24 @@ def test_a_check_that_is_always_late_still_judges_every_other_time():
     assert held == [True, False, True, False, True, False]
 
 
+def test_a_pause_right_after_a_starved_moment_still_holds_and_postpones_the_deadline():
+    """Seen in a whole suite's run: a wait's turn came 1.6 s late (the CPU starved) and held;
+    the process was then stopped for 6 s before its next turn. That turn is the second late
+    one in a row, but far later than the first: it holds, and the deadline moves by the pause
+    (before, it judged, and the pull failed on the reply waiting in its socket)."""
+    clock = Clock()
+    deadline = Deadline(4.0, clock=clock)
+    watch = PauseWatch(0.5, clock=clock)
+    clock.now += 2.1                        # starved: 1.6 s late
+    assert watch.hold(deadline)
+    assert abs(deadline.remaining() - (4.0 - 2.1 + 1.6)) < 1e-9
+    clock.now += 6.5                        # stopped: 6.0 s late, more than 1.6 + the slack
+    assert watch.hold(deadline)
+    assert not deadline.expired and abs(deadline.remaining() - (3.5 - 6.5 + 6.0)) < 1e-9
+    clock.now += 0.5
+    assert not watch.hold(deadline)         # on time again: judges
+
+
 def test_the_first_period_starts_when_the_watch_is_made():
     clock = Clock()
     watch = PauseWatch(0.5, clock=clock)

@@ -91,8 +91,7 @@ class PauseWatch:
         self._clock = clock
         self._last = clock()                    # the first period starts now
         self._held_until = float("-inf")
-        self._held = False
-        self._held_late = 0.0                   # how late the call that held last was
+        self._held_late = float("-inf")         # how late the call that held last was (-inf: the last did not)
 
     def hold(self, deadline: Deadline | None = None) -> bool:
         now = self._clock()
@@ -100,15 +99,15 @@ class PauseWatch:
         if now < self._held_until:
             return True
         late = now - last - self.period
-        if late > self.slack and (not self._held or late > self._held_late + self.slack):
-            self._held, self._held_late, self._held_until = True, late, now + self.settle
+        if late > self.slack and late > self._held_late + self.slack:
+            self._held_late, self._held_until = late, now + self.settle
             if deadline is not None:
                 deadline.postpone(late)
             if self.name and self._first_to_tell(now):
                 logger.warning("%s: its periodic checks ran %.1fs late (this process was stopped, swapping or "
                                "starved of CPU): it reads what waited before it names anyone", self.name(), late)
             return True
-        self._held = False
+        self._held_late = float("-inf")
         return False
 
     def _first_to_tell(self, now: float) -> bool:

@@ -151,12 +151,11 @@ def breaks_terms(terms: Terms, member: Member) -> str | None:
     """Why a worker registering as a restart cannot take a place in a job of ``terms``, or None."""
     if member.role != Role.WORKER:
         return None
-    mine = Terms(member.sync, member.chunk)
-    if mine.sync != terms.sync:
-        return (f"the worker restarting from {member.addr} asked for {mine.kind}, and the job is "
-                f"{terms.kind}; every worker must create the same type")
-    if mine.chunk and terms.chunk and mine.chunk != terms.chunk:
-        return (f"the worker restarting from {member.addr} has PS_CHUNK_BYTES={mine.chunk}, and the job's "
+    if member.sync != terms.sync:
+        return (f"the worker restarting from {member.addr} asked for {Terms(member.sync).kind}, and the job "
+                f"is {terms.kind}; every worker must create the same type")
+    if member.chunk and terms.chunk and member.chunk != terms.chunk:
+        return (f"the worker restarting from {member.addr} has PS_CHUNK_BYTES={member.chunk}, and the job's "
                 f"workers {terms.chunk}: a server sums the same chunks of every worker; restart it with "
                 f"PS_CHUNK_BYTES={terms.chunk}")
     return None

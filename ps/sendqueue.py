@@ -136,7 +136,6 @@ class SendQueue:
         overshoot TCP_NOTSENT_LOWAT."""
         out: list[tuple[int, Batch]] = []
         if self.in_flight >= self.window or not self._heaps:
-            self.held_back = {}
             return []
         heads: list[Queued] = []
         for server, heap in self._heaps.items():

@@ -303,7 +303,7 @@ class KVWorker:
     def _tick(self) -> float | None:
         """On the I/O thread after each pass: requests held back for a full socket leave
         once it drained; when to look again (ps/drain.py), None while nothing is held back."""
-        if not self._queue.blocked:
+        if not self._queue.blocked:     # the usual pass: nothing held back, no lock taken
             return None
         with self._lock:                # the caller's thread may take meanwhile
             return self.drain.tick(self._queue, self._send_queued)

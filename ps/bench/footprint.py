@@ -69,11 +69,10 @@ def sample(procs: list[subprocess.Popen], with_conns: bool = True) -> ProcessSam
     return ProcessSample(max(rss, default=0.0), max(conns, default=0.0), max(threads, default=0.0))
 
 
-def established(pid: int, tables: dict[str, set[str]] | None = None) -> int:
+def established(pid: int, tables: dict[str, set[str]]) -> int:
     """TCP connections of ``pid`` that are established, read from its own network namespace's
     table (psutil reads the caller's, where a namespace host's sockets are not). ``tables``
     keeps each namespace's established sockets, so processes of one host read its table once."""
-    tables = {} if tables is None else tables
     try:
         links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
         inodes = {link[len("socket:["):-1] for link in links if link.startswith("socket:[")}

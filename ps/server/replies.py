@@ -145,5 +145,4 @@ class ReplySender:
         if self._queue is not None and isinstance(msg.body, int):
             self._queue.credit(msg.sender, msg.body)
             if len(self._queue):
-                self._send_queued()
-                self.guard.handed_over(self._queue.frames())    # replies still queued keep lending theirs
+                self._offer()

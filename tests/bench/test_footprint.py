@@ -13,6 +13,7 @@ import time
 import pytest
 
 from ps.bench import footprint
+from tests.helpers import read_until
 
 pytestmark = pytest.mark.process
 
@@ -28,7 +29,7 @@ def holders():
     procs = [subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True) for _ in range(2)]
     try:
         for p in procs:
-            assert p.stdout.readline().strip() == "ready"
+            read_until(p, lambda line: line.strip() == "ready", 10, "the holder's ready line")
         yield procs
     finally:
         for p in procs:

@@ -8,13 +8,15 @@ import numpy as np
 import pytest
 
 from ps.config import Config
+from ps.drain import DrainClock
 from ps.keys import CHUNK_BYTES
-from ps.message import Command, Entry, Message, Op, dtype_code
+from ps.message import Command, Entry, Flag, Message, Op, dtype_code
 from ps.server import KVServer
 from ps.server.bufguard import BufferGuard
 from ps.server.replies import ReplySender
 from ps.server.rounds import Reply
 from ps.van import create_van
+from tests.helpers import Clock
 
 W0, W1 = 9, 11
 F32 = dtype_code(np.float32)
@@ -80,8 +82,6 @@ def test_a_held_back_reply_is_offered_when_its_connection_should_have_drained_an
     connection is held back, again 1 ms later to measure its rate, and then not until the
     plan says (the passes between skip the read); once the connection has room, the next look
     offers the replies."""
-    from ps.drain import DrainClock
-    from ps.message import Flag
     po = Post()
     po.config = SimpleNamespace(send_window=64 * CHUNK_BYTES, send_lowat=1 << 17, chunk_bytes=CHUNK_BYTES)
     ticks, reads = [], []
@@ -89,13 +89,13 @@ def test_a_held_back_reply_is_offered_when_its_connection_should_have_drained_an
     po.add_tick = ticks.append
 
     def read(dest, route):
-        reads.append(now.t)
+        reads.append(now.now)
         return unsent[dest]
     po.unsent = read
     sender = ReplySender(po, BufferGuard())
     (tick,) = ticks
-    now = SimpleNamespace(t=0.0)
-    sender.drain = DrainClock(lambda: now.t)
+    now = Clock(0.0)
+    sender.drain = DrainClock(now)
     request = Message(Command.DATA, W0, 8, [Entry(1, Op.PULL, 3, 0, 4, 4, F32)], route=b"w0")
     request.flags = Flag.WINDOWED
     sender.came(request)
@@ -103,13 +103,13 @@ def test_a_held_back_reply_is_offered_when_its_connection_should_have_drained_an
     sender.send([Reply(W0, Entry(1, Op.PULL, 3, 0, value.size, value.size, F32), value)])
     assert po.sent == [] and len(reads) == 1     # held back: the connection holds 1 MB
     assert tick() == pytest.approx(0.001)        # a first look at once, the next in 1 ms
-    now.t, unsent[W0] = 0.001, (1 << 20) - 12_500        # draining at 12.5 MB/s
+    now.now, unsent[W0] = 0.001, (1 << 20) - 12_500        # draining at 12.5 MB/s
     wait = tick()
     assert len(reads) == 3 and wait == pytest.approx(0.020)       # room ~73 ms away: capped
     for t in (0.005, 0.010, 0.015):               # passes for other messages: no read, no send
-        now.t = t
+        now.now = t
         assert tick() == pytest.approx(0.021 - t)
     assert len(reads) == 3 and po.sent == []
-    now.t, unsent[W0] = 0.021, 100_000            # room: the look offers the reply
+    now.now, unsent[W0] = 0.021, 100_000            # room: the look offers the reply
     assert tick() is None
     assert len(reads) == 4 and [m.recver for m in po.sent] == [W0]

@@ -64,7 +64,7 @@ ALLOWED = {
                      "server.restarts", "server.rounds", "server.updaters", "server.values"},
     "server.replica": {"errors", "message", "optim", "server.events", "server.store", "server.tables",
                        "server.updaters"},
-    "server.replies": {"drain", "keys", "message", "postoffice", "sendqueue", "server.bufguard", "server.profiler",
+    "server.replies": {"drain", "message", "postoffice", "sendqueue", "server.bufguard", "server.profiler",
                        "server.rounds"},
     "server.replication": {"_timing", "errors", "message", "postoffice", "ring", "server.events", "server.replica",
                            "server.replies", "server.rounds", "server.store", "server.tables"},

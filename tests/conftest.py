@@ -5,8 +5,10 @@ Helpers live in tests/helpers.py."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 
 import psutil
@@ -25,6 +27,14 @@ LEAK_GRACE = float(os.environ.get("TESTS_LEAK_GRACE", "5.0"))
 # ~1,400 processes (numpy, MXNet and torch each load one). A test that wants more sets its own.
 for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
+
+# Open MPI 4 keeps one session directory per user and host (/tmp/ompi.HOST.UID) and removes it
+# when it is empty: an mpirun that ends while another starts can remove it between the other's
+# mkdir and stat, and that one fails in orte_init ("mkdir ... File exists", open-mpi/ompi#8510).
+# Each xdist worker runs its Open MPI jobs one at a time, so a directory of its own per worker
+# keeps the workers' jobs apart (every process a test starts inherits it; a test may set its own).
+OMPI_SESSIONS = tempfile.mkdtemp(prefix="ps-tests-ompi-")
+os.environ.setdefault("OMPI_MCA_orte_tmpdir_base", OMPI_SESSIONS)
 OUR_THREADS = ("ps-", "bench-read")   # names of the threads ps and its tests start
 
 
@@ -73,6 +83,10 @@ _OUTSIDE = [(subprocess.Popen, "_execute_child", "starts a process"), (os, "fork
 
 def _in_process_tier(item: pytest.Item) -> bool:
     return item.get_closest_marker("process") is not None
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(OMPI_SESSIONS, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(session, config, items):

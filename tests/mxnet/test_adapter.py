@@ -130,14 +130,14 @@ def test_same_command_for_every_role_and_lr_change_reaches_servers(procs, port, 
 
 
 def test_save_and_load_states_resume_exactly(procs, port, tmp_path):
+    """Ten steps that save the trainer's states and the weights after five; a new job that
+    loads them and runs five more ends where the ten did, exactly."""
     opt = ADAM
-    full = run_job(procs, port, tmp_path, "gluon", steps=10, opt=opt[0], opt_args=opt[1],
-                   update_on_kvstore=True)
     states, params = str(tmp_path / "trainer.states"), str(tmp_path / "net.params")
-    run_job(procs, port + 1 if port < 65000 else port - 1, tmp_path, "gluon", steps=5, opt=opt[0],
-            opt_args=opt[1], update_on_kvstore=True, save=(5, states, params))
-    resumed = run_job(procs, port, tmp_path, "gluon", steps=5, opt=opt[0], opt_args=opt[1],
-                      update_on_kvstore=True, params=params, states=states)
+    full = run_job(procs, port, tmp_path, "gluon", steps=10, opt=opt[0], opt_args=opt[1],
+                   update_on_kvstore=True, save=(5, states, params))
+    resumed = run_job(procs, port + 1 if port < 65000 else port - 1, tmp_path, "gluon", steps=5, opt=opt[0],
+                      opt_args=opt[1], update_on_kvstore=True, params=params, states=states)
     for a, b in zip(resumed, full):
         assert_close(a, b, atol=0)
 

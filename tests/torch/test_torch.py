@@ -147,18 +147,18 @@ def test_server_optimizer_async_two_workers_learn(procs):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("victim", ["worker", "server with table", "server in join with table"])
+@pytest.mark.parametrize("victim", ["worker", "server in join with table"])
 def test_a_killed_server_is_recovered_and_a_killed_worker_ends_the_job_with_the_reason(procs, tmp_path, victim):
     """--max-restarts under Horovod's API: a server only sums, so its restart recovers the
     sums and the job ends with the weights of an unfaulted run; a worker holds the model, so its
     restart cannot rejoin the step the others are in: it says so and the job stops, instead of
     training on from other weights than the rest (before: exit 0, each worker's weights its own).
-    ``server in join``: rank 0 is in hvd.join() when the server dies; its restart knows it from
-    the replica (before: it did not, and its sums waited for rank 0 for ever). ``server with
-    table``: the model reads a ps.torch.EmbeddingBag too; the restart gets its rows back from
-    the replica and every row ends as in the unfaulted run, bit for bit. ``server in join with
-    table``: both, so the restart must also know that the table's sync rounds go on without
-    rank 0 (Horovod's join), else rank 1's table pushes after the kill wait for rank 0's."""
+    The server's case is the hardest one: rank 0 is in hvd.join() when the server dies, and the
+    model reads a ps.torch.EmbeddingBag too. Its restart knows of the join from the replica
+    (before: it did not, and its sums waited for rank 0 for ever), gets the table's rows back
+    (every row ends as in the unfaulted run, bit for bit), and knows that the table's sync rounds
+    go on without rank 0 (Horovod's join), else rank 1's table pushes after the kill wait for
+    rank 0's. (A server killed with no join and no table: tests/integration/test_recovery.py.)"""
     script = str(ROOT / "tests" / "torch" / "restart_worker.py")
     who, *rest = victim.split(" ", 1)
     mode = [w for w in ("join", "table") if rest and w in rest[0].split()]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, NamedTuple
 
 from .errors import ConfigError
+from .keys import CHUNK_BYTES
 
 ROLES = ("scheduler", "server", "worker", "joint")
 SCRIPT_ROLES = ("worker", "joint")   # roles that run the training script (joint: a worker holding a server shard)
@@ -65,19 +66,19 @@ def _bytes(name: str, raw: str) -> int:
 CHUNK_MIN = 96 << 10      # PS_CHUNK_BYTES' least: above the 64K up to which PS_SEND_WINDOW counts no message
 
 
-def whole_chunk(nbytes: int) -> int:
+def whole_words(nbytes: int) -> int:
     """``nbytes`` rounded down to a multiple of 8 (the widest dtype): a key is cut into whole
     elements, and a message leaves once it holds a full chunk."""
     return nbytes - nbytes % 8
 
 
 def _chunk_bytes(name: str, raw: str) -> int:
-    """A byte count of at least CHUNK_MIN, in whole chunks (:func:`whole_chunk`)."""
+    """A byte count of at least CHUNK_MIN, rounded down to whole 8-byte words (:func:`whole_words`)."""
     value = _bytes(name, raw)
     if value < CHUNK_MIN:
-        raise ConfigError(f"{name} must be at least 96K ({CHUNK_MIN}), got {raw!r}: smaller messages would cost "
+        raise ConfigError(f"{name} must be at least {CHUNK_MIN >> 10}K ({CHUNK_MIN}), got {raw!r}: smaller messages would cost "
                           "more than they carry, and PS_SEND_WINDOW does not count those of 64K or less")
-    return whole_chunk(value)
+    return whole_words(value)
 
 
 def _auto_bool(name: str, raw: str) -> str:
@@ -215,8 +216,8 @@ VARIABLES: tuple[Var, ...] = (
         "ps stops handing it more (as TCP_NOTSENT_LOWAT; Linux): the backlog then waits in ps's "
         "priority queue, where an urgent message can overtake it, and not in a FIFO socket "
         "buffer; 0 = off (only the window bounds it)"),
-    Var("PS_CHUNK_BYTES", "chunk_bytes", _chunk_bytes, 1 << 20,
-        "bytes of a key that travel in one message (1M, 256K...; at least 96K, rounded down to a multiple"
+    Var("PS_CHUNK_BYTES", "chunk_bytes", _chunk_bytes, CHUNK_BYTES,
+        f"bytes of a key that travel in one message (1M, 256K...; at least {CHUNK_MIN >> 10}K, rounded down to a multiple"
         " of 8): a larger slice goes and comes back in chunks of this size, so a big key streams and, "
         "with PS_SEND_WINDOW, an urgent key waits behind at most one chunk per connection; smaller chunks"
         " suit slow links and cost more messages; set the same value on every node of a job (the "
@@ -361,7 +362,7 @@ class Config:
     max_restarts: int = 0
     send_window: int = 8 << 20
     send_lowat: int = 128 << 10
-    chunk_bytes: int = 1 << 20
+    chunk_bytes: int = CHUNK_BYTES
     torch_fusion: int = 0
     local_ipc: bool = True
     dashboard: Listen | None = None

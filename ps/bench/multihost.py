@@ -74,14 +74,14 @@ def scaled_env(factor: float) -> dict[str, str]:
     """The defaults of :data:`SCALED` times ``factor`` (nothing at 1; nothing for one that is
     off, 0); explicit settings win. DDP's bucket scales alike (``bucket_mb``): unscaled, a
     1 MiB chunk on a link ten times slower holds an urgent key back ten times longer than on
-    the full link. The chunk size is one ps takes: at least CHUNK_MIN, in whole chunks."""
+    the full link. The chunk size is one ps takes: at least CHUNK_MIN, in whole 8-byte words."""
     if factor >= 1:
         return {}
-    from ..config import CHUNK_MIN, VARIABLES, whole_chunk
+    from ..config import CHUNK_MIN, VARIABLES, whole_words
     defaults = {v.name: v.default for v in VARIABLES}
     scaled = {name: max(1, round(defaults[name] * factor)) for name in SCALED if defaults[name]}
     if "PS_CHUNK_BYTES" in scaled:
-        scaled["PS_CHUNK_BYTES"] = whole_chunk(max(CHUNK_MIN, scaled["PS_CHUNK_BYTES"]))
+        scaled["PS_CHUNK_BYTES"] = whole_words(max(CHUNK_MIN, scaled["PS_CHUNK_BYTES"]))
     return {name: str(value) for name, value in scaled.items()}
 
 

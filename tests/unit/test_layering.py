@@ -15,7 +15,7 @@ ABOVE_THE_CORE = ("collective", "torch", "mxnet", "bench")
 ALLOWED = {
     # the core, bottom up
     "errors": set(), "_logging": set(), "keys": set(), "compression": set(), "childproc": set(), "exitcodes": set(),
-    "_timing": {"errors"}, "config": {"errors"}, "pslite": {"errors"}, "message": {"compression", "errors", "pslite"},
+    "_timing": {"errors"}, "config": {"errors", "keys"}, "pslite": {"errors"}, "message": {"compression", "errors", "pslite"},
     "_security": {"errors"},
     "netutil": {"config", "errors"},
     "van.base": {"errors", "message"},

@@ -205,8 +205,9 @@ def run_config(w: int, s: int, cases: list[dict], impls: list[str], args: argpar
         peak: dict[int, int] = {}
         for case in cases:
             cmd = {"op": "run", "case": case["name"], "rounds": case["rounds"], "warmup": case["warmup"]}
-            if args.cprofile:
-                cmd["profile"] = os.path.join(args.cprofile, f"W{w}S{s}-{case['name']}")
+            if args.cprofile:       # the workers write there, from their own working directory
+                os.makedirs(args.cprofile, exist_ok=True)
+                cmd["profile"] = os.path.join(os.path.abspath(args.cprofile), f"W{w}S{s}-{case['name']}")
             for rep in range(args.reps):
                 order = impls if rep % 2 == 0 else impls[::-1]
                 for impl, (answers, busy, foreign) in measure(clusters, order, cmd, args, pids).items():

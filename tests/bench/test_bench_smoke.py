@@ -56,13 +56,9 @@ def check_times(rows: list[dict[str, str]], impls: set[str]) -> None:
     assert mem and all(float(r["server_rss_mb"]) > 0 and float(r["stored_mb"]) > 0 for r in mem), mem
 
 
-def test_quick_ps_only(tmp_path):
-    rows = run_bench(tmp_path)
-    check_times(rows, {"ps"})
-
-
 def test_quick_joint_runs_the_joint_job_as_ps_b(tmp_path):
-    """--joint: this checkout's job with joint workers (no server process) beside ps's."""
+    """--joint: this checkout's job with joint workers (no server process) beside ps's (whose
+    rows are those of a run without --joint: check_times checks both)."""
     rows = run_bench(tmp_path, "--joint")
     check_times(rows, {"ps", "ps-b"})
     medians = [r for r in rows if r["row"] == "median" and r["impl"] == "ps-b"]

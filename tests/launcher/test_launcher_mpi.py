@@ -121,6 +121,8 @@ def _env_of(proc):
 
 # hvd.init() in a thread that ends before the allreduce: the servers it started must live on
 # (Linux's parent-death signal follows the thread that forked, not the process)
+JOB_SCRIPT = ("import os; from ps.collective.job import Job; job = Job('ps.torch'); job.init(); "
+              "os.write(1, f'HVD {job.rank()} {job.size()}\\n'.encode())")
 HVD_IN_A_THREAD = HVD_SCRIPT.replace(
     "hvd.init(); ", "import threading, time; t = threading.Thread(target=hvd.init); t.start(); t.join(); "
     "time.sleep(1.0); ")
@@ -151,8 +153,9 @@ def test_bare_mpirun_with_the_schedulers_port_taken_fails_at_once(mpi_path):
     """Rank 0's scheduler cannot bind: rank 0 ends at once, saying which port and what to set.
     Open MPI then stops the other ranks; MPICH's hydra does not (a rank that never called
     MPI_Init may exit as it likes), so there they end at PS_CONNECT_TIMEOUT, naming the
-    scheduler they waited for."""
-    pytest.importorskip("torch")
+    scheduler they waited for. The ranks join through the job ps.torch's hvd.init() joins
+    through (ps.collective's Job), without torch: nothing of it runs before the failure, and its
+    import costs each rank seconds of CPU (the torch path: test_ps_torch_under_a_bare_mpirun)."""
     kind, path = mpi_path
     argv = ["mpirun", "-np", "2"] + (["--allow-run-as-root", "--oversubscribe"] if kind == "openmpi" else [])
     with socket.socket() as taken:
@@ -162,7 +165,7 @@ def test_bare_mpirun_with_the_schedulers_port_taken_fails_at_once(mpi_path):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_"))}
         env.update(PATH=path, PYTHONPATH=ROOT, DMLC_PS_ROOT_PORT=str(port), PS_CONNECT_TIMEOUT="4")
         t0 = time.monotonic()
-        proc = subprocess.run([*argv, PY, "-c", HVD_SCRIPT], env=env, capture_output=True, text=True, timeout=100)
+        proc = subprocess.run([*argv, PY, "-c", JOB_SCRIPT], env=env, capture_output=True, text=True, timeout=100)
     took = time.monotonic() - t0
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert (f"the scheduler rank 0 started on port {port} (DMLC_PS_ROOT_PORT) exited with code 1 before it "

@@ -3,9 +3,11 @@ every worker trains two copies of each model from the same start on the same bat
 per path, with each of torch's per-parameter optimizers and an LR schedule; test_cross_barrier.py
 checks the weights are equal, bit for bit. Then the refusals, each caught and printed.
 
-    python cross_worker.py [--passes 2] [--autocast] [--timeline PATH]
+    python cross_worker.py [--passes 2] [--autocast] [--variants] [--timeline PATH]
 
 ``--timeline``: rank 0 writes Horovod's timeline of the job (a row per key summed).
+``--variants``: then, in the same job, both paths again with two backward passes per step and
+with bf16 autocast (keys of their own, after everything above).
 """
 import json
 import sys
@@ -45,11 +47,14 @@ def batch(rank, step):
     return torch.randn(BATCH, 10, generator=g), torch.randn(BATCH, 3, generator=g)
 
 
-def train(name, cross, passes, autocast):
+VARIANTS = {"p2.": (2, False), "bf16.": (1, True)}     # key prefix: (backward passes per step, autocast)
+
+
+def train(name, cross, passes, autocast, tag=""):
     torch.manual_seed(3)
     model = Net()
     opt = OPTIMIZERS[name](model.parameters())
-    prefix = f"{name}.{'cross' if cross else 'wait'}."
+    prefix = f"{tag}{name}.{'cross' if cross else 'wait'}."
     opt = hvd.DistributedOptimizer(opt, named_parameters=[(prefix + n, p) for n, p in model.named_parameters()],
                                    backward_passes_per_step=passes, model=model if cross else None)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
@@ -115,10 +120,15 @@ def main():
         weights[name] = wait
         if name == "sgd":
             moved = wait != train_start()
+    variants = {}
+    for tag, (v_passes, v_autocast) in VARIANTS.items() if "--variants" in sys.argv else ():
+        runs = {name: [train(name, cross, v_passes, v_autocast, tag) for cross in (False, True)] for name in OPTIMIZERS}
+        variants[tag] = {"same": {name: wait == cross for name, (wait, cross) in runs.items()},
+                         "moved": runs["sgd"][0] != train_start()}
     if "--timeline" in sys.argv:
         hvd.stop_timeline()
     print("RESULT " + json.dumps({"rank": hvd.rank(), "same": same, "moved": moved, "weights": weights,
-                                  "placed": placed("sgd.wait.", "sgd.cross."),
+                                  "placed": placed("sgd.wait.", "sgd.cross."), "variants": variants,
                                   "refused": refusals() if passes == 1 and not autocast else {}}), flush=True)
     hvd.shutdown()
 

@@ -1,8 +1,9 @@
-"""A worker of tests/torch/test_embedding.py's torch.compile test: the same model (an
-EmbeddingBag and an Embedding on the servers, or in the process when alone, and a dense
-layer) trained eagerly and compiled (``--backend``), from equal starting rows (zeros: a row's
-first value depends on the table's name, and the two runs need two tables). Prints each run's
-losses, whether the rows came out equal, and how far they moved."""
+"""torch.compile on ps's tables, for tests/torch/embedding_worker.py (which runs it in its
+job, alone and on two workers): the same model (an EmbeddingBag and an Embedding on the
+servers, or in the process when alone, and a dense layer) trained eagerly and compiled (the
+``backend`` given), from equal starting rows (zeros: a row's first value depends on the table's
+name, and the two runs need two tables). ``compiled_run`` gives each run's losses, whether the
+rows came out equal, and how far they moved; run as a script it prints them."""
 import json
 import sys
 
@@ -42,9 +43,8 @@ def train(model: torch.nn.Module, steps: int = 15) -> list[float]:
     return losses
 
 
-def main():
-    backend = sys.argv[1]
-    hvd.init()
+def compiled_run(backend: str) -> dict:
+    """In a job already joined (hvd.init)."""
     torch.manual_seed(0)
     eager = Model("eager")
     torch.manual_seed(0)
@@ -55,8 +55,13 @@ def main():
     probe = torch.arange(-20, 50)
     rows = eager.one(probe)
     found["same_rows"] = bool(torch.equal(rows, plain.one(probe)))
-    found["moved"] = float(rows.abs().max())        # from zeros: the table trained at all
-    print("RESULT " + json.dumps(found), flush=True)
+    found["moved"] = float(rows.detach().abs().max())       # from zeros: the table trained at all
+    return found
+
+
+def main():
+    hvd.init()
+    print("RESULT " + json.dumps(compiled_run(sys.argv[1])), flush=True)
     hvd.shutdown()
 
 

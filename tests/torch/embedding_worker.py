@@ -1,6 +1,7 @@
 """A worker of tests/torch/test_embedding.py: trains ps.torch.Embedding and EmbeddingBag
 tables (sync) on its half of each batch, then compares their rows with one process that
-trains torch's own sparse nn.Embedding/nn.EmbeddingBag on the whole batch, and tries bad input.
+trains torch's own sparse nn.Embedding/nn.EmbeddingBag on the whole batch, and tries bad input;
+then trains a model of tables eagerly and torch.compile'd (embedding_compile_worker.py).
 Prints ``RESULT {json}``."""
 import json
 import sys
@@ -171,8 +172,12 @@ def main() -> None:
         "dimension": refused(lambda: hvd.EmbeddingBag(DIM + 1, name="sgd-sum")(torch.tensor([[1]]))),
         "prefetch": refused(lambda: bag.prefetch(torch.tensor([1]))),
     }
-    print("RESULT " + json.dumps({"rank": rank, "size": size, "diffs": diffs, "moved": moved, "said": said}),
-          flush=True)
+    # the aot_eager backend: the graph capture and autograd that inductor compiles too
+    # (inductor itself is not run here); its own tables, after everything above
+    from embedding_compile_worker import compiled_run      # beside this script, on sys.path
+    compiled = compiled_run("aot_eager")
+    print("RESULT " + json.dumps({"rank": rank, "size": size, "diffs": diffs, "moved": moved, "said": said,
+                                  "compile": compiled}), flush=True)
     hvd.shutdown()
 
 

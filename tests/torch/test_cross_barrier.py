@@ -15,10 +15,6 @@ torch = pytest.importorskip("torch")
 SCRIPT = str(ROOT / "tests" / "torch" / "cross_worker.py")
 
 
-def run(procs, *args):
-    return finish(procs, start(procs, {}, *args))
-
-
 def start(procs, extra, *args):
     env = cluster_env(0, PS_MXNET_AUTOLOAD="0", PS_STALL_WARNING="30", **extra)
     return procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local",
@@ -31,17 +27,6 @@ def finish(procs, launcher):
     found = [json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line]
     assert sorted(r["rank"] for r in found) == [0, 1], out + err
     return found
-
-
-@pytest.mark.timeout(200)
-@pytest.mark.parametrize("args", [["--passes", "2"], ["--autocast"]],
-                         ids=["backward_passes_per_step-2", "autocast-bf16"])
-def test_per_module_updates_equal_the_waiting_step_for_every_per_parameter_optimizer(procs, args):
-    """SGD (Nesterov momentum, weight decay), Adam (L2), AdamW, RMSprop (momentum), Adagrad,
-    with a StepLR schedule, a module the forward pass skips on odd steps, and an evaluation
-    pass between steps. (One backward pass in fp32: the fused test's jobs, which check the same.)"""
-    for found in run(procs, *args):
-        check_trained_alike(found)
 
 
 def check_trained_alike(found):
@@ -64,8 +49,15 @@ def test_fused_gradients_train_to_the_numbers_of_a_key_per_parameter(procs, tmp_
     as two buckets and one alone (first.weight, 640 bytes); at 0 each has its own key. Every
     optimizer's weights, waiting and cross-barrier, and with a module the forward skips (its
     gradients sent as zeros at step()), are the same bit for bit; in each job the cross-barrier
-    path equals the waiting one, and what it cannot do is refused by name."""
-    jobs = {limit: start(procs, {"PS_TORCH_FUSION": limit}, "--timeline", str(tmp_path / f"{limit}.json"))
+    path equals the waiting one, and what it cannot do is refused by name.
+
+    The optimizers: SGD (Nesterov momentum, weight decay), Adam (L2), AdamW, RMSprop (momentum),
+    Adagrad, with a StepLR schedule, a module the forward pass skips on odd steps, and an
+    evaluation pass between steps. The job of a key per parameter then trains them all again
+    with two backward passes per step (backward_passes_per_step=2) and under bf16 autocast:
+    there too the cross-barrier path must equal the waiting one, bit for bit."""
+    jobs = {limit: start(procs, {"PS_TORCH_FUSION": limit}, "--timeline", str(tmp_path / f"{limit}.json"),
+                         *(["--variants"] if limit == "0" else []))
             for limit in ("0", "256")}
     found = {limit: finish(procs, job) for limit, job in jobs.items()}
     for alone, fused in zip(found["0"], found["256"]):
@@ -73,6 +65,9 @@ def test_fused_gradients_train_to_the_numbers_of_a_key_per_parameter(procs, tmp_
             check_trained_alike(one)
             check_refusals(one)
         assert alone["weights"] == fused["weights"]
+        assert set(alone["variants"]) == {"p2.", "bf16."} and not fused["variants"], alone["variants"]
+        for variant in alone["variants"].values():
+            check_trained_alike(variant)
         # placed by size (ps.keys.balance), not by hash: every worker knows every key. The second
         # optimizer's start where the first's left off: first.weight (160 of the net's 260
         # elements) went to server 0, so the second's goes to 1 and the two fill both alike

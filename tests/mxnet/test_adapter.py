@@ -56,8 +56,7 @@ def assert_close(got, ref, atol=1e-5):
 @pytest.mark.parametrize("opt,uok,servers,bound", [
     (SGD, True, 1, None),
     (SGD, False, 2, None),      # the workers update (with Adam too: MXNet's code; ps only sums)
-    (ADAM, True, 2, "100"),     # bound 100: the 640-element weight is sharded over both servers
-])
+])                              # Adam on the servers, sharded: test_save_and_load_states_resume_exactly
 def test_gluon_dist_sync_matches_single_process(procs, port, tmp_path, opt, uok, servers, bound):
     env = {"MXNET_KVSTORE_BIGARRAY_BOUND": bound} if bound else None
     got = run_job(procs, port, tmp_path, "gluon", servers=servers, env_extra=env, steps=10,
@@ -130,14 +129,18 @@ def test_same_command_for_every_role_and_lr_change_reaches_servers(procs, port, 
 
 
 def test_save_and_load_states_resume_exactly(procs, port, tmp_path):
-    """Ten steps that save the trainer's states and the weights after five; a new job that
+    """Adam on the servers, with the 640-element weight sharded over both (bound 100): ten steps
+    match one process's, and save the trainer's states and the weights after five; a new job that
     loads them and runs five more ends where the ten did, exactly."""
-    opt = ADAM
+    opt, bound = ADAM, {"MXNET_KVSTORE_BIGARRAY_BOUND": "100"}
     states, params = str(tmp_path / "trainer.states"), str(tmp_path / "net.params")
-    full = run_job(procs, port, tmp_path, "gluon", steps=10, opt=opt[0], opt_args=opt[1],
+    full = run_job(procs, port, tmp_path, "gluon", steps=10, opt=opt[0], opt_args=opt[1], env_extra=bound,
                    update_on_kvstore=True, save=(5, states, params))
+    ref = gw.train(None, 0, 2, 10, opt[0], opt[1], rows=(0, 2 * gw.B))
+    for worker in full:
+        assert_close(worker, ref)
     resumed = run_job(procs, port + 1 if port < 65000 else port - 1, tmp_path, "gluon", steps=5, opt=opt[0],
-                      opt_args=opt[1], update_on_kvstore=True, params=params, states=states)
+                      opt_args=opt[1], env_extra=bound, update_on_kvstore=True, params=params, states=states)
     for a, b in zip(resumed, full):
         assert_close(a, b, atol=0)
 

@@ -58,24 +58,29 @@ def alone(tmp_path_factory):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("mode,flags,tol,env", [
-    ("adam", [], 1e-5, {}), ("sgd", ["--fp16", "--predivide"], 2e-3, {}),
+@pytest.mark.parametrize("configs,env", [
+    # Adam, then (in the same job: torch_worker.py --then) SGD with fp16 compression and a predivide
+    ([("adam", [], 1e-5), ("sgd", ["--fp16", "--predivide"], 2e-3)], {}),
     # SGD with momentum and weight decay, over TCP through the send window (messages this small
-    # are not credited): priority order, same sums (the other variants go over local IPC)
-    ("sgd", [], 1e-5, {"PS_LOCAL_IPC": "0", "PS_SEND_WINDOW": "64K"})],
-    ids=["adam", "sgd-fp16-compression-predivide", "sgd-momentum-wd-tcp-send-window"])
-def test_two_workers_equal_one_process_on_both_batches(procs, alone, mode, flags, tol, env):
-    one = alone(SCRIPT, mode, *flags)
-    out = launch(procs, mode, *flags, **env)
-    workers = results(out)
-    assert sorted(r["rank"] for r in workers) == [0, 1], out
-    assert workers[0]["mean_loss"] == workers[1]["mean_loss"], workers   # unnamed allreduce, 15 times
-    for r in workers:
-        assert (r["size"], r["local_size"], r["local_rank"]) == (2, 2, r["rank"]), r
-        assert r["overlap"], "a gradient should leave before backward() returns"
-        assert r["first_out"] == "2.bias", r                # the last layer's gradient goes first
-        for name, values in one["weights"].items():
-            np.testing.assert_allclose(r["weights"][name], values, rtol=0, atol=tol, err_msg=name)
+    # are not credited): priority order, same sums (the others go over local IPC)
+    ([("sgd", [], 1e-5)], {"PS_LOCAL_IPC": "0", "PS_SEND_WINDOW": "64K"})],
+    ids=["adam-then-sgd-fp16-compression-predivide", "sgd-momentum-wd-tcp-send-window"])
+def test_two_workers_equal_one_process_on_both_batches(procs, alone, configs, env):
+    args = [a for i, (mode, flags, _) in enumerate(configs) for a in ["--then"] * bool(i) + [mode, *flags]]
+    out = launch(procs, *args, **env)
+    found = results(out)
+    for index, (mode, flags, tol) in enumerate(configs):
+        one = alone(SCRIPT, mode, *flags)
+        workers = [r for r in found if r["config"] == index]
+        assert sorted(r["rank"] for r in workers) == [0, 1], out
+        assert workers[0]["mean_loss"] == workers[1]["mean_loss"], workers   # unnamed allreduce, 15 times
+        for r in workers:
+            assert (r["size"], r["local_size"], r["local_rank"]) == (2, 2, r["rank"]), r
+            assert r["overlap"], "a gradient should leave before backward() returns"
+            # the last layer's gradient goes first ("1." starts the second model's names)
+            assert r["first_out"] == (f"{index}." if index else "") + "2.bias", r
+            for name, values in one["weights"].items():
+                np.testing.assert_allclose(r["weights"][name], values, rtol=0, atol=tol, err_msg=name)
 
 
 @pytest.mark.timeout(200)

@@ -1,8 +1,11 @@
 """A Horovod-style PyTorch script on ps.torch (test_torch.py runs it under the launcher,
 and alone with --local as the one-process reference on both workers' batches).
 
-    python torch_worker.py sgd|adam [--local] [--fp16]
+    python torch_worker.py sgd|adam [--local] [--fp16] [--predivide] [--then sgd|adam [--fp16] ...]
     python torch_worker.py mismatch          # rank 1 builds a different layer: both must fail
+
+``--then``: another model trained after the first in the same job (its parameters' names
+start with "1."), a RESULT line each.
 """
 import json
 import sys
@@ -21,8 +24,19 @@ def batch(rank, step):
 
 
 def main():
-    mode, local = sys.argv[1], "--local" in sys.argv
+    local = "--local" in sys.argv
     hvd.init()
+    args, configs = [a for a in sys.argv[1:] if a != "--local"], []
+    while "--then" in args:
+        cut = args.index("--then")
+        configs.append(args[:cut])
+        args = args[cut + 1:]
+    for index, config in enumerate(configs + [args]):
+        train(config[0], config[1:], local, f"{index}." if index else "", index)
+    hvd.shutdown()
+
+
+def train(mode, flags, local, tag, index):
     torch.manual_seed(hvd.rank() + 7)                 # different on purpose: broadcast fixes it
     width = 17 if mode == "mismatch" and hvd.rank() == 1 else 16
     model = torch.nn.Sequential(torch.nn.Linear(10, width), torch.nn.Tanh(), torch.nn.Linear(width, 3))
@@ -33,9 +47,10 @@ def main():
         opt = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=0.01)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01)
-    compression = hvd.Compression.fp16 if "--fp16" in sys.argv else hvd.Compression.none
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression,
-                                   gradient_predivide_factor=4.0 if "--predivide" in sys.argv else 1.0)
+    compression = hvd.Compression.fp16 if "--fp16" in flags else hvd.Compression.none
+    opt = hvd.DistributedOptimizer(opt, named_parameters=[(tag + n, p) for n, p in model.named_parameters()],
+                                   compression=compression,
+                                   gradient_predivide_factor=4.0 if "--predivide" in flags else 1.0)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     ranks = range(WORKERS) if local else [hvd.rank()]
@@ -52,11 +67,10 @@ def main():
         opt.step()
         mean_loss = hvd.allreduce(loss.detach()).item()     # unnamed, every step: one key, reused
     print("RESULT " + json.dumps({"mean_loss": mean_loss, "rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
-                                  "local_size": hvd.local_size(), "overlap": all(overlap),
+                                  "local_size": hvd.local_size(), "overlap": all(overlap), "config": index,
                                   "first_out": opt.timeline[0][0],
                                   "weights": {k: v.flatten().tolist() for k, v in model.state_dict().items()}}),
           flush=True)
-    hvd.shutdown()
 
 
 if __name__ == "__main__":

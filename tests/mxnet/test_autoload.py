@@ -93,7 +93,7 @@ def test_the_same_script_gives_native_mxnet_dist_sync_numbers(procs, port):
     assert {r["kvstore"] for r in ours} == {"ps.mxnet.Dist_Sync"}, out
     assert sorted(r["rank"] for r in ours) == sorted(r["rank"] for r in native) == [0, 1]
     ref = subprocess.run([PYTHON, SCRIPT, "--local"], capture_output=True, text=True, timeout=120,
-                         env={**cluster_env(0), "PYTHONPATH": str(ROOT)})
+                         env={**cluster_env(0), "PYTHONPATH": str(ROOT)}, check=True)
     (local,) = results(ref.stdout)
     for mine in ours:
         theirs = next(r for r in native if r["rank"] == mine["rank"])

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import torch
+from embedding_compile_worker import compiled_run  # beside this script (sys.path[0])
 
 import ps.torch as hvd
 from ps.embed import Init, initial_rows, rowwise
@@ -174,7 +175,6 @@ def main() -> None:
     }
     # the aot_eager backend: the graph capture and autograd that inductor compiles too
     # (inductor itself is not run here); its own tables, after everything above
-    from embedding_compile_worker import compiled_run      # beside this script, on sys.path
     compiled = compiled_run("aot_eager")
     print("RESULT " + json.dumps({"rank": rank, "size": size, "diffs": diffs, "moved": moved, "said": said,
                                   "compile": compiled}), flush=True)

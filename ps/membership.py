@@ -126,7 +126,11 @@ class Terms(NamedTuple):
 
     @property
     def kind(self) -> str:
-        return "dist_sync" if self.sync else "dist_async"
+        return kvstore_kind(self.sync)
+
+
+def kvstore_kind(sync: bool) -> str:
+    return "dist_sync" if sync else "dist_async"
 
 
 def agreed_terms(members: list[Member]) -> Terms | str:
@@ -152,7 +156,7 @@ def breaks_terms(terms: Terms, member: Member) -> str | None:
     if member.role != Role.WORKER:
         return None
     if member.sync != terms.sync:
-        return (f"the worker restarting from {member.addr} asked for {Terms(member.sync).kind}, and the job "
+        return (f"the worker restarting from {member.addr} asked for {kvstore_kind(member.sync)}, and the job "
                 f"is {terms.kind}; every worker must create the same type")
     if member.chunk and terms.chunk and member.chunk != terms.chunk:
         return (f"the worker restarting from {member.addr} has PS_CHUNK_BYTES={member.chunk}, and the job's "

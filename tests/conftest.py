@@ -4,6 +4,7 @@ the ``process`` marker that starts a process or opens a socket fails, naming wha
 Helpers live in tests/helpers.py."""
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import socket
@@ -31,10 +32,26 @@ for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 # Open MPI 4 keeps one session directory per user and host (/tmp/ompi.HOST.UID) and removes it
 # when it is empty: an mpirun that ends while another starts can remove it between the other's
 # mkdir and stat, and that one fails in orte_init ("mkdir ... File exists", open-mpi/ompi#8510).
-# Each xdist worker runs its Open MPI jobs one at a time, so a directory of its own per worker
-# keeps the workers' jobs apart (every process a test starts inherits it; a test may set its own).
-OMPI_SESSIONS = tempfile.mkdtemp(prefix="ps-tests-ompi-")
-os.environ.setdefault("OMPI_MCA_orte_tmpdir_base", OMPI_SESSIONS)
+# An xdist worker runs one test at a time, and a test starts its Open MPI jobs once the earlier
+# ones ended, so a directory of its own per worker keeps the workers' jobs apart (every process a
+# test starts inherits it). The workers inherit the controller's environment, this variable
+# included: one of ours is replaced, one the user set is kept.
+_OMPI_VAR, _OMPI_PREFIX = "OMPI_MCA_orte_tmpdir_base", os.path.join(tempfile.gettempdir(), "ps-tests-ompi-")
+OMPI_SESSIONS = None
+if os.environ.get(_OMPI_VAR, _OMPI_PREFIX).startswith(_OMPI_PREFIX):
+    OMPI_SESSIONS = os.environ[_OMPI_VAR] = tempfile.mkdtemp(prefix="ps-tests-ompi-")
+
+
+def _remove_ompi_sessions() -> None:
+    if OMPI_SESSIONS is not None:
+        shutil.rmtree(OMPI_SESSIONS, ignore_errors=True)
+
+
+atexit.register(_remove_ompi_sessions)      # xdist's controller; its workers end with os._exit
+
+
+def pytest_unconfigure(config):
+    _remove_ompi_sessions()
 OUR_THREADS = ("ps-", "bench-read")   # names of the threads ps and its tests start
 
 
@@ -83,10 +100,6 @@ _OUTSIDE = [(subprocess.Popen, "_execute_child", "starts a process"), (os, "fork
 
 def _in_process_tier(item: pytest.Item) -> bool:
     return item.get_closest_marker("process") is not None
-
-
-def pytest_unconfigure(config):
-    shutil.rmtree(OMPI_SESSIONS, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -205,9 +205,8 @@ def run_config(w: int, s: int, cases: list[dict], impls: list[str], args: argpar
         peak: dict[int, int] = {}
         for case in cases:
             cmd = {"op": "run", "case": case["name"], "rounds": case["rounds"], "warmup": case["warmup"]}
-            if args.cprofile:       # the workers write there, from their own working directory
-                os.makedirs(args.cprofile, exist_ok=True)
-                cmd["profile"] = os.path.join(os.path.abspath(args.cprofile), f"W{w}S{s}-{case['name']}")
+            if args.cprofile:
+                cmd["profile"] = os.path.join(args.cprofile, f"W{w}S{s}-{case['name']}")
             for rep in range(args.reps):
                 order = impls if rep % 2 == 0 else impls[::-1]
                 for impl, (answers, busy, foreign) in measure(clusters, order, cmd, args, pids).items():
@@ -384,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ps.bench: --ab {args.ab}: no ps/__init__.py there", file=sys.stderr)
             return 2
         impls.append("ps-b")
+    if args.cprofile:       # the workers write there, from their own working directory
+        args.cprofile = os.path.abspath(args.cprofile)
+        os.makedirs(args.cprofile, exist_ok=True)
     configs = [(w, s) for w in args.workers for s in args.servers]
     gluon = args.gluon or args.gluon_only
     gluon_configs = ([(2, 2)] if (2, 2) in configs else configs[:1]) if gluon else []

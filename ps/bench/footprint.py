@@ -39,7 +39,8 @@ def watch(procs: list[subprocess.Popen], finished: threading.Event, every: float
         now = time.monotonic()
         settling = connected_at is None or now - connected_at < conns_every
         with_conns = settling or now - conns_at >= conns_every
-        conns_at = now if with_conns else conns_at
+        if with_conns:
+            conns_at = now
         got = sample(procs, with_conns)
         if connected_at is None and got.conns:
             connected_at = now

@@ -251,15 +251,10 @@ def test_worker_0_killed_before_a_learning_rate_change_still_trains_exactly(proc
     """The restart replays the script from round 0 and sends the change its dead self never
     sent; the servers must apply it (before, any setting from a replaying worker was ignored
     once the store had an optimizer, and training went on at the old rate)."""
-    out = tmp_path / "out"
-    out.mkdir()
-    code, text = launch(procs, out, "sgd", extra=["--lr-at", "20", "--die-before-lr"])
+    code, text = launch(procs, tmp_path, "sgd", extra=["--lr-at", "20", "--die-before-lr"])
     assert code == 0, text
     assert "KILL worker 0 itself before set_params at round 20" in text and "RESTARTED rank 0" in text, text
-    assert_all_workers_equal(out)
-    got = weights(out)
-    for key, value in unfaulted_lr.items():
-        assert np.abs(got[key] - value).max() <= 1e-6, key
+    assert_unfaulted(tmp_path, unfaulted_lr)
 
 
 @pytest.mark.timeout(200)
@@ -271,14 +266,12 @@ def test_a_server_dying_with_worker_0_just_before_a_learning_rate_change_still_t
     dead self never made it. Before, the restart had lost its dead self's per-worker counts of
     settings, took the set_params for a replay, ignored it, and its keys trained on at the old
     rate (exit 0, weights off by 0.196 in 4 of 4 hand runs)."""
-    out = tmp_path / "out"
-    out.mkdir()
-    code, text = launch(procs, out, "sgd", ("server", server, 19, "pull"), restarts=3,
+    code, text = launch(procs, tmp_path, "sgd", ("server", server, 19, "pull"), restarts=3,
                         extra=["--lr-at", "20", "--die-before-lr"])
     assert code == 0, text
     assert "KILL worker 0 itself before set_params at round 20" in text, text
     assert re.search(rf"server {server} \(S\[\d+\]\) recovered \d+ keys", text), text
-    assert_unfaulted(out, unfaulted_lr)
+    assert_unfaulted(tmp_path, unfaulted_lr)
 
 
 @pytest.mark.timeout(200)

@@ -119,10 +119,11 @@ def _env_of(proc):
         return {}
 
 
-# hvd.init() in a thread that ends before the allreduce: the servers it started must live on
-# (Linux's parent-death signal follows the thread that forked, not the process)
+# the job ps.torch's hvd.init() joins, without torch (its import costs each rank seconds of CPU)
 JOB_SCRIPT = ("import os; from ps.collective.job import Job; job = Job('ps.torch'); job.init(); "
               "os.write(1, f'HVD {job.rank()} {job.size()}\\n'.encode())")
+# hvd.init() in a thread that ends before the allreduce: the servers it started must live on
+# (Linux's parent-death signal follows the thread that forked, not the process)
 HVD_IN_A_THREAD = HVD_SCRIPT.replace(
     "hvd.init(); ", "import threading, time; t = threading.Thread(target=hvd.init); t.start(); t.join(); "
     "time.sleep(1.0); ")

@@ -20,22 +20,28 @@ def results(text):
     return [json.loads(line.split("RESULT ", 1)[1]) for line in text.splitlines() if "RESULT " in line]
 
 
-@pytest.mark.parametrize("flags", [["--own-optimizer"]], ids=["script-optimizer"])
-def test_an_unmodified_gluon_script_trains_on_ps_with_single_process_numbers(procs, flags):
-    """With an optimizer class the script defines: with no flag and no PS_SECRET_FILE the
-    launcher's per-job secret lets the servers run it (pickled by value, signed). (MXNet's SGD:
+def one_process(script, *flags):
+    """The RESULT of ``script --local``: one process on both workers' batches."""
+    ref = subprocess.run([PYTHON, script, "--local", *flags], capture_output=True, text=True, timeout=120,
+                         env={**cluster_env(0), "PYTHONPATH": str(ROOT)}, check=False)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    (local,) = results(ref.stdout)
+    return local
+
+
+def test_an_unmodified_gluon_script_with_its_own_optimizer_trains_on_ps_with_single_process_numbers(procs):
+    """An optimizer class the script defines: with no flag and no PS_SECRET_FILE the launcher's
+    per-job secret lets the servers run it (pickled by value, signed). (MXNet's SGD:
     test_the_same_script_gives_native_mxnet_dist_sync_numbers.)"""
     env = cluster_env(0)
     launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local",
-                            PYTHON, SCRIPT, *flags], env)
+                            PYTHON, SCRIPT, "--own-optimizer"], env)
     code, out, err = procs.finish(launcher, timeout=120)
     assert code == 0, out + err
     workers = results(out)
     assert sorted(r["rank"] for r in workers) == [0, 1], out
     assert {r["kvstore"] for r in workers} == {"ps.mxnet.Dist_Sync"}, out
-    ref = subprocess.run([PYTHON, SCRIPT, "--local", *flags], capture_output=True, text=True, timeout=120,
-                         env={**env, "PYTHONPATH": str(ROOT)})
-    (local,) = results(ref.stdout)
+    local = one_process(SCRIPT, "--own-optimizer")
     for worker in workers:
         for name, values in local["weights"].items():
             np.testing.assert_allclose(worker["weights"][name], values, atol=1e-5, err_msg=name)
@@ -59,9 +65,7 @@ def test_a_module_script_with_its_own_optimizer_keeps_mxnets_per_parameter_weigh
     assert code == 0 and "heartbeat" not in out + err, out + err
     workers = results(out)
     assert sorted(r["rank"] for r in workers) == [0, 1], out
-    ref = subprocess.run([PYTHON, script, "--local"], capture_output=True, text=True, timeout=120,
-                         env={**env, "PYTHONPATH": str(ROOT)})
-    (local,) = results(ref.stdout)
+    local = one_process(script)
     for worker in workers:
         for name, values in local["weights"].items():
             np.testing.assert_allclose(worker["weights"][name], values, rtol=1e-5, atol=1e-6, err_msg=name)
@@ -92,9 +96,7 @@ def test_the_same_script_gives_native_mxnet_dist_sync_numbers(procs, port):
     ours = results(out)
     assert {r["kvstore"] for r in ours} == {"ps.mxnet.Dist_Sync"}, out
     assert sorted(r["rank"] for r in ours) == sorted(r["rank"] for r in native) == [0, 1]
-    ref = subprocess.run([PYTHON, SCRIPT, "--local"], capture_output=True, text=True, timeout=120,
-                         env={**cluster_env(0), "PYTHONPATH": str(ROOT)}, check=True)
-    (local,) = results(ref.stdout)
+    local = one_process(SCRIPT)
     for mine in ours:
         theirs = next(r for r in native if r["rank"] == mine["rank"])
         for name, values in theirs["weights"].items():

@@ -77,9 +77,10 @@ def test_bad_input_is_named_alone():
     assert "E2" not in res.stdout
 
 
-def two_workers(procs, code, servers=2):
-    """``python -c code`` as two workers under the launcher; their stdout and stderr (exit 0)."""
-    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", str(servers), "--launcher", "local", PYTHON,
+def two_workers(procs, code):
+    """``python -c code`` as two workers (and two servers) under the launcher; their stdout and
+    stderr (exit 0)."""
+    launcher = procs.start([PYTHON, "-m", "ps.launch", "-n", "2", "-s", "2", "--launcher", "local", PYTHON,
                             "-c", code], cluster_env(0))
     code, out, err = procs.finish(launcher, timeout=100)
     assert code == 0, out + err

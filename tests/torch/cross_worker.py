@@ -3,7 +3,7 @@ every worker trains two copies of each model from the same start on the same bat
 per path, with each of torch's per-parameter optimizers and an LR schedule; test_cross_barrier.py
 checks the weights are equal, bit for bit. Then the refusals, each caught and printed.
 
-    python cross_worker.py [--passes 2] [--autocast] [--variants] [--timeline PATH]
+    python cross_worker.py [--variants] [--timeline PATH]
 
 ``--timeline``: rank 0 writes Horovod's timeline of the job (a row per key summed).
 ``--variants``: then, in the same job, both paths again with two backward passes per step and
@@ -107,29 +107,26 @@ def refusals():
     return said
 
 
+def train_all(passes, autocast, tag=""):
+    """Every optimizer, waiting and cross-barrier from the same start: whether the two paths
+    ended alike, whether SGD's weights moved at all, and the waiting path's weights."""
+    runs = {name: [train(name, cross, passes, autocast, tag) for cross in (False, True)] for name in OPTIMIZERS}
+    return {"same": {name: wait == cross for name, (wait, cross) in runs.items()},
+            "moved": runs["sgd"][0] != train_start(), "weights": {name: wait for name, (wait, _) in runs.items()}}
+
+
 def main():
-    passes = int(sys.argv[sys.argv.index("--passes") + 1]) if "--passes" in sys.argv else 1
-    autocast = "--autocast" in sys.argv
     hvd.init()
     if "--timeline" in sys.argv:
         hvd.start_timeline(sys.argv[sys.argv.index("--timeline") + 1])
-    same, weights = {}, {}
-    for name in OPTIMIZERS:
-        wait, cross = train(name, False, passes, autocast), train(name, True, passes, autocast)
-        same[name] = wait == cross
-        weights[name] = wait
-        if name == "sgd":
-            moved = wait != train_start()
-    variants = {}
-    for tag, (v_passes, v_autocast) in VARIANTS.items() if "--variants" in sys.argv else ():
-        runs = {name: [train(name, cross, v_passes, v_autocast, tag) for cross in (False, True)] for name in OPTIMIZERS}
-        variants[tag] = {"same": {name: wait == cross for name, (wait, cross) in runs.items()},
-                         "moved": runs["sgd"][0] != train_start()}
+    found = train_all(1, False)
+    variants = {tag: train_all(passes, autocast, tag)
+                for tag, (passes, autocast) in (VARIANTS.items() if "--variants" in sys.argv else ())}
     if "--timeline" in sys.argv:
         hvd.stop_timeline()
-    print("RESULT " + json.dumps({"rank": hvd.rank(), "same": same, "moved": moved, "weights": weights,
-                                  "placed": placed("sgd.wait.", "sgd.cross."), "variants": variants,
-                                  "refused": refusals() if passes == 1 and not autocast else {}}), flush=True)
+    print("RESULT " + json.dumps({"rank": hvd.rank(), **found, "placed": placed("sgd.wait.", "sgd.cross."),
+                                  "variants": {tag: {"same": v["same"], "moved": v["moved"]} for tag, v in variants.items()},
+                                  "refused": refusals()}), flush=True)
     hvd.shutdown()
 
 

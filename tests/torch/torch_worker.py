@@ -32,11 +32,12 @@ def main():
         configs.append(args[:cut])
         args = args[cut + 1:]
     for index, config in enumerate(configs + [args]):
-        train(config[0], config[1:], local, f"{index}." if index else "", index)
+        train(config[0], config[1:], local, index)
     hvd.shutdown()
 
 
-def train(mode, flags, local, tag, index):
+def train(mode, flags, local, index):
+    tag = f"{index}." if index else ""               # the keys of a model after the first
     torch.manual_seed(hvd.rank() + 7)                 # different on purpose: broadcast fixes it
     width = 17 if mode == "mismatch" and hvd.rank() == 1 else 16
     model = torch.nn.Sequential(torch.nn.Linear(10, width), torch.nn.Tanh(), torch.nn.Linear(width, 3))

@@ -4,12 +4,9 @@ the ``process`` marker that starts a process or opens a socket fails, naming wha
 Helpers live in tests/helpers.py."""
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
 import socket
 import subprocess
-import tempfile
 import threading
 
 import psutil
@@ -29,30 +26,19 @@ LEAK_GRACE = float(os.environ.get("TESTS_LEAK_GRACE", "5.0"))
 for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
 
-# Open MPI 4 keeps one session directory per user and host (/tmp/ompi.HOST.UID) and removes it
-# when it is empty: an mpirun that ends while another starts can remove it between the other's
-# mkdir and stat, and that one fails in orte_init ("mkdir ... File exists", open-mpi/ompi#8510).
-# An xdist worker runs one test at a time, and a test starts its Open MPI jobs once the earlier
-# ones ended, so a directory of its own per worker keeps the workers' jobs apart (every process a
-# test starts inherits it). The workers inherit the controller's environment, this variable
-# included: one of ours is replaced, one the user set is kept.
-_OMPI_VAR, _OMPI_PREFIX = "OMPI_MCA_orte_tmpdir_base", os.path.join(tempfile.gettempdir(), "ps-tests-ompi-")
-OMPI_SESSIONS = None
-if os.environ.get(_OMPI_VAR, _OMPI_PREFIX).startswith(_OMPI_PREFIX):
-    OMPI_SESSIONS = os.environ[_OMPI_VAR] = tempfile.mkdtemp(prefix="ps-tests-ompi-")
-
-
-def _remove_ompi_sessions() -> None:
-    if OMPI_SESSIONS is not None:
-        shutil.rmtree(OMPI_SESSIONS, ignore_errors=True)
-
-
-atexit.register(_remove_ompi_sessions)      # xdist's controller; its workers end with os._exit
-
-
-def pytest_unconfigure(config):
-    _remove_ompi_sessions()
 OUR_THREADS = ("ps-", "bench-read")   # names of the threads ps and its tests start
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _open_mpi_sessions(tmp_path_factory):
+    """Open MPI 4 keeps one session directory per user and host (/tmp/ompi.HOST.UID) and removes
+    it when it is empty: an mpirun that ends while another starts can remove it between the
+    other's mkdir and stat, and that one fails in orte_init ("mkdir ... File exists",
+    open-mpi/ompi#8510). An xdist worker runs one test at a time, and a test starts its Open MPI
+    jobs once the earlier ones ended, so a directory of its own per worker (in pytest's temporary
+    directory, which pytest prunes) keeps the workers' jobs apart: every process a test starts
+    inherits it. One the user set is kept."""
+    os.environ.setdefault("OMPI_MCA_orte_tmpdir_base", str(tmp_path_factory.mktemp("ompi")))
 
 
 @pytest.fixture

@@ -24,7 +24,8 @@ def for_config(config, drop=None) -> Van:
         curve = curve_keys(read_secret(config.secret_file))
     extra = {"in_process": True} if config.in_process_peers else {}
     inner = create_van("zmq" if config.local_ipc else "zmq-tcp", ipc=config.local and not config.is_scheduler,
-                       verbose=config.verbose, drop=drop, curve=curve, **extra)
+                       verbose=config.verbose, drop=drop, curve=curve, streams=config.local_stream,
+                       **extra)
     return with_resend(inner, config)
 
 

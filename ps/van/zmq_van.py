@@ -23,18 +23,20 @@ from ..message import Command, Message, decode, encode, node_name
 from . import in_process
 from .base import TICK_SOONEST, OnMessage, Van, control_identity
 from .sendbuf import SendBuffers
+from .stream import Streams
 from .zmq_watch import OnEvent, Watches
 
 logger = logging.getLogger(__name__)
 
 MAX_MSG_SIZE = 1 << 30     # ZMQ_MAXMSGSIZE: largest single frame a node accepts
 RECV_BATCH = 256           # messages taken from one socket before polling again
+STREAM_SUFFIX = ".s"       # the Unix stream socket beside a van's ipc:// path (ps/van/stream.py)
 
 
 class ZmqVan(Van):
     def __init__(self, ipc: bool = False, verbose: int = 0,
                  drop: Callable[[Message], bool] | None = None, curve: tuple[bytes, bytes] | None = None,
-                 twin: bool = True, in_process: bool = False):
+                 twin: bool = True, in_process: bool = False, streams: bool = True):
         self._ipc = ipc
         self._in_process = in_process   # also reachable over inproc:// by this process's other vans
         self._twin = twin
@@ -70,6 +72,10 @@ class ZmqVan(Van):
         self._buffers = SendBuffers()           # where unsent() looks
         self._ticks: list[Callable[[], float | None]] = []
         self.local_address: str | None = None   # ipc:// twin of a tcp:// address, for same-host peers
+        # peers on this machine past libzmq (ps/van/stream.py), beside an ipc:// path; never
+        # under CURVE, whose keys authenticate peers (a Unix socket has none)
+        self._streams = Streams(self._poller, self._identity, self._from_stream, MAX_MSG_SIZE) \
+            if streams and curve is None else None
 
     # -- setup ---------------------------------------------------------------------------
     def start(self, on_message: OnMessage, host: str, port: int = 0,
@@ -100,6 +106,8 @@ class ZmqVan(Van):
         if self._in_process:
             self._bind_in_process(router)
         self._router = router
+        if self._streams is not None and self._ipc_path:
+            self._streams.listen(self._ipc_path + STREAM_SUFFIX)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._poller.register(router, zmq.POLLIN)
@@ -145,6 +153,16 @@ class ZmqVan(Van):
             return
         self._ipc_path, self.local_address = path, f"ipc://{path}"
 
+    def _stream_path(self, address: str) -> str | None:
+        """The stream twin of a peer's ipc:// address, if this van uses streams and it is there."""
+        if self._streams is None:
+            return None
+        endpoint = self.endpoint_used(address)
+        if not endpoint.startswith("ipc://"):
+            return None
+        path = endpoint[len("ipc://"):] + STREAM_SUFFIX
+        return path if os.path.exists(path) else None
+
     def _bind_in_process(self, router: zmq.Socket) -> None:
         inproc = f"inproc://{self._identity.decode()}"
         router.bind(inproc)
@@ -168,6 +186,11 @@ class ZmqVan(Van):
 
     def _connect_now(self, node_id: int, address: str) -> None:
         self._disconnect_now(node_id)           # the credit connection too: Postoffice reopens it
+        path = self._stream_path(address)
+        if path is not None and self._streams.open(node_id, path):
+            if self._verbose:
+                logger.info("%s: connecting to %s at %s (stream)", self.address, node_name(node_id), path)
+            return
         dealer = self._peer_socket(address)
         dealer.setsockopt(zmq.IDENTITY, self._identity)
         dealer.setsockopt(zmq.MAXMSGSIZE, MAX_MSG_SIZE)
@@ -177,6 +200,16 @@ class ZmqVan(Van):
         self._poller.register(dealer, zmq.POLLIN)
         if self._verbose:
             logger.info("%s: connecting to %s at %s", self.address, node_name(node_id), address)
+
+    def _from_stream(self, frames: list[Any], route: bytes | None, source: int | None) -> None:
+        self._bytes_received += sum(len(f) for f in frames)
+        self._messages_received += 1
+        msg = self._decoded(frames, route)
+        if msg is None:
+            return
+        if source is not None:
+            msg.source = source
+        self._deliver(msg)
 
     def watch(self, node_id: int, address: str, on_event: OnEvent) -> None:
         """Report whether the process at ``address`` is there (ps/van/zmq_watch.py)."""
@@ -200,6 +233,8 @@ class ZmqVan(Van):
                  "messages_sent": self._messages_sent, "messages_received": self._messages_received}
         if self._stale:
             stats["stale"] = self._stale
+        if self._streams:
+            stats["streams"] = len(self._streams)
         return stats
 
     def forget(self, peer: Any) -> None:
@@ -214,6 +249,8 @@ class ZmqVan(Van):
 
     def _disconnect_now(self, node_id: int) -> None:
         self._buffers.forget(node_id)
+        if self._streams is not None:
+            self._streams.close_to(node_id)
         old = self._dealers.pop(node_id, None)
         if old is not None:
             self._poller.unregister(old)
@@ -295,8 +332,16 @@ class ZmqVan(Van):
         if control is not None:
             sock = control
         elif msg.route is not None:
+            stream = self._streams.routed(msg.route) if self._streams is not None else None
+            if stream is not None:
+                self._stream_sent(stream, frames, nbytes, msg)
+                return
             sock, frames = self._router, [msg.route, *frames]
         else:
+            stream = self._streams.to(msg.recver) if self._streams is not None else None
+            if stream is not None:
+                self._stream_sent(stream, frames, nbytes, msg)
+                return
             sock = self._dealers.get(msg.recver)
             if sock is None:
                 logger.log(logging.DEBUG if msg.recver in self._gens else logging.ERROR,
@@ -318,6 +363,17 @@ class ZmqVan(Van):
         if self._verbose >= 2:
             logger.debug("sent %r", msg)
 
+    def _stream_sent(self, stream: Any, frames: list[Any], nbytes: int, msg: Message) -> None:
+        if not self._streams.send(stream, frames, msg.on_sent):
+            logger.log(logging.DEBUG if msg.recver in self._gens else logging.INFO,
+                       "dropping %r: its stream to %r is closed", msg, stream.peer)
+            _dropped(msg)
+            return
+        self._bytes_sent += nbytes
+        self._messages_sent += 1
+        if self._verbose >= 2:
+            logger.debug("sent %r", msg)
+
     def unsent(self, node_id: int, route: bytes | None = None) -> int | None:
         """Bytes the connection to ``node_id`` (or ``route``) has still to send (sendbuf.py)."""
         return self._buffers.unsent(node_id if route is None else route)
@@ -332,11 +388,14 @@ class ZmqVan(Van):
         try:
             timeout = 100                   # ms; sooner when a tick wants to look again
             while not self._stopping:
-                for sock, _ in self._poller.poll(timeout):
+                for sock, events in self._poller.poll(timeout):
                     if isinstance(sock, zmq.Socket) and sock.closed:
                         continue                    # an earlier handler of this pass closed it (_unwatch)
                     if sock == self._wake_r:
                         self._drain_wake()
+                    elif not isinstance(sock, zmq.Socket):
+                        if self._streams is not None:   # a stream's descriptor or the listener's
+                            self._streams.on_event(sock, events)
                     elif sock in monitors:
                         watches.on_monitor(sock)
                     else:
@@ -409,28 +468,35 @@ class ZmqVan(Van):
             route = frames[0].bytes if is_router else None
             self._bytes_received += sum(len(f) for f in frames) - (len(frames[0]) if is_router else 0)
             self._messages_received += 1
-            try:
-                msg = decode(frames[1:] if is_router else frames, route)
-            except NativeNodeError as exc:
-                if self.on_native_node is not None:
-                    self.on_native_node(exc)
-                else:
-                    logger.error("%s: %s", self.address, exc)
-                continue
-            except ProtocolError as exc:
-                logger.warning("%s: dropped a malformed message: %s", self.address, exc)
+            msg = self._decoded(frames[1:] if is_router else frames, route)
+            if msg is None:
                 continue
             if not is_router:
                 msg.source = self._dealer_ids.get(sock, 0)
             self._buffers.note(route if is_router else msg.source, frames[-1])
-            if self._drop is not None and self._drop(msg):
-                continue
-            if self._verbose >= 2:
-                logger.debug("received %r", msg)
-            try:
-                self._on_message(msg)
-            except Exception:  # noqa: BLE001 - one bad message must not kill the node
-                logger.exception("error handling %r", msg)
+            self._deliver(msg)
+
+    def _decoded(self, frames: list[Any], route: bytes | None) -> Message | None:
+        try:
+            return decode(frames, route)
+        except NativeNodeError as exc:
+            if self.on_native_node is not None:
+                self.on_native_node(exc)
+            else:
+                logger.error("%s: %s", self.address, exc)
+        except ProtocolError as exc:
+            logger.warning("%s: dropped a malformed message: %s", self.address, exc)
+        return None
+
+    def _deliver(self, msg: Message) -> None:
+        if self._drop is not None and self._drop(msg):
+            return
+        if self._verbose >= 2:
+            logger.debug("received %r", msg)
+        try:
+            self._on_message(msg)
+        except Exception:  # noqa: BLE001 - one bad message must not kill the node
+            logger.exception("error handling %r", msg)
 
     # -- shutdown ------------------------------------------------------------------------
     def stop(self, linger: float = 0.0, timeout: float = 5.0) -> None:
@@ -460,6 +526,8 @@ class ZmqVan(Van):
             sock.close(linger=0)
         self._dealers.clear()
         self._control.clear()
+        if self._streams is not None:
+            self._streams.close(self._linger)
         if self._in_process:
             in_process.unregister([self.address, self.local_address])
         elif self._ctx is not None:

@@ -1,0 +1,267 @@
+"""ps/van/stream.py, the same-machine connection without libzmq: framing over real Unix
+sockets (partial writes forced by small kernel buffers), a peer that writes garbage or
+dies, and ZmqVan's use of it between two vans on this machine."""
+import os
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from ps.errors import ProtocolError
+from ps.message import Command, Message
+from ps.van import create_van
+from ps.van.stream import MAX_FRAMES, Stream, StreamClosed
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.process
+
+
+def _pair(buffer: int | None = None) -> tuple[Stream, Stream]:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    left, right = Stream(a, 1 << 30), Stream(b, 1 << 30)
+    if buffer:      # after Stream's own tuning: the kernel takes little per call
+        for s in (a, b):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
+    return left, right
+
+
+def _pump(sender: Stream, receiver: Stream, want: int, timeout: float = 20.0) -> list[list]:
+    """Move bytes until ``want`` messages arrived, as the van's loop does on POLLOUT/POLLIN."""
+    got: list[list] = []
+    end = time.monotonic() + timeout
+    while len(got) < want:
+        assert time.monotonic() < end, f"{len(got)} of {want} messages arrived"
+        sender.flush()
+        got += receiver.receive()
+    return got
+
+
+MESSAGES = [
+    [b"meta"],
+    [b"m", b""],                                            # an empty frame
+    [b"m", np.arange(1000, dtype=np.float32)],
+    [b"m", bytes(range(256)) * 256],                         # exactly 64 KiB: read directly
+    [b"m", np.arange((1 << 20) + 3, dtype=np.uint8)],        # larger than the read buffer
+    [b"m", *[np.full(7, i, np.int64) for i in range(1500)]],  # more buffers than one sendmsg takes
+    [b"tail"],
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("buffer", [None, 4096], ids=["default buffers", "4 KiB buffers"])
+def test_every_message_arrives_whole_and_in_order_however_the_kernel_cuts_the_bytes(buffer):
+    left, right = _pair(buffer)
+    sent = []
+    for i, frames in enumerate(MESSAGES):
+        left.send(frames, lambda _t, i=i: sent.append(i))
+    got = _pump(left, right, len(MESSAGES))
+    assert len(got) == len(MESSAGES)
+    for want, have in zip(MESSAGES, got):
+        assert [bytes(memoryview(f).cast("B")) for f in want] == [bytes(f) for f in have]
+    assert sent == list(range(len(MESSAGES)))       # each frame list let go of, in order
+    assert not left.pending
+
+
+@pytest.mark.timeout(30)
+def test_frames_stay_the_senders_until_the_kernel_took_them():
+    """BufferGuard lends the server's arrays to a reply until the transport lets go: with a
+    full socket the callback must wait, and come once the peer read."""
+    left, right = _pair(4096)
+    big = np.ones(1 << 20, np.uint8)
+    released = threading.Event()
+    left.send([b"m", big], lambda _t: released.set())
+    assert left.pending and not released.is_set()
+    _pump(left, right, 1)
+    assert released.is_set()
+
+
+@pytest.mark.timeout(30)
+def test_a_message_written_in_part_is_not_let_go_of_for_the_bytes_written_before_it():
+    """Messages the kernel took whole, then one it took in part: that one's arrays stay
+    lent until its last byte is written, not once as many bytes as its rest went before."""
+    left, right = _pair()
+    released = []
+    for i in range(10_000):
+        left.send([b"m", np.full(1 << 16, i % 251, np.uint8)], lambda _t, i=i: released.append(i))
+        if left.pending:
+            break
+    assert left.pending, "the socket never filled up"
+    assert released == list(range(i))               # the earlier ones went whole
+    left.flush()                                    # nothing read: the socket is still full
+    assert released == list(range(i))
+    _pump(left, right, i + 1)
+    assert released == list(range(i + 1))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("header, says", [
+    (struct.pack("<I", 0), "0 frames"),
+    (struct.pack("<I", MAX_FRAMES + 1), f"{MAX_FRAMES + 1} frames"),
+    (struct.pack("<IQ", 1, 1 << 31), f"{1 << 31} bytes"),
+])
+def test_a_header_no_ps_node_writes_is_refused_by_name_before_anything_is_allocated(header, says):
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    stream = Stream(b, 1 << 30)
+    a.sendall(header)
+    with pytest.raises(ProtocolError, match=says):
+        for _ in range(1000):
+            stream.receive()
+    a.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_peer_that_closes_mid_message_is_a_closed_stream_not_a_hang():
+    left, right = _pair()
+    raw = left.sock
+    raw.setblocking(True)
+    raw.sendall(struct.pack("<IQ", 1, 100) + b"x" * 10)
+    raw.close()
+    with pytest.raises(StreamClosed):
+        for _ in range(100):
+            right.receive()
+
+
+# -- ZmqVan between two vans on this machine ----------------------------------------------
+SERVER, WORKER = 8, 9
+
+
+def _echo(van):
+    """A server's handler: answer each message with its body, by the route it came on."""
+    return lambda m: van.send(Message(Command.SERVER_CMD, SERVER, m.sender, m.body, request=False,
+                                      route=m.route))
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_reaches_a_server_on_its_machine_over_a_stream_and_back_by_identity():
+    server, worker = None, None
+    got = []
+    try:
+        server = create_van("zmq")
+        server.start(_echo(server), "127.0.0.1", name="server")
+        assert os.path.exists(server.local_address[len("ipc://"):] + ".s")
+        worker = create_van("zmq")
+        worker.start(got.append, "127.0.0.1", name="worker")
+        worker.connect(SERVER, server.local_address)
+        for i in range(50):
+            worker.send(Message(Command.SERVER_CMD, WORKER, SERVER, {"i": i}))
+        wait_for(lambda: len(got) == 50, timeout=10, what="50 answers")
+        assert [m.body["i"] for m in got] == list(range(50))
+        assert {m.source for m in got} == {SERVER}
+        assert worker.transport_stats()["streams"] == 1
+        assert server.transport_stats()["streams"] == 1
+        assert server.transport_stats()["messages_received"] == 50
+    finally:
+        for van in (worker, server):
+            if van is not None:
+                van.stop()
+    assert not os.path.exists(server.local_address[len("ipc://"):] + ".s")
+
+
+@pytest.mark.timeout(60)
+def test_with_curve_keys_same_machine_peers_stay_on_zeromq():
+    from ps._security import curve_keys
+    keys = curve_keys(b"0123456789abcdef0123456789abcdef")
+    got = []
+    server = create_van("zmq", curve=keys)
+    worker = create_van("zmq", curve=keys)
+    try:
+        server.start(_echo(server), "127.0.0.1", name="server")
+        assert not os.path.exists(server.local_address[len("ipc://"):] + ".s")
+        worker.start(got.append, "127.0.0.1", name="worker")
+        worker.connect(SERVER, server.local_address)
+        worker.send(Message(Command.SERVER_CMD, WORKER, SERVER, {"i": 1}))
+        wait_for(lambda: got, timeout=10, what="the answer over CURVE")
+        assert worker.transport_stats().get("streams", 0) == 0
+    finally:
+        worker.stop()
+        server.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_stranger_writing_garbage_to_the_stream_is_cut_off_and_the_server_serves_on(caplog):
+    got = []
+    server = create_van("zmq")
+    worker = create_van("zmq")
+    stranger = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        server.start(_echo(server), "127.0.0.1", name="server")
+        path = server.local_address[len("ipc://"):] + ".s"
+        stranger.connect(path)
+        stranger.sendall(b"GET / HTTP/1.1\r\n\r\n" * 4)        # a header of 542393671 frames
+        wait_for(lambda: "malformed" in caplog.text, timeout=10, what="the server's complaint")
+        stranger.settimeout(5)
+        assert stranger.recv(10) == b""                       # closed on it
+        worker.start(got.append, "127.0.0.1", name="worker")
+        worker.connect(SERVER, server.local_address)
+        worker.send(Message(Command.SERVER_CMD, WORKER, SERVER, {"i": 1}))
+        wait_for(lambda: got, timeout=10, what="the answer after the stranger")
+    finally:
+        stranger.close()
+        worker.stop()
+        server.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_servers_stream_drops_sends_and_a_reconnect_opens_a_new_one():
+    got = []
+    first, second = create_van("zmq"), create_van("zmq")
+    worker = create_van("zmq")
+    try:
+        first.start(_echo(first), "127.0.0.1", name="first")
+        worker.start(got.append, "127.0.0.1", name="worker")
+        worker.connect(SERVER, first.local_address)
+        worker.send(Message(Command.SERVER_CMD, WORKER, SERVER, {"i": 1}))
+        wait_for(lambda: len(got) == 1, timeout=10, what="the first server's answer")
+        first.stop()
+        worker.send(Message(Command.SERVER_CMD, WORKER, SERVER, {"i": 2}))    # dropped, no error
+        second.start(_echo(second), "127.0.0.1", name="second")
+        worker.connect(SERVER, second.local_address)                          # a restart's address
+        worker.send(Message(Command.SERVER_CMD, WORKER, SERVER, {"i": 3}))
+        wait_for(lambda: len(got) == 2, timeout=10, what="the restarted server's answer")
+        assert [m.body["i"] for m in got] == [1, 3]
+        assert worker.transport_stats()["streams"] == 1
+    finally:
+        worker.stop()
+        second.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_stream_closed_by_an_earlier_handler_of_the_same_poll_pass_is_skipped(caplog):
+    """One pass of the I/O loop's poll holds a message whose handler drops a server and that
+    server's stream closing; the stream's event then finds it gone (it once went to
+    ZeroMQ's receive as a bare descriptor and killed the I/O thread)."""
+    got, hold = [], threading.Event()
+    server, other = create_van("zmq"), create_van("zmq")
+    worker = create_van("zmq")
+
+    def on_worker(msg):
+        got.append(msg.body)
+        if msg.body == "drop the server":
+            worker.disconnect(SERVER)           # on the I/O thread: at once
+
+    try:
+        server.start(_echo(server), "127.0.0.1", name="server")
+        other.start(lambda m: None, "127.0.0.1", name="other")
+        worker_addr = worker.start(on_worker, "127.0.0.1", name="worker")
+        worker.connect(SERVER, server.local_address)
+        worker.send(Message(Command.SERVER_CMD, WORKER, SERVER, "hello"))
+        wait_for(lambda: got == ["hello"], timeout=10, what="the server's answer")
+        other.connect(WORKER, worker_addr)
+        worker.call_soon(lambda: hold.wait(10))             # the worker's loop is busy...
+        other.send(Message(Command.SERVER_CMD, 1, WORKER, "drop the server"))
+        server.stop()                                       # ...while both events come in
+        time.sleep(0.5)
+        hold.set()
+        wait_for(lambda: "drop the server" in got, timeout=10, what="the message that drops the server")
+        worker.send(Message(Command.SERVER_CMD, WORKER, 7, "a van still running"))
+        time.sleep(0.3)
+        assert "I/O thread crashed" not in caplog.text
+        assert worker.transport_stats().get("streams", 0) == 0
+    finally:
+        hold.set()
+        for van in (worker, other, server):
+            van.stop()

@@ -13,6 +13,7 @@ On the wire a message is a header, ``<I`` (the number of frames) then ``<Q`` per
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import os
 import socket
@@ -23,17 +24,20 @@ from typing import Any
 import numpy as np
 
 from ..errors import ProtocolError
+from ..message import MAX_ENTRIES
 
 logger = logging.getLogger(__name__)
 
 COUNT = struct.Struct("<I")
 LENGTH = struct.Struct("<Q")
-MAX_FRAMES = 1 << 16        # frames of one message (a batch of entries is one frame each)
+MAX_FRAMES = 2 * MAX_ENTRIES + 1    # frames of one message: the meta, and up to two per entry
 DIRECT = 1 << 16            # bytes: a frame this large is read straight into its own buffer
 BUFFER = 1 << 18            # bytes read per recv for smaller frames
 IOV_MAX = 512               # buffers per sendmsg (Linux allows 1024)
 READS = 64                  # recv calls per wake-up, so that one busy peer cannot starve the rest
-SOCKET_BUFFER = 1 << 22     # SO_SNDBUF/SO_RCVBUF: a 1 MiB chunk in one call
+SOCKET_BUFFER = 1 << 22     # SO_SNDBUF asked for (the kernel caps it at net.core.wmem_max)
+COPIED_BELOW = 1 << 16      # bytes: a frame this small that must wait for the socket is copied,
+                            # as pyzmq copies it (BufferGuard lends only larger ones to a reply)
 POLLIN, POLLOUT, POLLERR = 1, 2, 4     # zmq_poll's flags (ZMQ_POLLIN...), for plain descriptors too
 
 OnSent = Callable[[Any], None]
@@ -44,11 +48,10 @@ class StreamClosed(Exception):
 
 
 def tune(sock: socket.socket) -> None:
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
-        except OSError:
-            pass
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+    except OSError:
+        pass
     sock.setblocking(False)
 
 
@@ -73,6 +76,7 @@ class Stream:
         self._frames: list[Any] = []        # and the frames read so far
         self._big: np.ndarray | None = None  # a DIRECT frame being read, and how much of it is in
         self._big_in = 0
+        self._error: Exception | None = None     # met after whole messages: raised by the next receive
 
     # -- sending -------------------------------------------------------------------------
     @property
@@ -83,6 +87,8 @@ class Stream:
     def send(self, frames: list[Any], on_sent: OnSent | None = None) -> None:
         """Write ``frames`` as one message, or queue what the kernel does not take now. The
         frames are the caller's until ``on_sent(None)``: at once if the kernel took them."""
+        if len(frames) > MAX_FRAMES:
+            raise ProtocolError(f"a message of {len(frames)} frames (at most {MAX_FRAMES})")
         views = [memoryview(f) for f in frames]
         head = COUNT.pack(len(views)) + b"".join(LENGTH.pack(v.nbytes) for v in views)
         views.insert(0, memoryview(head))
@@ -93,24 +99,25 @@ class Stream:
                 if on_sent is not None:
                     on_sent(None)
                 return
-        self._out.extend(_bytes_view(v) for v in views)
+        self._out.extend(memoryview(bytes(v)) if v.nbytes < COPIED_BELOW else _bytes_view(v)
+                         for v in views)
         if on_sent is not None:     # once the kernel took everything up to this message's end
             self._callbacks.append((self._offered, on_sent))
 
     def flush(self) -> None:
         """Write what waits, as far as the kernel takes it (on POLLOUT)."""
-        if not self._out:
-            return
-        rest = self._write(list(self._out))
-        self._out = collections.deque(rest)
+        if self._out:
+            self._write(self._out)
         while self._callbacks and self._callbacks[0][0] <= self._written:
             self._callbacks.popleft()[1](None)
 
-    def _write(self, views: list[memoryview]) -> list[memoryview]:
-        """Write from ``views``; return what is left (the first perhaps partly written)."""
-        i = 0
-        while i < len(views):
-            batch = views[i:i + IOV_MAX]
+    def _write(self, views: Any) -> Any:
+        """Write from the head of ``views`` (a list or a deque), taking what was written off
+        it (a partly written view is replaced by its rest); return it."""
+        if isinstance(views, list):
+            views = collections.deque(views)
+        while views:
+            batch = list(itertools.islice(views, IOV_MAX))
             try:
                 n = self.sock.sendmsg(batch, (), socket.MSG_NOSIGNAL)
             except (BlockingIOError, InterruptedError):
@@ -119,21 +126,31 @@ class Stream:
                 raise StreamClosed(f"send: {exc.strerror}") from None
             self._written += n
             short = n < sum(v.nbytes for v in batch)
-            while i < len(views) and n >= views[i].nbytes:
-                n -= views[i].nbytes
-                i += 1
+            while views and n >= views[0].nbytes:
+                n -= views.popleft().nbytes
             if n:
-                views[i] = _bytes_view(views[i])[n:]
+                views[0] = _bytes_view(views[0])[n:]
             if short:
                 break           # the kernel took less than offered: wait for POLLOUT
-        return views[i:]
+        return views
 
     # -- receiving -----------------------------------------------------------------------
     def receive(self) -> list[list[Any]]:
         """Whole messages that arrived (each a list of frames); raise StreamClosed at the
         peer's end and ProtocolError for a header no ps node writes (the stream cannot be
         read further: the caller closes it)."""
+        if self._error is not None:
+            raise self._error
         done: list[list[Any]] = []
+        try:
+            self._read(done)
+        except (StreamClosed, ProtocolError) as exc:
+            if not done:
+                raise
+            self._error = exc       # the whole messages before it first, as ZeroMQ would
+        return done
+
+    def _read(self, done: list[list[Any]]) -> None:
         taken = 0
         for _ in range(READS):
             if done and taken >= BUFFER:
@@ -149,6 +166,7 @@ class Stream:
                     self._frames.append(self._big)
                     self._big = None
                     self._finish(done)
+                    self._parse(done)       # empty frames after it need no bytes
                 continue
             if self._hi == len(self._buf):
                 self._compact()
@@ -158,7 +176,6 @@ class Stream:
             taken += n
             self._hi += n
             self._parse(done)
-        return done
 
     def _recv(self, view: memoryview) -> int | None:
         try:
@@ -266,13 +283,16 @@ class Streams:
     identity takes the route over, as ZeroMQ's ROUTER_HANDOVER does)."""
 
     def __init__(self, poller: Any, identity: bytes,
-                 received: Callable[[list[Any], bytes | None, int | None], None], max_frame: int):
+                 received: Callable[[list[Any], bytes | None, int | None], None],
+                 lost: Callable[[int, str], None], max_frame: int):
         """``poller`` is the van's zmq.Poller (it polls plain file descriptors too);
         ``received(frames, route, source)`` gets each message: ``route`` the identity of a
-        stream a peer opened, ``source`` the node id of one this van opened."""
+        stream a peer opened, ``source`` the node id of one this van opened; ``lost(node_id,
+        why)`` hears that a stream this van opened closed (not by ``close_to``)."""
         self._poller = poller
         self._identity = identity
         self._received = received
+        self._lost = lost
         self._max_frame = max_frame
         self._name = f"pid {os.getpid()}"
         self._by_fd: dict[int, Stream] = {}
@@ -323,7 +343,7 @@ class Streams:
     def close_to(self, node_id: int) -> None:
         stream = self._to.pop(node_id, None)
         if stream is not None:
-            self._close(stream, "disconnected")
+            self._close(stream, "disconnected", lost=False)
 
     def send(self, stream: Stream, frames: list[Any], on_sent: OnSent | None = None) -> bool:
         """False if the stream is closed (its peer died): the message is dropped."""
@@ -359,6 +379,9 @@ class Streams:
         except ProtocolError as exc:
             logger.warning("%s: closed a stream that sent a malformed message: %s", self._name, exc)
             self._close(stream, str(exc))
+        except Exception as exc:  # noqa: BLE001 - e.g. MemoryError for a frame: this stream, not the van
+            logger.exception("%s: closed a stream after an error", self._name)
+            self._close(stream, repr(exc))
 
     def _take(self, stream: Stream, frames: list[Any]) -> None:
         if stream.peer is None:
@@ -378,7 +401,13 @@ class Streams:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                logger.warning("%s: accepting a stream failed: %s", self._name, exc.strerror)
+                # e.g. out of file descriptors: the listener would stay readable and the loop
+                # spin; peers that come later find no stream and use ZeroMQ
+                logger.warning("%s: accepting a stream failed (%s): no more streams to this process",
+                               self._name, exc.strerror)
+                self._poller.unregister(self._listener.fileno())
+                self._listener.close()
+                self._listener = None
                 return
             self._add(sock)
 
@@ -388,15 +417,20 @@ class Streams:
         self._poller.register(stream.fd, POLLIN)
         return stream
 
-    def _close(self, stream: Stream, why: str) -> None:
+    def _close(self, stream: Stream, why: str, lost: bool = True) -> None:
         if stream.closed:
             return
         logger.debug("%s: the stream with %r closed: %s", self._name, stream.peer, why)
         self._poller.unregister(stream.fd)
         self._by_fd.pop(stream.fd, None)
-        if isinstance(stream.peer, bytes) and self._routes.get(stream.peer) is stream:
-            del self._routes[stream.peer]
         stream.close()
+        if isinstance(stream.peer, bytes):
+            if self._routes.get(stream.peer) is stream:
+                del self._routes[stream.peer]
+        elif stream.peer is not None and self._to.get(stream.peer) is stream:
+            del self._to[stream.peer]
+            if lost:
+                self._lost(stream.peer, why)
 
     def close(self, linger: float = 0.0) -> None:
         """Close every stream (writing what waits for up to ``linger`` s) and the listener."""
@@ -405,9 +439,10 @@ class Streams:
         self._by_fd.clear()
         self._to.clear()
         self._routes.clear()
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        if self._path is not None:
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
             try:
                 os.unlink(self._path)
             except OSError:

@@ -74,8 +74,9 @@ class ZmqVan(Van):
         self.local_address: str | None = None   # ipc:// twin of a tcp:// address, for same-host peers
         # peers on this machine past libzmq (ps/van/stream.py), beside an ipc:// path; never
         # under CURVE, whose keys authenticate peers (a Unix socket has none)
-        self._streams = Streams(self._poller, self._identity, self._from_stream, MAX_MSG_SIZE) \
-            if streams and curve is None else None
+        self._streams = Streams(self._poller, self._identity, self._from_stream, self._stream_lost,
+                                MAX_MSG_SIZE) if streams and curve is None else None
+        self._via_stream: dict[int, str] = {}   # node id -> its address, while a stream reaches it
 
     # -- setup ---------------------------------------------------------------------------
     def start(self, on_message: OnMessage, host: str, port: int = 0,
@@ -106,8 +107,6 @@ class ZmqVan(Van):
         if self._in_process:
             self._bind_in_process(router)
         self._router = router
-        if self._streams is not None and self._ipc_path:
-            self._streams.listen(self._ipc_path + STREAM_SUFFIX)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._poller.register(router, zmq.POLLIN)
@@ -145,7 +144,7 @@ class ZmqVan(Van):
     def _bind_local_twin(self, router: zmq.Socket) -> None:
         """Also listen on ipc://: peers on this machine skip the TCP stack (a 64 MB round
         costs ~30% less CPU), with the same socket, identity routing and CURVE keys."""
-        path = os.path.join(tempfile.gettempdir(), f"ps-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        path = self._new_ipc_path()
         try:
             router.bind(f"ipc://{path}")
         except zmq.ZMQError as exc:
@@ -153,15 +152,28 @@ class ZmqVan(Van):
             return
         self._ipc_path, self.local_address = path, f"ipc://{path}"
 
+    def _new_ipc_path(self) -> str:
+        """A fresh ipc:// path, its stream socket bound first: once the path is in the
+        temporary directory for all to see, no other user can take the stream's name."""
+        path = os.path.join(tempfile.gettempdir(), f"ps-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        if self._streams is not None:
+            self._streams.listen(path + STREAM_SUFFIX)
+        return path
+
     def _stream_path(self, address: str) -> str | None:
-        """The stream twin of a peer's ipc:// address, if this van uses streams and it is there."""
+        """The stream socket beside a peer's ipc:// address, if this van uses streams and
+        the peer's process made it (its owner is the ipc:// socket's)."""
         if self._streams is None:
             return None
         endpoint = self.endpoint_used(address)
         if not endpoint.startswith("ipc://"):
             return None
-        path = endpoint[len("ipc://"):] + STREAM_SUFFIX
-        return path if os.path.exists(path) else None
+        twin = endpoint[len("ipc://"):]
+        try:
+            same = os.stat(twin + STREAM_SUFFIX).st_uid == os.stat(twin).st_uid
+        except OSError:
+            return None
+        return twin + STREAM_SUFFIX if same else None
 
     def _bind_in_process(self, router: zmq.Socket) -> None:
         inproc = f"inproc://{self._identity.decode()}"
@@ -171,7 +183,7 @@ class ZmqVan(Van):
     def _bind(self, router: zmq.Socket, host: str, port: int,
               port_range: tuple[int, int] | None) -> str:
         if self._ipc:
-            self._ipc_path = os.path.join(tempfile.gettempdir(), f"ps-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            self._ipc_path = self._new_ipc_path()
             router.bind(f"ipc://{self._ipc_path}")
         elif port:
             router.bind(f"tcp://{host}:{port}")
@@ -188,9 +200,24 @@ class ZmqVan(Van):
         self._disconnect_now(node_id)           # the credit connection too: Postoffice reopens it
         path = self._stream_path(address)
         if path is not None and self._streams.open(node_id, path):
+            self._via_stream[node_id] = address
             if self._verbose:
                 logger.info("%s: connecting to %s at %s (stream)", self.address, node_name(node_id), path)
             return
+        self._connect_dealer(node_id, address)
+
+    def _stream_lost(self, node_id: int, why: str) -> None:
+        """A stream this van opened closed: its process died, or (alive) refused what we
+        sent or ran out of memory. ZeroMQ's twin from then on, which reconnects by itself
+        as before; a dead process's restart has another address, and Postoffice connects
+        to it anew (a stream again)."""
+        address = self._via_stream.pop(node_id, None)
+        if address is not None:
+            logger.info("%s: the stream to %s closed (%s); ZeroMQ's %s from now on", self.address,
+                        node_name(node_id), why, address)
+            self._connect_dealer(node_id, address)
+
+    def _connect_dealer(self, node_id: int, address: str) -> None:
         dealer = self._peer_socket(address)
         dealer.setsockopt(zmq.IDENTITY, self._identity)
         dealer.setsockopt(zmq.MAXMSGSIZE, MAX_MSG_SIZE)
@@ -250,6 +277,7 @@ class ZmqVan(Van):
     def _disconnect_now(self, node_id: int) -> None:
         self._buffers.forget(node_id)
         if self._streams is not None:
+            self._via_stream.pop(node_id, None)
             self._streams.close_to(node_id)
         old = self._dealers.pop(node_id, None)
         if old is not None:

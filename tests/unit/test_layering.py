@@ -24,7 +24,7 @@ ALLOWED = {
     "van.zmq_van": {"errors", "message", "van.base", "van.in_process", "van.sendbuf", "van.stream",
                     "van.zmq_watch"},
     "van.sendbuf": set(),
-    "van.stream": {"errors"},
+    "van.stream": {"errors", "message"},
     "van.inproc_van": {"errors", "message", "van.base"},
     "van.reliable": {"message", "van.base"},
     "van": {"van.base", "van.zmq_van", "van.inproc_van", "van.reliable", "_security"},

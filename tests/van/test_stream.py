@@ -19,8 +19,24 @@ from tests.helpers import wait_for
 pytestmark = pytest.mark.process
 
 
-def _pair(buffer: int | None = None) -> tuple[Stream, Stream]:
+_OPENED: list[socket.socket] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_pairs():
+    yield
+    while _OPENED:
+        _OPENED.pop().close()
+
+
+def _socketpair() -> tuple[socket.socket, socket.socket]:
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    _OPENED.extend((a, b))
+    return a, b
+
+
+def _pair(buffer: int | None = None) -> tuple[Stream, Stream]:
+    a, b = _socketpair()
     left, right = Stream(a, 1 << 30), Stream(b, 1 << 30)
     if buffer:      # after Stream's own tuning: the kernel takes little per call
         for s in (a, b):
@@ -104,7 +120,7 @@ def test_a_message_written_in_part_is_not_let_go_of_for_the_bytes_written_before
     (struct.pack("<IQ", 1, 1 << 31), f"{1 << 31} bytes"),
 ])
 def test_a_header_no_ps_node_writes_is_refused_by_name_before_anything_is_allocated(header, says):
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    a, b = _socketpair()
     stream = Stream(b, 1 << 30)
     a.sendall(header)
     with pytest.raises(ProtocolError, match=says):
@@ -265,3 +281,111 @@ def test_a_stream_closed_by_an_earlier_handler_of_the_same_poll_pass_is_skipped(
         hold.set()
         for van in (worker, other, server):
             van.stop()
+
+
+@pytest.mark.timeout(30)
+def test_whole_messages_before_the_peers_end_are_delivered_then_the_end():
+    a, b = _socketpair()
+    writer, reader = Stream(a, 1 << 30), Stream(b, 1 << 30)
+    writer.send([b"first"])
+    writer.send([b"second", np.ones(1 << 17, np.uint8)])
+    a.close()                                   # both messages and the end wait together
+    got = []
+    with pytest.raises(StreamClosed):
+        for _ in range(100):
+            got += reader.receive()
+    assert [bytes(m[0]) for m in got] == [b"first", b"second"]
+
+
+@pytest.mark.timeout(30)
+def test_empty_frames_after_a_large_one_need_no_more_bytes_to_arrive():
+    """A table push's empty parts (two empty frames) can end a message after a large frame."""
+    left, right = _pair()
+    left.send([b"m", np.ones((1 << 20) + 1, np.uint8), b"", b""])
+    got = _pump(left, right, 1, timeout=10)
+    assert [len(f) for f in got[0]] == [1, (1 << 20) + 1, 0, 0]
+
+
+@pytest.mark.timeout(60)
+def test_a_message_of_more_frames_than_a_batch_of_65536_scalar_keys_goes_through():
+    left, right = _pair()
+    frames = [b"m", *[np.full(1, i, np.float32) for i in range(70_000)]]
+    left.send(frames)
+    (got,) = _pump(left, right, 1)
+    assert len(got) == 70_001 and np.frombuffer(got[-1], np.float32)[0] == 69_999
+
+
+@pytest.mark.timeout(30)
+def test_a_small_frame_that_waits_for_the_socket_is_copied_as_pyzmq_copies_it():
+    """The server lends only frames of 64 KiB or more to a reply (BufferGuard): a smaller
+    value may change right after the send, so what waits must be a copy."""
+    left, right = _pair(4096)
+    left.send([b"m", np.zeros(1 << 20, np.uint8)])      # fills the socket
+    value = np.full(1000, 7, np.int32)
+    left.send([b"m", value])
+    assert left.pending
+    value[:] = -1                                       # the server updates it in place
+    got = _pump(left, right, 2)
+    assert (np.frombuffer(got[1][1], np.int32) == 7).all()
+
+
+@pytest.mark.timeout(60)
+def test_a_stream_its_peer_closes_while_alive_falls_back_to_zeromq_without_losing_later_messages(tmp_path):
+    """A process that closes a worker's stream but lives on (it refused what came) still
+    gets what the worker sends after, over the ipc:// twin, as a DEALER would reconnect."""
+    import zmq
+    path = str(tmp_path / "peer")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".s")
+    listener.listen(1)
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(f"ipc://{path}")
+    worker = create_van("zmq")
+    try:
+        worker.start(lambda m: None, "127.0.0.1", name="worker")
+        worker.connect(SERVER, f"ipc://{path}")
+        listener.settimeout(10)
+        conn, _ = listener.accept()                     # the worker opened a stream...
+        conn.close()                                    # ...which its peer closes
+        time.sleep(0.3)
+        worker.send(Message(Command.SERVER_CMD, WORKER, SERVER, {"after": 1}))
+        assert router.poll(10_000), "nothing came over ZeroMQ after the stream closed"
+        identity, meta = router.recv_multipart()
+        assert identity == worker.identity and b"after" in meta
+        assert worker.transport_stats().get("streams", 0) == 0
+    finally:
+        worker.stop()
+        router.close(0)
+        ctx.term()
+        listener.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a socket to another user needs root")
+def test_a_stream_socket_another_user_owns_is_not_used(tmp_path):
+    """The stream beside a peer's ipc:// path must be its process's: a socket there that
+    someone else made is passed over for ZeroMQ."""
+    import zmq
+    path = str(tmp_path / "peer")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".s")
+    listener.listen(1)
+    os.chown(path + ".s", 65534, 65534)                 # nobody's
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(f"ipc://{path}")
+    worker = create_van("zmq")
+    try:
+        worker.start(lambda m: None, "127.0.0.1", name="worker")
+        worker.connect(SERVER, f"ipc://{path}")
+        worker.send(Message(Command.SERVER_CMD, WORKER, SERVER, {"i": 1}))
+        assert router.poll(10_000), "nothing came over ZeroMQ"
+        listener.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            listener.accept()
+    finally:
+        worker.stop()
+        router.close(0)
+        ctx.term()
+        listener.close()

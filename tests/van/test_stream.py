@@ -329,10 +329,10 @@ def test_a_small_frame_that_waits_for_the_socket_is_copied_as_pyzmq_copies_it():
     assert (np.frombuffer(got[1][1], np.int32) == 7).all()
 
 
-@pytest.mark.timeout(60)
-def test_a_stream_its_peer_closes_while_alive_falls_back_to_zeromq_without_losing_later_messages(tmp_path):
-    """A process that closes a worker's stream but lives on (it refused what came) still
-    gets what the worker sends after, over the ipc:// twin, as a DEALER would reconnect."""
+@pytest.fixture
+def bare_peer(tmp_path):
+    """A peer made by hand at an ipc:// path: a plain listener where its stream socket
+    goes, and a ZeroMQ ROUTER at the path itself. Yields (path, listener, router)."""
     import zmq
     path = str(tmp_path / "peer")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -341,51 +341,50 @@ def test_a_stream_its_peer_closes_while_alive_falls_back_to_zeromq_without_losin
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     router.bind(f"ipc://{path}")
-    worker = create_van("zmq")
     try:
-        worker.start(lambda m: None, "127.0.0.1", name="worker")
-        worker.connect(SERVER, f"ipc://{path}")
-        listener.settimeout(10)
-        conn, _ = listener.accept()                     # the worker opened a stream...
-        conn.close()                                    # ...which its peer closes
-        time.sleep(0.3)
-        worker.send(Message(Command.SERVER_CMD, WORKER, SERVER, {"after": 1}))
-        assert router.poll(10_000), "nothing came over ZeroMQ after the stream closed"
-        identity, meta = router.recv_multipart()
-        assert identity == worker.identity and b"after" in meta
-        assert worker.transport_stats().get("streams", 0) == 0
+        yield path, listener, router
     finally:
-        worker.stop()
         router.close(0)
         ctx.term()
         listener.close()
+
+
+@pytest.fixture
+def worker_van():
+    van = create_van("zmq")
+    van.start(lambda m: None, "127.0.0.1", name="worker")
+    yield van
+    van.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_stream_its_peer_closes_while_alive_falls_back_to_zeromq_without_losing_later_messages(
+        bare_peer, worker_van):
+    """A process that closes a worker's stream but lives on (it refused what came) still
+    gets what the worker sends after, over the ipc:// twin, as a DEALER would reconnect."""
+    path, listener, router = bare_peer
+    worker_van.connect(SERVER, f"ipc://{path}")
+    listener.settimeout(10)
+    conn, _ = listener.accept()                     # the worker opened a stream...
+    conn.close()                                    # ...which its peer closes
+    time.sleep(0.3)
+    worker_van.send(Message(Command.SERVER_CMD, WORKER, SERVER, {"after": 1}))
+    assert router.poll(10_000), "nothing came over ZeroMQ after the stream closed"
+    identity, meta = router.recv_multipart()
+    assert identity == worker_van.identity and b"after" in meta
+    assert worker_van.transport_stats().get("streams", 0) == 0
 
 
 @pytest.mark.timeout(30)
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a socket to another user needs root")
-def test_a_stream_socket_another_user_owns_is_not_used(tmp_path):
+def test_a_stream_socket_another_user_owns_is_not_used(bare_peer, worker_van):
     """The stream beside a peer's ipc:// path must be its process's: a socket there that
     someone else made is passed over for ZeroMQ."""
-    import zmq
-    path = str(tmp_path / "peer")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path + ".s")
-    listener.listen(1)
+    path, listener, router = bare_peer
     os.chown(path + ".s", 65534, 65534)                 # nobody's
-    ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.bind(f"ipc://{path}")
-    worker = create_van("zmq")
-    try:
-        worker.start(lambda m: None, "127.0.0.1", name="worker")
-        worker.connect(SERVER, f"ipc://{path}")
-        worker.send(Message(Command.SERVER_CMD, WORKER, SERVER, {"i": 1}))
-        assert router.poll(10_000), "nothing came over ZeroMQ"
-        listener.settimeout(0.5)
-        with pytest.raises(socket.timeout):
-            listener.accept()
-    finally:
-        worker.stop()
-        router.close(0)
-        ctx.term()
-        listener.close()
+    worker_van.connect(SERVER, f"ipc://{path}")
+    worker_van.send(Message(Command.SERVER_CMD, WORKER, SERVER, {"i": 1}))
+    assert router.poll(10_000), "nothing came over ZeroMQ"
+    listener.settimeout(0.5)
+    with pytest.raises(socket.timeout):
+        listener.accept()

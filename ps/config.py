@@ -235,7 +235,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("PS_LOCAL_STREAM", "local_stream", _bool, True,
         "1: beside its ipc:// twin a node listens on a plain Unix stream socket, and a peer on its "
         "machine sends it ps's frames there, past libzmq's I/O threads (on one machine a 4 KB "
-        "push-pull 1.2x, a 1 MB one 1.6-1.8x faster); never under PS_SECRET_FILE (CURVE); 0: "
+        "push-pull 1.2x, a 1 MB one 1.5-1.7x faster); never under PS_SECRET_FILE (CURVE); 0: "
         "peers on one machine use ZeroMQ's ipc:// twin"),
     Var("PS_DASHBOARD", "dashboard", _listen, None,
         "[HOST:]PORT: the scheduler serves a live dashboard of the job there: the page at /, /metrics for"

@@ -39,6 +39,8 @@ SOCKET_BUFFER = 1 << 22     # SO_SNDBUF asked for (the kernel caps it at net.cor
 COPIED_BELOW = 1 << 16      # bytes: a frame this small that must wait for the socket is copied,
                             # as pyzmq copies it (BufferGuard lends only larger ones to a reply)
 POLLIN, POLLOUT, POLLERR = 1, 2, 4     # zmq_poll's flags (ZMQ_POLLIN...), for plain descriptors too
+NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)   # Linux: EPIPE, not SIGPIPE (Python ignores it anyway)
+AVAILABLE = hasattr(socket, "AF_UNIX")
 
 OnSent = Callable[[Any], None]
 
@@ -119,7 +121,7 @@ class Stream:
         while views:
             batch = list(itertools.islice(views, IOV_MAX))
             try:
-                n = self.sock.sendmsg(batch, (), socket.MSG_NOSIGNAL)
+                n = self.sock.sendmsg(batch, (), NOSIGNAL)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:

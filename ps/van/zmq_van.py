@@ -23,6 +23,7 @@ from ..message import Command, Message, decode, encode, node_name
 from . import in_process
 from .base import TICK_SOONEST, OnMessage, Van, control_identity
 from .sendbuf import SendBuffers
+from .stream import AVAILABLE as UNIX_SOCKETS
 from .stream import Streams
 from .zmq_watch import OnEvent, Watches
 
@@ -75,7 +76,7 @@ class ZmqVan(Van):
         # peers on this machine past libzmq (ps/van/stream.py), beside an ipc:// path; never
         # under CURVE, whose keys authenticate peers (a Unix socket has none)
         self._streams = Streams(self._poller, self._identity, self._from_stream, self._stream_lost,
-                                MAX_MSG_SIZE) if streams and curve is None else None
+                                MAX_MSG_SIZE) if streams and curve is None and UNIX_SOCKETS else None
         self._via_stream: dict[int, str] = {}   # node id -> its address, while a stream reaches it
 
     # -- setup ---------------------------------------------------------------------------

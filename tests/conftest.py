@@ -30,15 +30,25 @@ OUR_THREADS = ("ps-", "bench-read")   # names of the threads ps and its tests st
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _open_mpi_sessions(tmp_path_factory):
+def _open_mpi_worker_dir(tmp_path_factory):
     """Open MPI 4 keeps one session directory per user and host (/tmp/ompi.HOST.UID) and removes
     it when it is empty: an mpirun that ends while another starts can remove it between the
     other's mkdir and stat, and that one fails in orte_init ("mkdir ... File exists",
-    open-mpi/ompi#8510). An xdist worker runs one test at a time, and a test starts its Open MPI
-    jobs once the earlier ones ended, so a directory of its own per worker (in pytest's temporary
-    directory, which pytest prunes) keeps the workers' jobs apart: every process a test starts
-    inherits it. One the user set is kept."""
-    os.environ.setdefault("OMPI_MCA_orte_tmpdir_base", str(tmp_path_factory.mktemp("ompi")))
+    open-mpi/ompi#8510). So each xdist worker has a directory of its own (in pytest's temporary
+    directory, which pytest prunes), which every process its tests start inherits, and each test
+    one more (_open_mpi_test_dir): an earlier test's mpirun may still be cleaning up, e.g. one
+    that ends on the SIGTERM of a launcher the test killed. One the user set is kept.
+    Returns the user's value, if any."""
+    user = os.environ.get("OMPI_MCA_orte_tmpdir_base")
+    if user is None:
+        os.environ["OMPI_MCA_orte_tmpdir_base"] = str(tmp_path_factory.mktemp("ompi"))
+    return user
+
+
+@pytest.fixture(autouse=True)
+def _open_mpi_test_dir(_open_mpi_worker_dir, tmp_path_factory, monkeypatch):
+    if _open_mpi_worker_dir is None:
+        monkeypatch.setenv("OMPI_MCA_orte_tmpdir_base", str(tmp_path_factory.mktemp("ompi")))
 
 
 @pytest.fixture

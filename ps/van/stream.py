@@ -191,12 +191,10 @@ class Stream:
         return n
 
     def _compact(self) -> None:
+        """Move the unparsed bytes to the front (a header larger than the buffer grows it
+        first: _compact_to; a small frame fits, being under DIRECT)."""
         kept = self._hi - self._lo
-        need = max(BUFFER, kept * 2)
-        if self._lo == 0 and kept == len(self._buf):
-            self._buf.extend(bytes(need - len(self._buf)))    # a header larger than the buffer
-        else:
-            self._buf[:kept] = self._buf[self._lo:self._hi]
+        self._buf[:kept] = self._buf[self._lo:self._hi]
         self._lo, self._hi = 0, kept
 
     def _parse(self, done: list[list[Any]]) -> None:
@@ -321,7 +319,7 @@ class Streams:
 
     def open(self, node_id: int, path: str) -> bool:
         """Connect to the stream socket of ``node_id`` at ``path``; False if none answers
-        (the van then uses ZeroMQ)."""
+        or it closes at once (the van then uses ZeroMQ)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(1.0)
@@ -333,8 +331,8 @@ class Streams:
         stream = self._add(sock)
         stream.peer = node_id
         self._to[node_id] = stream
-        self.send(stream, [self._identity])     # who we are: replies come back by it
-        return True
+        return self.send(stream, [self._identity])  # who we are: replies come back by it (False:
+                                                    # the peer closed at once, as the hello left)
 
     def to(self, node_id: int) -> Stream | None:
         return self._to.get(node_id) if self._to else None

@@ -385,19 +385,22 @@ class ZmqVan(Van):
                        "dropping %r: %s", msg, exc.strerror)
             _dropped(msg)
             return
-        self._bytes_sent += nbytes
-        self._messages_sent += 1
         if msg.on_sent is not None:
             msg.on_sent(tracker)
-        if self._verbose >= 2:
-            logger.debug("sent %r", msg)
+        self._sent(msg, nbytes)
 
     def _stream_sent(self, stream: Any, frames: list[Any], nbytes: int, msg: Message) -> None:
-        if not self._streams.send(stream, frames, msg.on_sent):
+        if not self._streams.send(stream, frames, msg.on_sent):     # on_sent: once written
+            if msg.route is None and msg.recver in self._dealers:
+                self._send_now(msg)     # the stream broke just now: its fallback, as the next ones
+                return
             logger.log(logging.DEBUG if msg.recver in self._gens else logging.INFO,
                        "dropping %r: its stream to %r is closed", msg, stream.peer)
             _dropped(msg)
             return
+        self._sent(msg, nbytes)
+
+    def _sent(self, msg: Message, nbytes: int) -> None:
         self._bytes_sent += nbytes
         self._messages_sent += 1
         if self._verbose >= 2:

@@ -422,12 +422,21 @@ class Postoffice:
         self._control[node_id] = self.van.connect_control(node_id, self.nodes[node_id].addr)
 
     def send(self, msg: Message) -> None:
+        self._stamp(msg)
+        self.van.send(msg)
+
+    def send_now(self, msg: Message) -> bool:
+        """Write ``msg`` from this thread if the van can (:meth:`Van.send_now`); False: not sent."""
+        self._stamp(msg)
+        return self.van.send_now(msg)
+
+    def _stamp(self, msg: Message) -> None:
+        """Refuse if the cluster failed or this node closed; else sign ``msg`` as ours."""
         if self.failure is not None:
             raise self.failure
         if self._closed:
             raise ClosedError(f"{self} is closed")
         msg.sender = self.node_id
-        self.van.send(msg)
 
     # -- failures ------------------------------------------------------------------------
     def add_failure_listener(self, listener: Callable[[PSError], None]) -> None:

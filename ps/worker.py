@@ -64,6 +64,7 @@ class KVWorker:
         self.credits = 0                       # CREDIT messages received (transport_stats)
         self._lock = threading.RLock()
         self._flush_scheduled = False
+        self._alone_out = False                # an entry left alone (_leaves_alone), no reply since
         self.on_flush: Callable[[], None] | None = None    # queued requests left together (a timeline's cycles)
         self._cmd_ids = itertools.count(1)
         self._cmd_waiters: dict[int, tuple[threading.Event, dict[int, Any]]] = {}
@@ -263,10 +264,28 @@ class KVWorker:
             return
         box = self._outbox.get(sid)
         if box is None:
+            if self._leaves_alone(sid, entry, data):
+                return
             self._schedule_flush()
             box = self._outbox[sid] = Batch()
         if box.add(entry, data) >= self._chunk:
             self._send(sid, self._outbox.pop(sid))
+
+    def _leaves_alone(self, sid: int, entry: Entry, data: np.ndarray | Rows | None) -> bool:
+        """Send the entry at once from the caller's thread if its request is the only one
+        outstanding, nothing is boxed or went alone since the last reply, and the van can
+        write it here (a stream to a server on this machine, :meth:`ZmqVan.send_now`). A
+        call alone (one key, then a wait) then leaves without waking the I/O thread; the
+        rest of a burst, and of a request of several entries, is batched as before."""
+        if self._alone_out or self._outbox or self._flush_scheduled or self.customer.in_flight > 1 \
+                or self.po.over_network(sid):
+            return False
+        box = Batch()
+        box.add(entry, data)
+        if not self.po.send_now(_message(sid, box)):
+            return False
+        self._alone_out = True
+        return True
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
@@ -291,9 +310,7 @@ class KVWorker:
             on_flush()
 
     def _send(self, sid: int, box: Batch, flags: int = 0) -> None:
-        msg = Message(Command.DATA, recver=sid, body=box.entries, frames=box.frames)
-        msg.flags = flags
-        self.po.send(msg)
+        self.po.send(_message(sid, box, flags))
 
     def _send_queued(self) -> None:
         """What the send window has room for, most urgent first (under the lock)."""
@@ -309,6 +326,7 @@ class KVWorker:
             return self.drain.tick(self._queue, self._send_queued)
 
     def _on_reply(self, msg: Message) -> None:
+        self._alone_out = False
         self.po.credit(msg)
         self.customer.on_reply(msg)
 
@@ -403,3 +421,8 @@ class KVWorker:
             waiter[1][msg.sender] = body
             waiter[0].set()
 
+
+def _message(sid: int, box: Batch, flags: int = 0) -> Message:
+    msg = Message(Command.DATA, recver=sid, body=box.entries, frames=box.frames)
+    msg.flags = flags
+    return msg

@@ -63,6 +63,11 @@ class Van(Protocol):
     def send(self, msg: Message) -> None:
         """Queue ``msg``; never blocks on the network."""
 
+    def send_now(self, msg: Message) -> bool:
+        """Write ``msg`` on the calling thread if this van can without its I/O thread (and
+        nothing queued before it is passed); False: nothing was done, ``send`` it."""
+        return False
+
     @abc.abstractmethod
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the I/O thread (after the messages already queued)."""

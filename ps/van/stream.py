@@ -4,7 +4,9 @@ Between two processes on one machine a ZeroMQ message wakes four threads on its 
 sender's and the receiver's libzmq I/O threads besides the two Python ones) and costs
 pyzmq ~80 us of Python per round trip; over a plain Unix socket that the van's own poll
 watches it wakes one. A 4 KB round trip between two processes took 145 us this way against
-270 us over ZeroMQ's ipc:// on the same machine. Only the van's I/O thread touches a Stream.
+270 us over ZeroMQ's ipc:// on the same machine. The van's I/O thread reads a Stream; writes
+(and closes) hold the van's send lock, so that a worker's thread may write a request itself
+(``Streams.write_now``) instead of waking the I/O thread to do it.
 
 On the wire a message is a header, ``<I`` (the number of frames) then ``<Q`` per frame
 (its length), then the frames' bytes. A stream's first message is its opener's identity
@@ -18,6 +20,7 @@ import logging
 import os
 import socket
 import struct
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -277,18 +280,23 @@ def _bytes_view(view: memoryview) -> memoryview:
 
 
 class Streams:
-    """A van's connections to peers on its machine, on its I/O thread only: the socket it
-    listens on, the streams it opened (by the peer's node id) and those peers opened to it
-    (by the opener's identity, which their first message gives: a reconnect with the same
-    identity takes the route over, as ZeroMQ's ROUTER_HANDOVER does)."""
+    """A van's connections to peers on its machine, on its I/O thread but for
+    ``write_now``: the socket it listens on, the streams it opened (by the peer's node id)
+    and those peers opened to it (by the opener's identity, which their first message gives:
+    a reconnect with the same identity takes the route over, as ZeroMQ's ROUTER_HANDOVER does)."""
 
     def __init__(self, poller: Any, identity: bytes,
                  received: Callable[[list[Any], bytes | None, int | None], None],
-                 lost: Callable[[int, str], None], max_frame: int):
+                 lost: Callable[[int, str], None], max_frame: int,
+                 lock: threading.RLock | None = None, call_soon: Callable[[Callable[[], None]], None] | None = None):
         """``poller`` is the van's zmq.Poller (it polls plain file descriptors too);
         ``received(frames, route, source)`` gets each message: ``route`` the identity of a
         stream a peer opened, ``source`` the node id of one this van opened; ``lost(node_id,
-        why)`` hears that a stream this van opened closed (not by ``close_to``)."""
+        why)`` hears that a stream this van opened closed (not by ``close_to``). ``lock``:
+        the van's send lock, held here around every write and close; ``call_soon`` runs a
+        function on the I/O thread (``write_now``'s rest of a message)."""
+        self.lock = lock if lock is not None else threading.RLock()
+        self._call_soon = call_soon
         self._poller = poller
         self._identity = identity
         self._received = received
@@ -347,16 +355,45 @@ class Streams:
 
     def send(self, stream: Stream, frames: list[Any], on_sent: OnSent | None = None) -> bool:
         """False if the stream is closed (its peer died): the message is dropped."""
-        if stream.closed:
+        with self.lock:
+            if stream.closed:
+                return False
+            try:
+                stream.send(frames, on_sent)
+            except StreamClosed as exc:
+                self._close(stream, str(exc))
+                return False
+            if stream.pending:
+                self._poller.modify(stream.fd, POLLIN | POLLOUT)
+            return True
+
+    def idle_to(self, node_id: int) -> bool:
+        """Whether a stream to ``node_id`` is open with nothing waiting to be written (a
+        look without the lock: ``write_now`` looks again under it)."""
+        stream = self._to.get(node_id) if self._to else None
+        return stream is not None and not stream.pending and not stream.closed
+
+    def write_now(self, node_id: int, frames: list[Any], on_sent: OnSent | None = None) -> bool:
+        """On a thread other than the I/O thread, holding ``lock``: write a message to the
+        stream opened to ``node_id`` if one is open and nothing of it waits to be written.
+        What the kernel does not take now the I/O thread writes on (it is woken for that
+        only). False: nothing was written, the I/O thread must send it (and it meets any
+        error the stream has, closing it as its own sends do)."""
+        stream = self._to.get(node_id) if self._to else None
+        if stream is None or stream.closed or stream.pending:
             return False
         try:
             stream.send(frames, on_sent)
-        except StreamClosed as exc:
-            self._close(stream, str(exc))
+        except StreamClosed:
             return False
         if stream.pending:
-            self._poller.modify(stream.fd, POLLIN | POLLOUT)
+            self._call_soon(lambda: self._want_out(stream))
         return True
+
+    def _want_out(self, stream: Stream) -> None:
+        with self.lock:
+            if not stream.closed and stream.pending:
+                self._poller.modify(stream.fd, POLLIN | POLLOUT)
 
     def on_event(self, fd: int, events: int) -> None:
         """The poll's ``events`` for ``fd``: a stream's, the listener's, or one closed
@@ -368,9 +405,10 @@ class Streams:
             return
         try:
             if events & POLLOUT:
-                stream.flush()
-                if not stream.pending:
-                    self._poller.modify(fd, POLLIN)
+                with self.lock:
+                    stream.flush()
+                    if not stream.pending:
+                        self._poller.modify(fd, POLLIN)
             if events & (POLLIN | POLLERR):
                 for frames in stream.receive():
                     self._take(stream, frames)
@@ -423,7 +461,8 @@ class Streams:
         logger.debug("%s: the stream with %r closed: %s", self._name, stream.peer, why)
         self._poller.unregister(stream.fd)
         self._by_fd.pop(stream.fd, None)
-        stream.close()
+        with self.lock:
+            stream.close()
         if isinstance(stream.peer, bytes):
             if self._routes.get(stream.peer) is stream:
                 del self._routes[stream.peer]
@@ -434,10 +473,11 @@ class Streams:
 
     def close(self, linger: float = 0.0) -> None:
         """Close every stream (writing what waits for up to ``linger`` s) and the listener."""
-        for stream in list(self._by_fd.values()):
-            stream.close(linger)
+        with self.lock:
+            for stream in list(self._by_fd.values()):
+                stream.close(linger)
+            self._to.clear()
         self._by_fd.clear()
-        self._to.clear()
         self._routes.clear()
         if self._path is not None:
             if self._listener is not None:

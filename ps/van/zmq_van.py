@@ -47,6 +47,7 @@ class ZmqVan(Van):
         self._bytes_received = 0
         self._messages_sent = 0
         self._messages_received = 0
+        self._sent_now = 0           # messages a caller's thread wrote (send_now)
         self._drop = drop
         self._ctx: zmq.Context | None = None
         self._router: zmq.Socket | None = None
@@ -60,6 +61,10 @@ class ZmqVan(Van):
         self._identity = b"ps-" + uuid.uuid4().hex[:16].encode()
         self._queue: collections.deque = collections.deque()
         self._queue_lock = threading.Lock()    # enqueue vs the last look at the queue on stop
+        # held around every write to a stream, on the I/O thread and on a caller's (send_now),
+        # and across taking a message off the queue and sending it, so that a caller's write
+        # never passes a message queued before it
+        self._send_lock = threading.RLock()
         self._closed = False
         self._wake_pending = False
         self._wake_r, self._wake_w = -1, -1
@@ -76,7 +81,8 @@ class ZmqVan(Van):
         # peers on this machine past libzmq (ps/van/stream.py), beside an ipc:// path; never
         # under CURVE, whose keys authenticate peers (a Unix socket has none)
         self._streams = Streams(self._poller, self._identity, self._from_stream, self._stream_lost,
-                                MAX_MSG_SIZE) if streams and curve is None and UNIX_SOCKETS else None
+                                MAX_MSG_SIZE, self._send_lock, self._soon_quietly
+                                ) if streams and curve is None and UNIX_SOCKETS else None
         self._via_stream: dict[int, str] = {}   # node id -> its address, while a stream reaches it
 
     # -- setup ---------------------------------------------------------------------------
@@ -263,6 +269,8 @@ class ZmqVan(Van):
             stats["stale"] = self._stale
         if self._streams:
             stats["streams"] = len(self._streams)
+        if self._sent_now:
+            stats["sent_now"] = self._sent_now     # of messages_sent, written by a caller's thread
         return stats
 
     def forget(self, peer: Any) -> None:
@@ -322,6 +330,33 @@ class ZmqVan(Van):
         else:
             self._send_now(msg)
 
+    def send_now(self, msg: Message) -> bool:
+        """Write ``msg`` on the calling thread when a stream reaches its peer and nothing is
+        queued before it: a worker's lone request (``KVWorker._leaves_alone``) leaves
+        without waking the I/O thread, which on a busy machine is a thread switch on every
+        round's path. Bulk traffic stays with the I/O thread, whose writes overlap the
+        caller's next work."""
+        if self._streams is None or msg.route is not None or msg.cmd == Command.CREDIT \
+                or self.in_io_thread or not self._streams.idle_to(msg.recver):
+            return False
+        if self._gens:
+            msg.gen = self._gens.get(_peer(msg), 0)
+        frames = encode(msg)
+        with self._send_lock:
+            if self._queue or self._stopping or self._closed:
+                return False
+            if not self._streams.write_now(msg.recver, frames, msg.on_sent):
+                return False
+            self._sent(msg, sum(memoryview(f).nbytes for f in frames))
+            self._sent_now += 1
+        return True
+
+    def _soon_quietly(self, fn: Callable[[], None]) -> None:
+        try:
+            self._enqueue(fn)
+        except TransportError:
+            pass                    # stopping: nothing more will be written anyway
+
     def call_soon(self, fn: Callable[[], None]) -> None:
         if self.in_io_thread:
             fn()
@@ -350,6 +385,10 @@ class ZmqVan(Van):
                 pass
 
     def _send_now(self, msg: Message) -> None:
+        with self._send_lock:
+            self._send_locked(msg)
+
+    def _send_locked(self, msg: Message) -> None:
         if self._gens and msg.gen != self._gens.get(_peer(msg), 0):
             self._stale += 1            # for a dead incarnation: its restart must not see it
             logger.debug("dropping %r: queued before its peer was forgotten", msg)
@@ -475,14 +514,15 @@ class ZmqVan(Van):
         self._wake_pending = False
 
     def _drain_queue(self) -> None:
-        queue = self._queue
+        queue, lock = self._queue, self._send_lock
         while queue:
-            item = queue.popleft()
             try:
-                if isinstance(item, Message):
-                    self._send_now(item)
-                else:
-                    item()
+                with lock:          # taken off and sent as one step (send_now)
+                    item = queue.popleft()
+                    if isinstance(item, Message):
+                        self._send_locked(item)
+                        continue
+                item()
             except Exception:  # noqa: BLE001
                 logger.exception("error while sending from the I/O thread")
 

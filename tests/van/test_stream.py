@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ps.errors import ProtocolError
-from ps.message import Command, Message
+from ps.message import Command, Message, decode
 from ps.van import create_van
 from ps.van.stream import MAX_FRAMES, Stream, StreamClosed
 from tests.helpers import wait_for
@@ -388,3 +388,57 @@ def test_a_stream_socket_another_user_owns_is_not_used(bare_peer, worker_van):
     listener.settimeout(0.5)
     with pytest.raises(socket.timeout):
         listener.accept()
+
+
+def _messages(conn: socket.socket, want: int, timeout: float = 20.0) -> list[list]:
+    """Read ``want`` whole messages the van wrote to ``conn`` (a stream it opened)."""
+    _OPENED.append(conn)
+    reader, got = Stream(conn, 1 << 30), []
+    end = time.monotonic() + timeout
+    while len(got) < want:
+        assert time.monotonic() < end, f"{len(got)} of {want} messages arrived"
+        got += reader.receive()
+        time.sleep(0.005)
+    return got
+
+
+@pytest.mark.timeout(60)
+def test_send_now_writes_on_the_callers_thread_only_while_nothing_waits_before_it(bare_peer, worker_van):
+    """A lone request is written by its caller's thread, but never past what the van still
+    has to write: behind a message the kernel has not taken in full it is refused (False,
+    nothing written), and ``send`` then keeps the order."""
+    path, listener, _router = bare_peer
+
+    def msg(i, frames=()):
+        return Message(Command.SERVER_CMD, WORKER, SERVER, {"i": i}, frames=frames)
+    assert not worker_van.send_now(msg(0))                  # no stream to it yet
+    worker_van.connect(SERVER, f"ipc://{path}")
+    listener.settimeout(10)
+    conn, _ = listener.accept()
+    wait_for(lambda: worker_van.transport_stats().get("streams") == 1, what="the worker's stream")
+    assert worker_van.send_now(msg(1))
+    worker_van.send(msg(2, [np.arange(16 << 20, dtype=np.uint8)]))   # more than the kernel holds
+    assert not worker_van.send_now(msg(3))
+    worker_van.send(msg(3))
+    got = _messages(conn, 4)
+    assert got[0] == [worker_van.identity]
+    assert [decode(frames[:1], None).body["i"] for frames in got[1:]] == [1, 2, 3]
+    np.testing.assert_array_equal(np.frombuffer(got[2][1], np.uint8), np.arange(16 << 20, dtype=np.uint8))
+    stats = worker_van.transport_stats()
+    assert stats["sent_now"] == 1 and stats["messages_sent"] == 3
+
+
+@pytest.mark.timeout(60)
+def test_send_now_is_refused_on_the_io_thread_and_for_replies(bare_peer, worker_van):
+    path, listener, _router = bare_peer
+    worker_van.connect(SERVER, f"ipc://{path}")
+    listener.settimeout(10)
+    conn, _ = listener.accept()
+    _OPENED.append(conn)
+    wait_for(lambda: worker_van.transport_stats().get("streams") == 1, what="the worker's stream")
+    on_io = []
+    worker_van.call_soon(lambda: on_io.append(worker_van.send_now(Message(Command.SERVER_CMD, WORKER, SERVER, {}))))
+    wait_for(lambda: on_io, what="send_now on the I/O thread")
+    assert on_io == [False]
+    assert not worker_van.send_now(Message(Command.SERVER_CMD, WORKER, SERVER, {}, request=False, route=b"x"))
+    assert worker_van.transport_stats().get("sent_now", 0) == 0

@@ -35,7 +35,8 @@ def main(environ=None, argv=None) -> int:
                 print(f"ps scheduler: {sched.error}", file=sys.stderr)
             return code
         if cfg.is_server:
-            from .server import KVServer
+            from .server import KVServer, keep_freed
+            keep_freed(cfg.server_malloc_keep)         # a server process alone: not a joint one's
             server = KVServer(cfg)
             code = server.run()
             if code:

@@ -146,6 +146,9 @@ class Var:
     required: bool = False
 
 
+# glibc's own malloc variables: set, they win over PS_SERVER_MALLOC_KEEP
+MALLOC_OWN = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
+
 VARIABLES: tuple[Var, ...] = (
     Var("DMLC_ROLE", "role", _role, "worker", "scheduler, server, worker, or joint (a worker that holds a server shard)"),
     Var("DMLC_PS_ROOT_URI", "root_uri", _str, None, "scheduler IP or host name (resolved to an IP)", True),
@@ -237,6 +240,12 @@ VARIABLES: tuple[Var, ...] = (
         "machine sends it ps's frames there, past libzmq's I/O threads (on one machine a 4 KB "
         "push-pull 1.2x, a 1 MB one 1.5-1.7x faster); never under PS_SECRET_FILE (CURVE); 0: "
         "peers on one machine use ZeroMQ's ipc:// twin"),
+    Var("PS_SERVER_MALLOC_KEEP", "server_malloc_keep", _bytes, 16 << 20,
+        "bytes of freed memory a server process's malloc keeps for its next rounds instead of "
+        "returning them to the kernel, which would take them back page by page, zeroed (glibc "
+        "only; at W4 S2 one 1 MB key's server spent twice the CPU without it); 0 leaves malloc "
+        "as it is, and so does a malloc setting of your own (MALLOC_TRIM_THRESHOLD_, "
+        "MALLOC_MMAP_THRESHOLD_, MALLOC_TOP_PAD_, MALLOC_MMAP_MAX_, or glibc.malloc in GLIBC_TUNABLES)"),
     Var("PS_DASHBOARD", "dashboard", _listen, None,
         "[HOST:]PORT: the scheduler serves a live dashboard of the job there: the page at /, /metrics for"
         " Prometheus, /api/... as JSON; HOST defaults to 127.0.0.1 (this machine only); port 0 picks a "
@@ -371,6 +380,7 @@ class Config:
     torch_fusion: int = 0
     local_ipc: bool = True
     local_stream: bool = True
+    server_malloc_keep: int = 16 << 20
     dashboard: Listen | None = None
     dashboard_linger: float = 0.0
     secret_file: str | None = None
@@ -401,6 +411,8 @@ class Config:
             if raw is None or var.field in values:  # an earlier name (PORT over DMLC_PORT) wins
                 continue
             values[var.field] = var.parse(var.name, raw)
+        if any(name in env for name in MALLOC_OWN) or "glibc.malloc." in env.get("GLIBC_TUNABLES", ""):
+            values["server_malloc_keep"] = 0        # the user tuned glibc's malloc: theirs wins
         values.update(overrides)
         if values.get("role") == "joint" and values.get("num_servers") is None:
             values["num_servers"] = values.get("num_workers")     # one shard per joint process

@@ -1,8 +1,9 @@
 """The server role (``DMLC_ROLE=server``): a server's keys, their rounds, and its replica.
 
 The rest of ``ps`` starts a server (``ps/__main__.py``, ``ps.testing``) and nothing more,
-so this package exports only :class:`KVServer`; everything else here serves it. The
-modules, each with one job:
+so this package exports only :class:`KVServer`, and for a process that is a server alone
+:func:`keep_freed` (its malloc); everything else here serves it. The modules, each with
+one job:
 
 * ``kvserver``: :class:`KVServer`, the role: requests in, the Store's replies to the
   outbox, server commands, stall warnings;
@@ -24,10 +25,13 @@ modules, each with one job:
   with what they journal for the backup; a backup's copy of them is a ``Tables`` too;
 * ``replica``: a backup's copy of another server's Store and Tables, kept by replaying its events;
 * ``replication``: the protocol around that copy (PS_MAX_RESTARTS), and the outbox that
-  holds replies until the backup has what they depend on.
+  holds replies until the backup has what they depend on;
+* ``malloc``: a server process's malloc keeps a round's freed buffers for the next round
+  (PS_SERVER_MALLOC_KEEP).
 """
 from __future__ import annotations
 
 from .kvserver import KVServer
+from .malloc import keep_freed
 
-__all__ = ["KVServer"]
+__all__ = ["KVServer", "keep_freed"]

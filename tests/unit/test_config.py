@@ -109,3 +109,15 @@ def test_the_least_chunk_is_one_the_send_window_counts():
     from ps.config import CHUNK_MIN
     from ps.sendqueue import CREDIT_MIN
     assert CHUNK_MIN > CREDIT_MIN           # a one-chunk message must be credited (PS_SEND_WINDOW)
+
+
+@pytest.mark.parametrize("extra, keep", [
+    ({}, 16 << 20),
+    ({"PS_SERVER_MALLOC_KEEP": "16M"}, 16 << 20),
+    ({"PS_SERVER_MALLOC_KEEP": "0"}, 0),
+    ({"MALLOC_TRIM_THRESHOLD_": "1000000"}, 0),                       # the user's own malloc setting wins
+    ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1000000"}, 0),
+    ({"GLIBC_TUNABLES": "glibc.pthread.rseq=0"}, 16 << 20),            # a tunable of something else
+])
+def test_a_servers_malloc_keeps_freed_memory_unless_the_user_tuned_malloc(extra, keep):
+    assert Config.from_env({**BASE, "DMLC_ROLE": "server", **extra}).server_malloc_keep == keep

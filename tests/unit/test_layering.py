@@ -80,7 +80,8 @@ ALLOWED = {
                         "server.replication", "server.replies", "server.rounds", "server.store", "server.tables",
                         "server.updaters",
                         "van"},
-    "server": {"server.kvserver"},
+    "server": {"server.kvserver", "server.malloc"},
+    "server.malloc": set(),
     "server.imports": {"message", "optim", "optim.pickled"},
     "keyinfo": {"keys", "message"},
     # embedding tables: pure but for the worker's requests (client); the server's rounds are server.tables

@@ -7,7 +7,6 @@ which is cheaper than pinning them) and come back as ``zmq.Frame`` buffers.
 """
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import os
@@ -22,6 +21,7 @@ from ..errors import NativeNodeError, ProtocolError, TransportError
 from ..message import Command, Message, decode, encode, node_name
 from . import in_process
 from .base import TICK_SOONEST, OnMessage, Van, control_identity
+from .handoff import Handoff
 from .sendbuf import SendBuffers
 from .stream import AVAILABLE as UNIX_SOCKETS
 from .stream import Streams
@@ -59,15 +59,11 @@ class ZmqVan(Van):
         self._gens: dict[Any, int] = {}
         self._stale = 0
         self._identity = b"ps-" + uuid.uuid4().hex[:16].encode()
-        self._queue: collections.deque = collections.deque()
-        self._queue_lock = threading.Lock()    # enqueue vs the last look at the queue on stop
+        self._handoff = Handoff()              # what other threads give the I/O thread
         # held around every write to a stream, on the I/O thread and on a caller's (send_now),
         # and across taking a message off the queue and sending it, so that a caller's write
         # never passes a message queued before it
         self._send_lock = threading.RLock()
-        self._closed = False
-        self._wake_pending = False
-        self._wake_r, self._wake_w = -1, -1
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._linger = 0.0
@@ -114,10 +110,8 @@ class ZmqVan(Van):
         if self._in_process:
             self._bind_in_process(router)
         self._router = router
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
         self._poller.register(router, zmq.POLLIN)
-        self._poller.register(self._wake_r, zmq.POLLIN)
+        self._poller.register(self._handoff.open(), zmq.POLLIN)
         self._thread = threading.Thread(target=self._loop, name=f"ps-van[{name or self.address}]",
                                         daemon=True)
         self._thread.start()
@@ -320,13 +314,12 @@ class ZmqVan(Van):
         if self._gens:
             msg.gen = self._gens.get(_peer(msg), 0)
         if not self.in_io_thread:
-            self._enqueue(msg)
-        elif self._queue:
+            self._handoff.put(msg)
+        elif self._handoff:
             # behind what other threads queued before: a worker's flush on this thread must
             # not send a push's last chunk (or the next push) ahead of its first chunks, which
             # the caller's thread queued (the server would count them in the wrong round)
-            with self._queue_lock:
-                self._queue.append(msg)
+            self._handoff.put_here(msg)
         else:
             self._send_now(msg)
 
@@ -343,7 +336,7 @@ class ZmqVan(Van):
             msg.gen = self._gens.get(_peer(msg), 0)
         frames = encode(msg)
         with self._send_lock:
-            if self._queue or self._stopping or self._closed:
+            if self._handoff or not self._handoff.accepting:
                 return False
             if not self._streams.write_now(msg.recver, frames, msg.on_sent):
                 return False
@@ -353,7 +346,7 @@ class ZmqVan(Van):
 
     def _soon_quietly(self, fn: Callable[[], None]) -> None:
         try:
-            self._enqueue(fn)
+            self._handoff.put(fn)
         except TransportError:
             pass                    # stopping: nothing more will be written anyway
 
@@ -361,28 +354,13 @@ class ZmqVan(Van):
         if self.in_io_thread:
             fn()
         else:
-            self._enqueue(fn)
+            self._handoff.put(fn)
 
     def call_later(self, fn: Callable[[], None]) -> None:
-        if not self.in_io_thread:
-            self._enqueue(fn)
-            return
-        with self._queue_lock:      # no wake-up: the loop drains its queue before it polls again,
-            if self._closed:        # and a stopping loop runs what is left (_run_leftovers)
-                raise TransportError("the van is not running")
-            self._queue.append(fn)
-
-    def _enqueue(self, item: Any) -> None:
-        with self._queue_lock:
-            if self._thread is None or self._stopping or self._closed:
-                raise TransportError("the van is not running")
-            self._queue.append(item)
-        if not self._wake_pending:
-            self._wake_pending = True
-            try:
-                os.write(self._wake_w, b"\0")
-            except OSError:
-                pass
+        if self.in_io_thread:
+            self._handoff.put_here(fn)
+        else:
+            self._handoff.put(fn)
 
     def _send_now(self, msg: Message) -> None:
         with self._send_lock:
@@ -462,8 +440,8 @@ class ZmqVan(Van):
                 for sock, events in self._poller.poll(timeout):
                     if isinstance(sock, zmq.Socket) and sock.closed:
                         continue                    # an earlier handler of this pass closed it (_unwatch)
-                    if sock == self._wake_r:
-                        self._drain_wake()
+                    if sock == self._handoff.wake_r:
+                        self._handoff.woken()
                     elif not isinstance(sock, zmq.Socket):
                         if self._streams is not None:   # a stream's descriptor or the listener's
                             self._streams.on_event(sock, events)
@@ -492,29 +470,15 @@ class ZmqVan(Van):
     def _run_leftovers(self) -> None:
         """Callables queued while the van stopped still run (they find it stopped and fail
         their request, e.g. a pushpull that MXNet's engine waits on); messages are dropped."""
-        with self._queue_lock:
-            self._closed = True
-            left, self._queue = list(self._queue), collections.deque()
-        for item in left:
+        for item in self._handoff.close():
             if not isinstance(item, Message):
                 try:
                     item()
                 except Exception:  # noqa: BLE001
                     logger.debug("callable queued on a stopped van failed", exc_info=True)
 
-    def _drain_wake(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
-        # Reset only after the pipe is empty. Resetting first loses wake-ups: a sender that
-        # sees False writes a byte that the read above then swallows, the flag stays True,
-        # and from then on every send waits for the 100 ms poll timeout.
-        self._wake_pending = False
-
     def _drain_queue(self) -> None:
-        queue, lock = self._queue, self._send_lock
+        queue, lock = self._handoff.items, self._send_lock
         while queue:
             try:
                 with lock:          # taken off and sent as one step (send_now)
@@ -576,17 +540,13 @@ class ZmqVan(Van):
             return
         self._linger = linger
         self._stopping = True
-        try:
-            os.write(self._wake_w, b"\0")
-        except OSError:
-            pass
+        self._handoff.stop()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout + linger)
             if self._thread.is_alive():
                 logger.warning("van I/O thread did not stop within %.1fs", timeout + linger)
                 return
-            for fd in (self._wake_r, self._wake_w):   # closed only once no thread can write
-                os.close(fd)
+            self._handoff.close_pipe()             # no thread can write to it any more
 
     def _close_sockets(self) -> None:
         linger_ms = int(self._linger * 1000)

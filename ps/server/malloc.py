@@ -12,7 +12,6 @@ worker's malloc is its training script's.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 
 logger = logging.getLogger(__name__)
@@ -29,8 +28,8 @@ def keep_freed(keep: int) -> bool:
     if keep <= 0:
         return False
     try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
-    except (OSError, AttributeError, TypeError):
+        mallopt = ctypes.CDLL(None).mallopt     # libc's, among the process's symbols: no
+    except (OSError, AttributeError):          # find_library, which runs ldconfig at start-up
         return False            # not glibc (musl, macOS): its malloc has no such knobs
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     ok = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, min(keep, 2**31 - 1)) == 1

@@ -288,14 +288,14 @@ class Streams:
     def __init__(self, poller: Any, identity: bytes,
                  received: Callable[[list[Any], bytes | None, int | None], None],
                  lost: Callable[[int, str], None], max_frame: int,
-                 lock: threading.RLock | None = None, call_soon: Callable[[Callable[[], None]], None] | None = None):
+                 lock: threading.RLock, call_soon: Callable[[Callable[[], None]], None]):
         """``poller`` is the van's zmq.Poller (it polls plain file descriptors too);
         ``received(frames, route, source)`` gets each message: ``route`` the identity of a
         stream a peer opened, ``source`` the node id of one this van opened; ``lost(node_id,
         why)`` hears that a stream this van opened closed (not by ``close_to``). ``lock``:
         the van's send lock, held here around every write and close; ``call_soon`` runs a
         function on the I/O thread (``write_now``'s rest of a message)."""
-        self.lock = lock if lock is not None else threading.RLock()
+        self.lock = lock
         self._call_soon = call_soon
         self._poller = poller
         self._identity = identity
@@ -370,8 +370,11 @@ class Streams:
     def idle_to(self, node_id: int) -> bool:
         """Whether a stream to ``node_id`` is open with nothing waiting to be written (a
         look without the lock: ``write_now`` looks again under it)."""
+        return self._idle(node_id) is not None
+
+    def _idle(self, node_id: int) -> Stream | None:
         stream = self._to.get(node_id) if self._to else None
-        return stream is not None and not stream.pending and not stream.closed
+        return None if stream is None or stream.closed or stream.pending else stream
 
     def write_now(self, node_id: int, frames: list[Any], on_sent: OnSent | None = None) -> bool:
         """On a thread other than the I/O thread, holding ``lock``: write a message to the
@@ -379,8 +382,8 @@ class Streams:
         What the kernel does not take now the I/O thread writes on (it is woken for that
         only). False: nothing was written, the I/O thread must send it (and it meets any
         error the stream has, closing it as its own sends do)."""
-        stream = self._to.get(node_id) if self._to else None
-        if stream is None or stream.closed or stream.pending:
+        stream = self._idle(node_id)
+        if stream is None:
             return False
         try:
             stream.send(frames, on_sent)

@@ -38,7 +38,7 @@ NO_WATCH = StallWatch(0.0, lambda: 0.0)
 
 class Request:
     __slots__ = ("ts", "remaining", "out", "starts", "error", "event", "what", "pending", "callbacks", "sent", "got",
-                 "left", "since", "warned", "key", "seq")
+                 "left", "since", "warned", "key", "seq", "reader")
 
     def __init__(self, ts: int, remaining: int, out: np.ndarray | None, starts: dict[int, int], what: str,
                  keep: bool = False):
@@ -59,6 +59,9 @@ class Request:
         self.warned = False
         self.key: int | None = None         # the server key and this worker's push number there
         self.seq = 0                        # (a pull: its last push's), for PS_DEADLOCK_CHECK
+        # reads the reply on the waiting thread for up to the seconds given (KVWorker sets
+        # it for a lone request to a server on this machine); False: wait on ``event``
+        self.reader: Callable[[float], bool] | None = None
 
     def restart(self, server: int) -> list[tuple[Any, Any]]:
         """``server`` restarted before answering: forget its partial answer; what to resend."""
@@ -80,7 +83,7 @@ class Request:
             raise self.error
 
     def _wait(self, deadline: Deadline, failure: Callable[[], PSError | None], watch: StallWatch) -> None:
-        while not self.event.wait(deadline.remaining(POLL)):
+        while not self._waited(deadline.remaining(POLL)):
             held = deadline.paused()
             exc = failure()
             if exc is not None:
@@ -98,6 +101,14 @@ class Request:
                                    self.what, self._servers(), waited, watch.after, self.ts, self.remaining)
             if watch.waits is not None:
                 watch.waits.waiting(self, waited)
+
+    def _waited(self, seconds: float) -> bool:
+        reader = self.reader
+        if reader is not None and not self.event.is_set():
+            if reader(seconds):
+                return self.event.is_set()
+            self.reader = None
+        return self.event.wait(seconds)
 
     def _servers(self) -> str:
         return ", ".join(node_name(i) for i in sorted(self.pending)) or "-"
@@ -138,6 +149,17 @@ class Customer:
     @property
     def in_flight(self) -> int:
         return len(self._requests)
+
+    def answers_alone(self, msg: Message) -> bool:
+        """Whether every request ``msg`` answers waits on its sender alone and resends
+        nothing (PS_MAX_RESTARTS): then no other thread touches them while this one
+        handles ``msg`` (``on_reply`` is otherwise the I/O thread's)."""
+        requests = self._requests
+        for entry in msg.body:
+            req = requests.get(entry.ts)
+            if req is not None and (req.sent is not None or len(req.pending) != 1 or msg.sender not in req.pending):
+                return False
+        return True
 
     def on_reply(self, msg: Message) -> None:
         arrays = iter(msg.frames)

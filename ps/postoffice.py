@@ -430,6 +430,17 @@ class Postoffice:
         self._stamp(msg)
         return self.van.send_now(msg)
 
+    def read_here(self, node_id: int, until: Callable[[], bool], seconds: float,
+                  mine: Callable[[Message], bool]) -> bool:
+        """Wait for ``node_id``'s reply by reading it on this thread if the van can
+        (:meth:`Van.read_here`): ``mine`` picks the messages handled here, which must be
+        DATA replies that ask for no credit (the worker's reply handler is safe off the I/O
+        thread; a credit's connection is the I/O thread's to open)."""
+        if self._fenced:
+            return False
+        return self.van.read_here(node_id, until, seconds, lambda msg: (
+            msg.cmd == Command.DATA and not msg.request and not msg.flags & Flag.CREDIT and mine(msg)))
+
     def _stamp(self, msg: Message) -> None:
         """Refuse if the cluster failed or this node closed; else sign ``msg`` as ours."""
         if self.failure is not None:

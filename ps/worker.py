@@ -8,6 +8,7 @@ was queued before, so a burst of small calls travels together without waiting on
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -265,6 +266,10 @@ class KVWorker:
         box = self._outbox.get(sid)
         if box is None:
             if self._leaves_alone(sid, entry, data):
+                if req is not None and len(req.starts) == 1 and req.sent is None:
+                    # its reply is read by the thread that waits for it (Request.reader)
+                    req.reader = functools.partial(self.po.read_here, sid, req.event.is_set,
+                                                   mine=self.customer.answers_alone)
                 return
             self._schedule_flush()
             box = self._outbox[sid] = Batch()

@@ -68,6 +68,14 @@ class Van(Protocol):
         nothing queued before it is passed); False: nothing was done, ``send`` it."""
         return False
 
+    def read_here(self, node_id: int, until: Callable[[], bool], seconds: float,
+                  mine: Callable[[Message], bool]) -> bool:
+        """On a thread waiting for a reply from ``node_id``: read that peer's messages here
+        for up to ``seconds`` or until ``until()``, handling those ``mine(msg)`` accepts on
+        this thread; the first it refuses, and all after it, go to the I/O thread as usual.
+        False: nothing was done (this van cannot), wait as usual."""
+        return False
+
     @abc.abstractmethod
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the I/O thread (after the messages already queued)."""

@@ -6,7 +6,8 @@ pyzmq ~80 us of Python per round trip; over a plain Unix socket that the van's o
 watches it wakes one. A 4 KB round trip between two processes took 145 us this way against
 270 us over ZeroMQ's ipc:// on the same machine. The van's I/O thread reads a Stream; writes
 (and closes) hold the van's send lock, so that a worker's thread may write a request itself
-(``Streams.write_now``) instead of waking the I/O thread to do it.
+(``Streams.write_now``) instead of waking the I/O thread to do it, and a stream's reading
+lock lets the thread that waits for the reply read it itself (``Streams.read_here``).
 
 On the wire a message is a header, ``<I`` (the number of frames) then ``<Q`` per frame
 (its length), then the frames' bytes. A stream's first message is its opener's identity
@@ -17,10 +18,13 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import math
 import os
+import select
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +47,8 @@ COPIED_BELOW = 1 << 16      # bytes: a frame this small that must wait for the s
                             # as pyzmq copies it (BufferGuard lends only larger ones to a reply)
 POLLIN, POLLOUT, POLLERR = 1, 2, 4     # zmq_poll's flags (ZMQ_POLLIN...), for plain descriptors too
 NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)   # Linux: EPIPE, not SIGPIPE (Python ignores it anyway)
-AVAILABLE = hasattr(socket, "AF_UNIX")
+AVAILABLE = hasattr(socket, "AF_UNIX") and hasattr(select, "epoll")
+READ_EVENTS = 256           # streams handled per look at the readable ones
 
 OnSent = Callable[[Any], None]
 
@@ -70,6 +75,10 @@ class Stream:
         self.fd = sock.fileno()
         self.peer: Any = None               # the identity (server side) or node id (client side)
         self.closed = False
+        # held by whoever reads: the I/O thread, or a caller waiting for its own reply
+        # (Streams.read_here), who then also closes the socket if the stream closed meanwhile
+        self.reading = threading.RLock()
+        self.lendable = False               # opened by this van: read through Streams._reads
         self._max_frame = max_frame
         self._out: collections.deque[memoryview] = collections.deque()
         self._offered = 0                   # bytes ever given to send, headers included
@@ -263,15 +272,27 @@ class Stream:
                     self.sock.sendall(view)
             except OSError:
                 pass
+        self._end()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def shut(self) -> None:
+        """Closed to all but the caller reading it now (Streams.read_here), whose poll the
+        shutdown wakes and who closes the socket as it leaves."""
+        self._end()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _end(self) -> None:
         self.closed = True
         self._out.clear()
         callbacks, self._callbacks = self._callbacks, collections.deque()
         for _, on_sent in callbacks:        # nothing more will be sent: the arrays are free
             on_sent(None)
-        try:
-            self.sock.close()
-        except OSError:
-            pass
 
 
 def _bytes_view(view: memoryview) -> memoryview:
@@ -281,9 +302,17 @@ def _bytes_view(view: memoryview) -> memoryview:
 
 class Streams:
     """A van's connections to peers on its machine, on its I/O thread but for
-    ``write_now``: the socket it listens on, the streams it opened (by the peer's node id)
-    and those peers opened to it (by the opener's identity, which their first message gives:
-    a reconnect with the same identity takes the route over, as ZeroMQ's ROUTER_HANDOVER does)."""
+    ``write_now`` and ``read_here``: the socket it listens on, the streams it opened (by the
+    peer's node id) and those peers opened to it (by the opener's identity, which their first
+    message gives: a reconnect with the same identity takes the route over, as ZeroMQ's
+    ROUTER_HANDOVER does).
+
+    The van's poll sees the reads of the streams it opened through one epoll set
+    (``_reads``), and such a stream's descriptor itself only while it has bytes to write
+    (POLLOUT): a caller can take a stream out of that set at once, from its own thread, so
+    that its reply wakes it and not the I/O thread, which a change to the zmq poll it sleeps
+    in would not reach. Streams opened to the van (a server's from its workers) stay in the
+    zmq poll: a look at the set is one more system call per wake-up."""
 
     def __init__(self, poller: Any, identity: bytes,
                  received: Callable[[list[Any], bytes | None, int | None], None],
@@ -308,6 +337,8 @@ class Streams:
         self._routes: dict[bytes, Stream] = {}      # identity -> a stream a peer opened
         self._listener: socket.socket | None = None
         self._path: str | None = None
+        self._reads = select.epoll()
+        self._poller.register(self._reads.fileno(), POLLIN)
 
     def __len__(self) -> int:
         return len(self._by_fd)
@@ -336,7 +367,7 @@ class Streams:
             sock.close()
             logger.debug("%s: no stream at %s: %s", self._name, path, exc)
             return False
-        stream = self._add(sock)
+        stream = self._add(sock, lendable=True)
         stream.peer = node_id
         self._to[node_id] = stream
         return self.send(stream, [self._identity])  # who we are: replies come back by it (False:
@@ -364,7 +395,7 @@ class Streams:
                 self._close(stream, str(exc))
                 return False
             if stream.pending:
-                self._poller.modify(stream.fd, POLLIN | POLLOUT)
+                self._watch(stream, POLLOUT)
             return True
 
     def idle_to(self, node_id: int) -> bool:
@@ -396,25 +427,39 @@ class Streams:
     def _want_out(self, stream: Stream) -> None:
         with self.lock:
             if not stream.closed and stream.pending:
-                self._poller.modify(stream.fd, POLLIN | POLLOUT)
+                self._watch(stream, POLLOUT)
 
     def on_event(self, fd: int, events: int) -> None:
-        """The poll's ``events`` for ``fd``: a stream's, the listener's, or one closed
-        earlier in the same pass of the poll's results (nothing to do)."""
+        """The poll's ``events`` for ``fd``: the read set's, a stream's (POLLOUT), the
+        listener's, or one closed earlier in the same pass of the poll's results."""
+        if fd == self._reads.fileno():
+            for ready, _ in self._reads.poll(0, READ_EVENTS):
+                stream = self._by_fd.get(ready)
+                if stream is not None:
+                    self._on_stream(stream, POLLIN)
+            return
         stream = self._by_fd.get(fd)
         if stream is None:
             if self._listener is not None and fd == self._listener.fileno():
                 self._accept()
             return
+        self._on_stream(stream, events)
+
+    def _on_stream(self, stream: Stream, events: int) -> None:
         try:
             if events & POLLOUT:
                 with self.lock:
                     stream.flush()
                     if not stream.pending:
-                        self._poller.modify(fd, POLLIN)
-            if events & (POLLIN | POLLERR):
-                for frames in stream.receive():
-                    self._take(stream, frames)
+                        self._watch(stream, 0)
+            # a caller reading its reply holds ``reading`` (an event from before it took
+            # the stream out of the read set): it reads on
+            if events & (POLLIN | POLLERR) and stream.reading.acquire(blocking=False):
+                try:
+                    for frames in stream.receive():
+                        self._take(stream, frames)
+                finally:
+                    stream.reading.release()
         except StreamClosed as exc:
             self._close(stream, str(exc))
         except ProtocolError as exc:
@@ -423,6 +468,38 @@ class Streams:
         except Exception as exc:  # noqa: BLE001 - e.g. MemoryError for a frame: this stream, not the van
             logger.exception("%s: closed a stream after an error", self._name)
             self._close(stream, repr(exc))
+
+    def read_here(self, node_id: int, until: Callable[[], bool], seconds: float,
+                  take: Callable[[list[list[Any]]], bool]) -> bool:
+        """On a caller's thread, waiting for its reply from ``node_id``: read the stream to
+        it here until ``until()`` or ``seconds`` pass, giving each batch of whole messages
+        to ``take`` (False: stop, it handed them to the I/O thread). The reply then wakes
+        this thread alone, not the I/O thread first, which would wake this one (two thread
+        switches on a small round's path). False: wait as usual, for nothing more is read
+        here (no stream, another thread reads it, it broke, or ``take`` handed messages on)."""
+        stream = self._to.get(node_id) if self._to else None
+        if stream is None or stream.closed or not stream.reading.acquire(blocking=False):
+            return False
+        broken: str | None = None
+        kept = False
+        try:
+            if stream.closed:
+                return False
+            try:
+                self._reads.unregister(stream.fd)
+            except (OSError, ValueError):   # ValueError: the van closed the set (it stopped)
+                return False
+            broken, kept = _read_until(stream, until, seconds, take)
+        finally:
+            with self.lock:         # _close decides under it whether the socket is ours to close
+                if stream.closed:
+                    stream.close()
+                elif broken is None:
+                    self._reads.register(stream.fd, select.EPOLLIN)
+                stream.reading.release()
+        if broken is not None:
+            self._call_soon(lambda: self._close(stream, broken))
+        return kept
 
     def _take(self, stream: Stream, frames: list[Any]) -> None:
         if stream.peer is None:
@@ -452,20 +529,32 @@ class Streams:
                 return
             self._add(sock)
 
-    def _add(self, sock: socket.socket) -> Stream:
+    def _add(self, sock: socket.socket, lendable: bool = False) -> Stream:
         stream = Stream(sock, self._max_frame)
         self._by_fd[stream.fd] = stream
-        self._poller.register(stream.fd, POLLIN)
+        stream.lendable = lendable
+        if lendable:
+            self._reads.register(stream.fd, select.EPOLLIN)
+        self._watch(stream, 0)
         return stream
+
+    def _watch(self, stream: Stream, out: int) -> None:
+        """What the zmq poll watches ``stream`` for: ``out`` (POLLOUT or 0), and POLLIN
+        unless its reads go through ``_reads``."""
+        self._poller.register(stream.fd, out | (0 if stream.lendable else POLLIN))
 
     def _close(self, stream: Stream, why: str, lost: bool = True) -> None:
         if stream.closed:
             return
         logger.debug("%s: the stream with %r closed: %s", self._name, stream.peer, why)
-        self._poller.unregister(stream.fd)
+        self._poller.register(stream.fd, 0)
+        if stream.lendable:
+            try:
+                self._reads.unregister(stream.fd)
+            except (OSError, ValueError):
+                pass                # a caller has it out of the set (read_here), or the van stopped
         self._by_fd.pop(stream.fd, None)
-        with self.lock:
-            stream.close()
+        self._end(stream)
         if isinstance(stream.peer, bytes):
             if self._routes.get(stream.peer) is stream:
                 del self._routes[stream.peer]
@@ -478,10 +567,12 @@ class Streams:
         """Close every stream (writing what waits for up to ``linger`` s) and the listener."""
         with self.lock:
             for stream in list(self._by_fd.values()):
-                stream.close(linger)
+                self._end(stream, linger)
             self._to.clear()
         self._by_fd.clear()
         self._routes.clear()
+        self._poller.register(self._reads.fileno(), 0)
+        self._reads.close()
         if self._path is not None:
             if self._listener is not None:
                 self._listener.close()
@@ -490,3 +581,40 @@ class Streams:
                 os.unlink(self._path)
             except OSError:
                 pass
+
+    def _end(self, stream: Stream, linger: float = 0.0) -> None:
+        """Close ``stream``; if a caller reads it now (read_here), shut it: the caller's poll
+        wakes and the caller closes the socket."""
+        with self.lock:
+            if stream.reading.acquire(blocking=False):
+                try:
+                    stream.close(linger)
+                finally:
+                    stream.reading.release()
+            else:
+                stream.shut()
+
+
+def _read_until(stream: Stream, until: Callable[[], bool], seconds: float,
+                take: Callable[[list[list[Any]]], bool]) -> tuple[str | None, bool]:
+    """Streams.read_here's loop; returns why the stream broke (or None), and whether the
+    caller may read here again (nothing broke or went to the I/O thread)."""
+    waiter = select.poll()
+    waiter.register(stream.fd, select.POLLIN)
+    end = time.monotonic() + seconds
+    while not until():
+        left = end - time.monotonic()
+        if left <= 0 or stream.closed:
+            return None, not stream.closed
+        if not waiter.poll(math.ceil(left * 1000)) or stream.closed:
+            continue
+        try:
+            batch = stream.receive()
+        except (StreamClosed, ProtocolError) as exc:
+            return str(exc), False
+        except Exception as exc:    # e.g. MemoryError for a frame: the stream's end, not the caller's
+            logger.exception("a stream read on a caller's thread failed")
+            return repr(exc), False
+        if batch and not take(batch):
+            return None, False
+    return None, True

@@ -7,6 +7,7 @@ which is cheaper than pinning them) and come back as ``zmq.Frame`` buffers.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -48,6 +49,9 @@ class ZmqVan(Van):
         self._messages_sent = 0
         self._messages_received = 0
         self._sent_now = 0           # messages a caller's thread wrote (send_now)
+        self._read_here = 0          # messages a caller's thread read (read_here), counted apart:
+                                     # the I/O thread counts the others at the same time
+        self._read_here_bytes = 0
         self._drop = drop
         self._ctx: zmq.Context | None = None
         self._router: zmq.Socket | None = None
@@ -265,6 +269,10 @@ class ZmqVan(Van):
             stats["streams"] = len(self._streams)
         if self._sent_now:
             stats["sent_now"] = self._sent_now     # of messages_sent, written by a caller's thread
+        if self._read_here:
+            stats["messages_received"] += self._read_here
+            stats["bytes_received"] += self._read_here_bytes
+            stats["read_here"] = self._read_here   # of messages_received, read by a caller's thread
         return stats
 
     def forget(self, peer: Any) -> None:
@@ -343,6 +351,35 @@ class ZmqVan(Van):
             self._sent(msg, sum(memoryview(f).nbytes for f in frames))
             self._sent_now += 1
         return True
+
+    def read_here(self, node_id: int, until: Callable[[], bool], seconds: float,
+                  mine: Callable[[Message], bool]) -> bool:
+        """A worker waiting for the reply to its lone request reads it from the stream
+        itself (:meth:`Streams.read_here`): the reply wakes the waiting thread, not the I/O
+        thread, which would then wake the waiting one."""
+        if self._streams is None or self._stopping or self.in_io_thread:
+            return False
+        return self._streams.read_here(node_id, until, seconds,
+                                       lambda batch: self._take_here(batch, node_id, mine))
+
+    def _take_here(self, batch: list[list[Any]], source: int, mine: Callable[[Message], bool]) -> bool:
+        for i, frames in enumerate(batch):
+            self._read_here += 1
+            self._read_here_bytes += sum(len(f) for f in frames)
+            msg = self._decoded(frames, None)
+            if msg is None:
+                continue
+            msg.source = source
+            if not mine(msg):               # in order, on the I/O thread: this one and the rest
+                self._soon_quietly(functools.partial(self._deliver_all, msg, batch[i + 1:], source))
+                return False
+            self._deliver(msg)
+        return True
+
+    def _deliver_all(self, msg: Message, rest: list[list[Any]], source: int) -> None:
+        self._deliver(msg)
+        for frames in rest:
+            self._from_stream(frames, None, source)
 
     def _soon_quietly(self, fn: Callable[[], None]) -> None:
         try:

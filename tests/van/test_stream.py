@@ -442,3 +442,96 @@ def test_send_now_is_refused_on_the_io_thread_and_for_replies(bare_peer, worker_
     assert on_io == [False]
     assert not worker_van.send_now(Message(Command.SERVER_CMD, WORKER, SERVER, {}, request=False, route=b"x"))
     assert worker_van.transport_stats().get("sent_now", 0) == 0
+
+
+@pytest.fixture
+def heard_van():
+    """A worker's van that records each message it hands on, with the thread it was on."""
+    heard: list[tuple[dict, str]] = []
+    van = create_van("zmq")
+    van.start(lambda m: heard.append((m.body, threading.current_thread().name)), "127.0.0.1", name="worker")
+    yield van, heard
+    van.stop()
+
+
+def _opened_to(bare_peer, van) -> Stream:
+    """The server's end of the stream ``van`` opens to the bare peer, its hello read."""
+    path, listener, _router = bare_peer
+    van.connect(SERVER, f"ipc://{path}")
+    listener.settimeout(10)
+    conn, _ = listener.accept()
+    _OPENED.append(conn)
+    server = Stream(conn, 1 << 30)
+    assert _pump(server, server, 1) == [[van.identity]]
+    wait_for(lambda: van.transport_stats().get("streams") == 1, what="the worker's stream")
+    return server
+
+
+def _reply(i: int, mine: bool = True) -> list:
+    from ps.message import encode
+    return encode(Message(Command.SERVER_CMD, SERVER, WORKER, {"i": i, "mine": mine}, request=False))
+
+
+def _later(seconds: float, fn) -> threading.Timer:
+    timer = threading.Timer(seconds, fn)
+    timer.start()
+    return timer
+
+
+@pytest.mark.timeout(60)
+def test_a_waiting_caller_reads_its_reply_itself_and_then_gives_the_stream_back(bare_peer, heard_van):
+    """read_here: the reply is handled on the thread that waits for it; once it returns, the
+    next message is the I/O thread's again (the stream is back in its poll)."""
+    van, heard = heard_van
+    server = _opened_to(bare_peer, van)
+    _later(0.2, lambda: server.send(_reply(1)))
+    start = time.monotonic()
+    assert van.read_here(SERVER, lambda: len(heard) == 1, 10.0, lambda m: m.body["mine"])
+    assert time.monotonic() - start < 5, "read_here waited out its time with the reply there"
+    assert heard == [({"i": 1, "mine": True}, threading.current_thread().name)]
+    server.send(_reply(2))
+    wait_for(lambda: len(heard) == 2, what="the next reply, on the I/O thread")
+    assert heard[1][0]["i"] == 2 and heard[1][1].startswith("ps-van")
+    stats = van.transport_stats()
+    assert stats["read_here"] == 1 and stats["messages_received"] == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_message_the_caller_may_not_handle_goes_with_all_after_it_to_the_io_thread_in_order(
+        bare_peer, heard_van):
+    van, heard = heard_van
+    server = _opened_to(bare_peer, van)
+    _later(0.2, lambda: server.send(_reply(1)) or server.send(_reply(2, mine=False)) or server.send(_reply(3)))
+    assert not van.read_here(SERVER, lambda: len(heard) == 3, 10.0, lambda m: m.body["mine"])
+    wait_for(lambda: len(heard) == 3, what="the two messages handed to the I/O thread")
+    assert [body["i"] for body, _ in heard] == [1, 2, 3]
+    me = threading.current_thread().name
+    assert heard[0][1] == me or heard[0][1].startswith("ps-van")   # 1 may come alone, or with 2 and 3
+    assert all(thread.startswith("ps-van") for _, thread in heard[1:])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("closer", ["peer", "van"])
+def test_a_stream_that_closes_under_a_reading_caller_wakes_it_at_once(bare_peer, heard_van, closer):
+    """The peer dies, or the van itself closes the stream (a disconnect): the caller's read
+    ends within moments, not at its time limit, and the van goes on over ZeroMQ."""
+    van, heard = heard_van
+    server = _opened_to(bare_peer, van)
+    close = (lambda: server.sock.shutdown(socket.SHUT_RDWR)) if closer == "peer" else \
+        (lambda: van.disconnect(SERVER))
+    _later(0.3, close)
+    start = time.monotonic()
+    assert not van.read_here(SERVER, lambda: False, 20.0, lambda m: True)
+    assert time.monotonic() - start < 10, "the caller slept on a closed stream"
+    wait_for(lambda: van.transport_stats().get("streams", 0) == 0, what="the stream's end")
+    assert heard == []
+
+
+@pytest.mark.timeout(30)
+def test_read_here_is_refused_on_the_io_thread_and_without_a_stream(heard_van):
+    van, _heard = heard_van
+    assert not van.read_here(SERVER, lambda: False, 5.0, lambda m: True)     # no stream to it
+    on_io = []
+    van.call_soon(lambda: on_io.append(van.read_here(SERVER, lambda: False, 5.0, lambda m: True)))
+    wait_for(lambda: on_io, what="read_here on the I/O thread")
+    assert on_io == [False]

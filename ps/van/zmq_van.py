@@ -25,7 +25,7 @@ from .base import TICK_SOONEST, OnMessage, Van, control_identity
 from .handoff import Handoff
 from .sendbuf import SendBuffers
 from .stream import AVAILABLE as UNIX_SOCKETS
-from .stream import Streams
+from .streams import Streams
 from .zmq_watch import OnEvent, Watches
 
 logger = logging.getLogger(__name__)

@@ -435,9 +435,9 @@ class Postoffice:
         """Wait for ``node_id``'s reply by reading it on this thread if the van can
         (:meth:`Van.read_here`): ``mine`` picks the messages handled here, which must be
         DATA replies that ask for no credit (the worker's reply handler is safe off the I/O
-        thread; a credit's connection is the I/O thread's to open)."""
-        if self._fenced:
-            return False
+        thread; a credit's connection is the I/O thread's to open). A fenced identity
+        (``_on_message``) is a ROUTER route, which a reply on a stream this node opened
+        never has."""
         return self.van.read_here(node_id, until, seconds, lambda msg: (
             msg.cmd == Command.DATA and not msg.request and not msg.flags & Flag.CREDIT and mine(msg)))
 

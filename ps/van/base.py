@@ -73,7 +73,8 @@ class Van(Protocol):
         """On a thread waiting for a reply from ``node_id``: read that peer's messages here
         for up to ``seconds`` or until ``until()``, handling those ``mine(msg)`` accepts on
         this thread; the first it refuses, and all after it, go to the I/O thread as usual.
-        False: nothing was done (this van cannot), wait as usual."""
+        False: wait as usual, for nothing more is read here (this van cannot, or it handed
+        messages to the I/O thread)."""
         return False
 
     @abc.abstractmethod

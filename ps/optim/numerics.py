@@ -8,7 +8,6 @@ what makes ps's updates bit-identical to MXNet's instead of merely close.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import math
 from collections.abc import Callable
@@ -74,16 +73,19 @@ def sign(x: np.ndarray) -> np.ndarray:
     return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
 
 
-def _load_powf() -> Callable[[float, float], float] | None:
-    try:
-        fn = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6").powf
-    except (OSError, AttributeError):
-        return None
-    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float, ctypes.c_float]
-    return fn
-
-
-_LIBM_POWF = _load_powf()
+@functools.cache
+def _libm_powf() -> Callable[[float, float], float] | None:
+    """libm's ``powf``, looked up at the first float32 power: Python itself links libm, so
+    it is among the process's own symbols (``ctypes.util.find_library`` would import
+    subprocess and tempfile in every process that imports the optimizers, and run ldconfig)."""
+    for lib in (None, "libm.so.6"):
+        try:
+            fn = ctypes.CDLL(lib).powf
+        except (OSError, AttributeError):
+            continue
+        fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float, ctypes.c_float]
+        return fn
+    return None
 
 
 def power(base: Any, exp: int) -> Any:
@@ -92,8 +94,9 @@ def power(base: Any, exp: int) -> Any:
     numpy 2's float32 power is not libm's and differs from it in the last bit at times.
     """
     dt = type(base)
-    if dt is np.float32 and _LIBM_POWF is not None:
-        return np.float32(_LIBM_POWF(float(base), float(exp)))
+    powf = _libm_powf() if dt is np.float32 else None
+    if powf is not None:
+        return np.float32(powf(float(base), float(exp)))
     return dt(math.pow(float(base), exp))  # without libm: off by 1 ulp in ~0.2% of cases
 
 

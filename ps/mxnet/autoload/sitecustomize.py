@@ -9,7 +9,6 @@ which registers ps's ``dist_sync``, ``dist_async``, ... with MXNet. A ``sitecust
 this one shadows (the Python installation's own) still runs.
 """
 import atexit
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
@@ -19,8 +18,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PS_FINAL_EXIT_STATUS = True     # ps.mxnet leaves its exit status check to _final_exit_status
 
 
-class _ThenPs(importlib.abc.Loader):
-    """mxnet's own loader, then ps.mxnet."""
+class _ThenPs:
+    """mxnet's own loader, then ps.mxnet. (Not an ``importlib.abc.Loader``: importing
+    importlib.abc costs every process that starts ~13 ms, with tempfile, typing and more,
+    and the import system needs only the two methods.)"""
 
     def __init__(self, inner):
         self.inner = inner
@@ -45,7 +46,7 @@ class _ThenPs(importlib.abc.Loader):
             _register_ps()
 
 
-class _MXNetHook(importlib.abc.MetaPathFinder):
+class _MXNetHook:
     done = False
 
     def find_spec(self, name, path=None, target=None):

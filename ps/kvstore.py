@@ -198,7 +198,7 @@ class KVStore:
     def server_links(self) -> dict[int, str]:
         """How this worker reaches each server, by rank: "inproc" (its own shard: a joint
         process), "ipc" (a server on this machine), "tcp" (over the network)."""
-        return {self._po.nodes[sid].rank: self._po.link_kind(sid) for sid in self._po.server_ids}
+        return {self._po.nodes[sid].rank: self._po.links.link_kind(sid) for sid in self._po.server_ids}
 
     def __enter__(self) -> "KVStore":
         return self

@@ -21,6 +21,7 @@ from .config import Config
 from .errors import ClosedError, PeerLostError, ProtocolError, PSError, PSTimeoutError
 from .message import SCHEDULER, Command, Flag, Message, Node, Role, id_to_rank, node_name, payload_bytes
 from .nodestats import NodeStats, StallClock
+from .peerlinks import PeerLinks, machine_id
 from .rejoin import KEY as REJOIN_KEY, Rejoin
 from .schedlink import SchedulerLink
 from .van import Van, control_identity, for_config, with_resend
@@ -29,18 +30,6 @@ logger = logging.getLogger(__name__)
 
 FORMATION_GRACE = 3.0   # extra seconds a registered node waits for the scheduler's verdict
 Handler = Callable[[Message], None]
-
-
-def _machine_id() -> str:
-    """Same host *and* same network namespace: only then may a peer's ipc:// twin replace
-    its tcp:// address (namespaced test hosts share a filesystem but not a network)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            boot = fh.read().strip()
-        netns = os.readlink("/proc/self/ns/net")
-    except OSError:
-        return ""
-    return f"{socket.gethostname()}/{boot}/{netns}"
 
 
 class Postoffice:
@@ -85,8 +74,7 @@ class Postoffice:
         # a request from it would make its restart's replies go to it (ReplySender.routes)
         self._fenced: dict[bytes, int] = {}     # identity -> the node id it was
         self._unheard: set[bytes] = set()       # those that spoke since (logged once)
-        self._peers: dict[int, str] = {}    # node id -> address of the data connection to it
-        self._control: dict[int, bool] = {}  # node id -> whether credits to it have a connection of their own
+        self.links = PeerLinks(self.van, self.nodes, config.local_ipc)   # data and credit connections
         self.link = SchedulerLink(config, self.van, clock, lambda: f"{self.role.name.lower()} {self.rank} ({self!r})",
                                   self._report, self.fail, self._over, self.stats.report)
         self._registration: dict[str, Any] = {}
@@ -148,7 +136,7 @@ class Postoffice:
                 **(info or {})}
         local = self.van.local_address
         if local and self.role == Role.SERVER:
-            body["local"] = [local, _machine_id()]
+            body["local"] = [local, machine_id()]
         self._registration = body
         self.van.send(Message(Command.ADD_NODE, 0, SCHEDULER, body))
         if cfg.verbose:
@@ -216,35 +204,7 @@ class Postoffice:
         if self.role == Role.WORKER:
             # on the I/O thread, in order with the NODE_UPs it handles: an address read here
             # could be a dead server's whose restart's NODE_UP is being handled meanwhile
-            self.call_soon(lambda: [self.connect(sid) for sid in self.server_ids])
-
-    def connect(self, node_id: int) -> None:
-        """Open the data connection to a node of the table, or reopen it to a restarted
-        node's new address (never twice to one address: the peer's ROUTER would refuse a
-        second connection with our identity while it still holds the first)."""
-        node = self.nodes[node_id]
-        address = self._data_address(node) if self.config.local_ipc else node.addr
-        if self._peers.get(node_id) != address:
-            self._peers[node_id] = address
-            self._control.pop(node_id, None)    # the van closes it: reopened on the next credit
-            self.van.connect(node_id, address)
-
-    def link_kind(self, node_id: int) -> str:
-        """How this node reaches ``node_id``: "inproc" (its own process), "ipc" (this machine), "tcp"."""
-        return self.van.endpoint_used(self._peers.get(node_id, "")).partition("://")[0]
-
-    def over_network(self, node_id: int) -> bool:
-        """Whether the data connection to ``node_id`` crosses a network (not this machine's ipc://)."""
-        return not self._peers.get(node_id, "").startswith("ipc://")
-
-    @staticmethod
-    def _data_address(node: Node) -> str:
-        """The server's ipc:// twin when it runs on this machine (same boot, path visible), else its address."""
-        local = node.local
-        if local and local[1] and node.addr.startswith("tcp://") and local[1] == _machine_id() \
-                and os.path.exists(local[0][len("ipc://"):]):
-            return local[0]
-        return node.addr
+            self.call_soon(lambda: [self.links.connect(sid) for sid in self.server_ids])
 
     # -- messages from the van's I/O thread ---------------------------------------------
     def _on_message(self, msg: Message) -> None:
@@ -332,10 +292,7 @@ class Postoffice:
             self._fenced.update({identity: node_id, control_identity(identity): node_id})
         logger.warning("%s: %s; waiting for its restart", self, body["reason"])
         self.van.forget(node_id)
-        if self._control.pop(node_id, None) or node_id in self._peers:
-            self.van.disconnect(node_id)        # both its connections, data and credits
-        if node_id in self._peers:
-            self._peers[node_id] = ""           # reopened (to whatever address) when it is back
+        self.links.down(node_id)
         self._tell(node_id, False)
         # done with the dead incarnation: its restart may now be given the table and talk to us
         try:
@@ -349,14 +306,7 @@ class Postoffice:
         self.nodes[node.node_id] = node
         self.down.pop(node.node_id, None)
         self.van.forget(node.node_id)
-        credits = self._control.pop(node.node_id, None)     # reopened to the restart on the next credit
-        if node.node_id in self._peers:
-            # a fresh connection even to the old address: the old one may still hold what
-            # was queued for the dead process. On this (the I/O) thread: before any resend.
-            self._peers[node.node_id] = ""
-            self.connect(node.node_id)          # closes the credit connection too
-        elif credits:
-            self.van.disconnect(node.node_id)
+        self.links.up(node.node_id)
         logger.warning("%s: %s %d (%s) is back (restart %d)", self, node.role.name.lower(), node.rank,
                        node_name(node.node_id), body.get("restart", 0))
         self._tell(node.node_id, True)
@@ -410,16 +360,9 @@ class Postoffice:
         PS_SEND_WINDOW): on arrival, before it is handled, so the sender picks what goes
         next now."""
         if msg.flags & Flag.CREDIT:
-            self._open_control(msg.sender)
+            self.links.open_credit(msg.sender)
             self.send(Message(Command.CREDIT, recver=msg.sender, body=payload_bytes(msg.frames),
                               request=False, route=msg.route))
-
-    def _open_control(self, node_id: int) -> None:
-        """The credit connection to ``node_id`` (Van.connect_control), opened on first use
-        and again after the node restarted."""
-        if node_id in self._control or node_id not in self.nodes:
-            return
-        self._control[node_id] = self.van.connect_control(node_id, self.nodes[node_id].addr)
 
     def send(self, msg: Message) -> None:
         self._stamp(msg)

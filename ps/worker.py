@@ -105,7 +105,7 @@ class KVWorker:
                     continue
                 # across a network the reply to a pushpull follows its pushes chunk by chunk;
                 # on this machine, where there is no link to fill, interleaving them only costs
-                sop = op | Op.STREAM if pushpull and self.po.over_network(sid) else op
+                sop = op | Op.STREAM if pushpull and self.po.links.over_network(sid) else op
                 piece = value[s.start:s.start + s.size]
                 for off, n in chunks(s.size, itemsize, self._chunk):   # the key's dtype: same cut for every encoding
                     chunk = piece[off:off + n]
@@ -259,7 +259,7 @@ class KVWorker:
         if req is not None and req.sent is not None:
             # no copy: a pushed array must not change until its push is answered (KVStore.push)
             req.sent.append((sid, entry, data))
-        if self._queue is not None and priority is not None and self.po.over_network(sid):
+        if self._queue is not None and priority is not None and self.po.links.over_network(sid):
             self._queue.add(priority, sid, entry, data, entry.ts)
             self._schedule_flush()
             return
@@ -283,7 +283,7 @@ class KVWorker:
         call alone (one key, then a wait) then leaves without waking the I/O thread; the
         rest of a burst, and of a request of several entries, is batched as before."""
         if self._alone_out or self._outbox or self._flush_scheduled or self.customer.in_flight > 1 \
-                or self.po.over_network(sid):
+                or self.po.links.over_network(sid):
             return False
         box = Batch()
         box.add(entry, data)

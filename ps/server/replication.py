@@ -113,7 +113,7 @@ class Replication:
             error = self._fetch()
             if error is not None:
                 return error
-        self.po.connect(self.primary)
+        self.po.links.connect(self.primary)
         self._subscribe(self.primary)
         return None
 
@@ -130,7 +130,7 @@ class Replication:
         backup = self.backup
         if backup in self.po.down:
             return f"its backup {node_name(backup)} is down too: {self.po.down[backup]}"
-        self.po.connect(backup)
+        self.po.links.connect(backup)
         self.po.send(Message(Command.FETCH, recver=backup))
         deadline = Deadline(self.po.config.connect_timeout)
         while not self._fetched.wait(deadline.remaining(0.5)):

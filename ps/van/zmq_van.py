@@ -11,7 +11,6 @@ import functools
 import logging
 import math
 import os
-import tempfile
 import threading
 import uuid
 from typing import Any, Callable
@@ -21,18 +20,20 @@ import zmq
 from ..errors import NativeNodeError, ProtocolError, TransportError
 from ..message import Command, Message, decode, encode, node_name
 from . import in_process
-from .base import TICK_SOONEST, OnMessage, Van, control_identity
+from .base import TICK_SOONEST, OnMessage, Van
+from .dealers import Dealers
 from .handoff import Handoff
 from .sendbuf import SendBuffers
 from .stream import AVAILABLE as UNIX_SOCKETS
 from .streams import Streams
+from .traffic import Traffic
+from .twin import new_ipc_path, stream_path
 from .zmq_watch import OnEvent, Watches
 
 logger = logging.getLogger(__name__)
 
 MAX_MSG_SIZE = 1 << 30     # ZMQ_MAXMSGSIZE: largest single frame a node accepts
 RECV_BATCH = 256           # messages taken from one socket before polling again
-STREAM_SUFFIX = ".s"       # the Unix stream socket beside a van's ipc:// path (ps/van/stream.py)
 
 
 class ZmqVan(Van):
@@ -44,24 +45,13 @@ class ZmqVan(Van):
         self._twin = twin
         self._curve = curve
         self._verbose = verbose
-        self._bytes_sent = 0         # meta and data frames, without zmq's routing frames
-        self._bytes_received = 0
-        self._messages_sent = 0
-        self._messages_received = 0
-        self._sent_now = 0           # messages a caller's thread wrote (send_now)
-        self._read_here = 0          # messages a caller's thread read (read_here), counted apart:
-                                     # the I/O thread counts the others at the same time
-        self._read_here_bytes = 0
+        self._traffic = Traffic()
         self._drop = drop
         self._ctx: zmq.Context | None = None
         self._router: zmq.Socket | None = None
-        self._dealers: dict[int, zmq.Socket] = {}
-        self._dealer_ids: dict[zmq.Socket, int] = {}
-        self._control: dict[int, zmq.Socket] = {}   # node id -> a DEALER that only sends credits
         # peer (node id or ROUTER identity) -> how often it was forgotten: a message queued
         # before its peer died is not sent to the peer's restart (forget, _send_now)
         self._gens: dict[Any, int] = {}
-        self._stale = 0
         self._identity = b"ps-" + uuid.uuid4().hex[:16].encode()
         self._handoff = Handoff()              # what other threads give the I/O thread
         # held around every write to a stream, on the I/O thread and on a caller's (send_now),
@@ -74,6 +64,7 @@ class ZmqVan(Van):
         self._on_message: OnMessage | None = None
         self._poller = zmq.Poller()
         self._watches = Watches(self._poller, lambda: self._socket(zmq.DEALER))
+        self._dealers = Dealers(self._poller, self._peer_socket, self._identity, MAX_MSG_SIZE)
         self._ipc_path: str | None = None
         self._buffers = SendBuffers()           # where unsent() looks
         self._ticks: list[Callable[[], float | None]] = []
@@ -158,27 +149,7 @@ class ZmqVan(Van):
         self._ipc_path, self.local_address = path, f"ipc://{path}"
 
     def _new_ipc_path(self) -> str:
-        """A fresh ipc:// path, its stream socket bound first: once the path is in the
-        temporary directory for all to see, no other user can take the stream's name."""
-        path = os.path.join(tempfile.gettempdir(), f"ps-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        if self._streams is not None:
-            self._streams.listen(path + STREAM_SUFFIX)
-        return path
-
-    def _stream_path(self, address: str) -> str | None:
-        """The stream socket beside a peer's ipc:// address, if this van uses streams and
-        the peer's process made it (its owner is the ipc:// socket's)."""
-        if self._streams is None:
-            return None
-        endpoint = self.endpoint_used(address)
-        if not endpoint.startswith("ipc://"):
-            return None
-        twin = endpoint[len("ipc://"):]
-        try:
-            same = os.stat(twin + STREAM_SUFFIX).st_uid == os.stat(twin).st_uid
-        except OSError:
-            return None
-        return twin + STREAM_SUFFIX if same else None
+        return new_ipc_path(self._streams.listen if self._streams is not None else None)
 
     def _bind_in_process(self, router: zmq.Socket) -> None:
         inproc = f"inproc://{self._identity.decode()}"
@@ -203,7 +174,7 @@ class ZmqVan(Van):
 
     def _connect_now(self, node_id: int, address: str) -> None:
         self._disconnect_now(node_id)           # the credit connection too: Postoffice reopens it
-        path = self._stream_path(address)
+        path = stream_path(self.endpoint_used(address)) if self._streams is not None else None
         if path is not None and self._streams.open(node_id, path):
             self._via_stream[node_id] = address
             if self._verbose:
@@ -223,19 +194,12 @@ class ZmqVan(Van):
             self._connect_dealer(node_id, address)
 
     def _connect_dealer(self, node_id: int, address: str) -> None:
-        dealer = self._peer_socket(address)
-        dealer.setsockopt(zmq.IDENTITY, self._identity)
-        dealer.setsockopt(zmq.MAXMSGSIZE, MAX_MSG_SIZE)
-        dealer.connect(self.endpoint_used(address))
-        self._dealers[node_id] = dealer
-        self._dealer_ids[dealer] = node_id
-        self._poller.register(dealer, zmq.POLLIN)
+        self._dealers.open(node_id, address)
         if self._verbose:
             logger.info("%s: connecting to %s at %s", self.address, node_name(node_id), address)
 
     def _from_stream(self, frames: list[Any], route: bytes | None, source: int | None) -> None:
-        self._bytes_received += sum(len(f) for f in frames)
-        self._messages_received += 1
+        self._traffic.received(sum(len(f) for f in frames))
         msg = self._decoded(frames, route)
         if msg is None:
             return
@@ -261,19 +225,7 @@ class ZmqVan(Van):
     # -- sending -------------------------------------------------------------------------
     def transport_stats(self) -> dict[str, int]:
         """Bytes of ps messages this van sent and received (meta and data frames)."""
-        stats = {"bytes_sent": self._bytes_sent, "bytes_received": self._bytes_received,
-                 "messages_sent": self._messages_sent, "messages_received": self._messages_received}
-        if self._stale:
-            stats["stale"] = self._stale
-        if self._streams:
-            stats["streams"] = len(self._streams)
-        if self._sent_now:
-            stats["sent_now"] = self._sent_now     # of messages_sent, written by a caller's thread
-        if self._read_here:
-            stats["messages_received"] += self._read_here
-            stats["bytes_received"] += self._read_here_bytes
-            stats["read_here"] = self._read_here   # of messages_received, read by a caller's thread
-        return stats
+        return self._traffic.stats(len(self._streams) if self._streams is not None else 0)
 
     def forget(self, peer: Any) -> None:
         """Messages to ``peer`` queued so far are stale: they were meant for a process that
@@ -290,14 +242,7 @@ class ZmqVan(Van):
         if self._streams is not None:
             self._via_stream.pop(node_id, None)
             self._streams.close_to(node_id)
-        old = self._dealers.pop(node_id, None)
-        if old is not None:
-            self._poller.unregister(old)
-            self._dealer_ids.pop(old, None)
-            old.close(linger=0)
-        control = self._control.pop(node_id, None)
-        if control is not None:
-            control.close(linger=0)
+        self._dealers.close(node_id)
 
     def connect_control(self, node_id: int, address: str) -> bool:
         """Credits (PS_SEND_WINDOW) get a connection of their own: on the data connection a
@@ -306,17 +251,8 @@ class ZmqVan(Van):
         reverse direction is busy runs at a fraction of its rate (one server for several
         workers ran 1.3x slower than MXNet's FIFO that way). It only sends: the peer's
         ROUTER sees another identity and answers nothing on it."""
-        self.call_soon(lambda: self._control_now(node_id, address))
+        self.call_soon(lambda: self._dealers.open_credit(node_id, address))
         return True
-
-    def _control_now(self, node_id: int, address: str) -> None:
-        old = self._control.pop(node_id, None)
-        if old is not None:
-            old.close(linger=0)
-        dealer = self._peer_socket(address)
-        dealer.setsockopt(zmq.IDENTITY, control_identity(self._identity))
-        dealer.connect(self.endpoint_used(address))
-        self._control[node_id] = dealer
 
     def send(self, msg: Message) -> None:
         if self._gens:
@@ -349,7 +285,7 @@ class ZmqVan(Van):
             if not self._streams.write_now(msg.recver, frames, msg.on_sent):
                 return False
             self._sent(msg, sum(memoryview(f).nbytes for f in frames))
-            self._sent_now += 1
+            self._traffic.sent_now += 1
         return True
 
     def read_here(self, node_id: int, until: Callable[[], bool], seconds: float,
@@ -364,8 +300,8 @@ class ZmqVan(Van):
 
     def _take_here(self, batch: list[list[Any]], source: int, mine: Callable[[Message], bool]) -> bool:
         for i, frames in enumerate(batch):
-            self._read_here += 1
-            self._read_here_bytes += sum(len(f) for f in frames)
+            self._traffic.read_here += 1
+            self._traffic.read_here_bytes += sum(len(f) for f in frames)
             msg = self._decoded(frames, None)
             if msg is None:
                 continue
@@ -405,13 +341,13 @@ class ZmqVan(Van):
 
     def _send_locked(self, msg: Message) -> None:
         if self._gens and msg.gen != self._gens.get(_peer(msg), 0):
-            self._stale += 1            # for a dead incarnation: its restart must not see it
+            self._traffic.stale += 1    # for a dead incarnation: its restart must not see it
             logger.debug("dropping %r: queued before its peer was forgotten", msg)
             _dropped(msg)
             return
         frames = encode(msg)
         nbytes = sum(memoryview(f).nbytes for f in frames)
-        control = self._control.get(msg.recver) if self._control and msg.cmd == Command.CREDIT else None
+        control = self._dealers.credit(msg.recver) if msg.cmd == Command.CREDIT else None
         if control is not None:
             sock = control
         elif msg.route is not None:
@@ -425,7 +361,7 @@ class ZmqVan(Van):
             if stream is not None:
                 self._stream_sent(stream, frames, nbytes, msg)
                 return
-            sock = self._dealers.get(msg.recver)
+            sock = self._dealers.data(msg.recver)
             if sock is None:
                 logger.log(logging.DEBUG if msg.recver in self._gens else logging.ERROR,
                            "dropping %r: no connection to %s", msg, node_name(msg.recver))
@@ -455,8 +391,7 @@ class ZmqVan(Van):
         self._sent(msg, nbytes)
 
     def _sent(self, msg: Message, nbytes: int) -> None:
-        self._bytes_sent += nbytes
-        self._messages_sent += 1
+        self._traffic.sent(nbytes)
         if self._verbose >= 2:
             logger.debug("sent %r", msg)
 
@@ -539,13 +474,12 @@ class ZmqVan(Van):
             except zmq.Again:
                 return
             route = frames[0].bytes if is_router else None
-            self._bytes_received += sum(len(f) for f in frames) - (len(frames[0]) if is_router else 0)
-            self._messages_received += 1
+            self._traffic.received(sum(len(f) for f in frames) - (len(frames[0]) if is_router else 0))
             msg = self._decoded(frames[1:] if is_router else frames, route)
             if msg is None:
                 continue
             if not is_router:
-                msg.source = self._dealer_ids.get(sock, 0)
+                msg.source = self._dealers.source(sock)
             self._buffers.note(route if is_router else msg.source, frames[-1])
             self._deliver(msg)
 
@@ -588,13 +522,9 @@ class ZmqVan(Van):
     def _close_sockets(self) -> None:
         linger_ms = int(self._linger * 1000)
         self._watches.close()
-        for sock in [self._router, *self._dealers.values()]:
-            if sock is not None:
-                sock.close(linger=linger_ms)
-        for sock in self._control.values():     # a credit is worth nothing once this node stops
-            sock.close(linger=0)
-        self._dealers.clear()
-        self._control.clear()
+        if self._router is not None:
+            self._router.close(linger=linger_ms)
+        self._dealers.close_all(linger_ms)
         if self._streams is not None:
             self._streams.close(self._linger)
         if self._in_process:

@@ -8,8 +8,8 @@ ways, while the servers sum and update in float32, so rounding does not accumula
 
 One module owns it so the two sides cannot drift: the worker's :class:`Compressor` makes
 a request's wire form, :func:`frame_layout` is what the decoder expects of it, and
-:func:`decode_push` is what the server merges. It imports nothing of ps, so that
-``ps/message.py`` can take its op bits and frame sizes from here.
+:func:`decode_push` is what the server merges. The op bits it reads are ``message.Op``'s
+(ps/message.py needs no numpy: a scheduler imports it, and never this).
 """
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .message import Op
+
 TYPES = ("2bit", "fp16")
 
-# the bits of a DATA entry's op that say how its values travel (message.Op names them)
-TWO_BIT = 8      # push values travel 2-bit packed
-FP16 = 16        # push values travel as float16, the key keeps its dtype
-HALF_PULL = 64   # the pulled values travel as float16, the key keeps its dtype
-WIRE_BITS = TWO_BIT | FP16 | HALF_PULL
+# the bits of a DATA entry's op that say how its values travel
+TWO_BIT = Op.TWO_BIT        # push values travel 2-bit packed
+FP16 = Op.FP16              # push values travel as float16, the key keeps its dtype
+HALF_PULL = Op.HALF_PULL    # the pulled values travel as float16, the key keeps its dtype
 
 Encode = Callable[[np.ndarray], np.ndarray]
 

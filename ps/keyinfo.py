@@ -9,14 +9,15 @@ no cluster, so each rule is tested on its own (tests/unit/test_keyinfo.py).
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from . import keys as keys_mod
+from .frames import dtype_code
 from .keys import Slice
-from .message import dtype_code
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from .config import Config
 from .customer import Handle, Request
 from .embed import Table, TableSpec
 from .errors import ClosedError, ConfigError, PSError, PSTimeoutError
-from .message import Op, Role, dtype_code, namespace_field
+from .frames import dtype_code
+from .message import Op, Role, namespace_field
 from .postoffice import Postoffice
 from .keyinfo import (KeyInfo, KeyTable, RowSparse, dense, int_keyed, is_rows, key_labels, member_ranks, pairs,
                       receiver, row_sparse, triples, unique_rows)

@@ -8,16 +8,14 @@ an array on the wire::
     [ts, op, key, offset, length, total, dtype_code, error, row_len, seq, priority]
 
 ``op`` is a bit set of ``Op``; ``offset``/``length``/``total`` count elements of the
-server's slice; ``dtype_code`` indexes ``DTYPES``; ``error`` is None or ``[kind, text]``. Each entry that carries values
-(push/init requests, pull replies without error) owns the next array frame, sent
-zero-copy and read back with ``np.frombuffer``.
+server's slice; ``dtype_code`` indexes ``ps.frames.DTYPES``; ``error`` is None or ``[kind, text]``.
+Each entry that carries values (push/init requests, pull replies without error) owns the next
+array frame: ps/frames.py reads those, and says how row-sparse and embedding-table entries lay
+them out.
 
-Row-sparse entries (``Op.ROWS``, ``row_len`` elements per row) move whole rows of a
-row-aligned slice: a request carries a frame of uint32 row ids local to the server's slice
-(and, for a push, then a frame of those rows' values); ``offset``/``length``/``total``
-count rows of the request (a push may come in chunks), while the pull reply counts
-elements of the rows asked for, in the order asked. Embedding-table entries (``Op.TABLE``)
-are laid out alike, with int64 ids of the table's (any value) instead. Nothing here unpickles: a frame that
+This module is the envelope and needs no numpy: the scheduler, which never carries arrays,
+(and so the launcher it runs in) does not import it, ~0.1 s of CPU and ~26 MB per process;
+the first DATA message a node decodes imports ps/frames.py. Nothing here unpickles: a frame that
 is not what the meta says is a :class:`ProtocolError`, logged and dropped by the van.
 """
 from __future__ import annotations
@@ -27,9 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Sequence
 
 import msgpack
-import numpy as np
 
-from . import compression
 from .errors import ProtocolError
 from .pslite import native_node
 
@@ -83,20 +79,17 @@ class Op:
     PUSH = 1
     PULL = 2
     INIT = 4
-    TWO_BIT = compression.TWO_BIT       # 8: push values travel 2-bit packed (ps/compression.py)
-    FP16 = compression.FP16             # 16: push values travel as float16, the key keeps its dtype
+    TWO_BIT = 8     # push values travel 2-bit packed (ps/compression.py)
+    FP16 = 16       # push values travel as float16, the key keeps its dtype
     ROWS = 32       # whole rows: row ids travel with the values (row_sparse push / pull)
-    HALF_PULL = compression.HALF_PULL   # 64: the pulled values travel as float16 (fp16 compression)
+    HALF_PULL = 64  # the pulled values travel as float16 (fp16 compression)
     STREAM = 128    # a pushpull across a network: answer each chunk as soon as it is summed (Values._stream)
     CREATE = 256    # a push that makes its key, zeros, if the server has none (KVStore.declare)
     JOINABLE = 512  # a push whose round may close without joined workers, their share zero (KVStore.join)
     TABLE = 1024    # an embedding table's rows by int64 id (``key``: the table's): as ROWS, made on first touch
 
 
-DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (
-    "<f4", "<f8", "<f2", "<i4", "<i8", "|u1", "|i1", "<i2"))
-DTYPE_CODE = {dt: i for i, dt in enumerate(DTYPES)}
-_WIRE_BITS = compression.WIRE_BITS
+WIRE_BITS = Op.TWO_BIT | Op.FP16 | Op.HALF_PULL     # how an entry's values travel (ps/compression.py)
 
 
 class Entry(NamedTuple):
@@ -109,7 +102,7 @@ class Entry(NamedTuple):
     offset: int          # elements into the server's slice of the key
     length: int          # elements in this chunk
     total: int           # elements in the server's slice
-    dtype_code: int      # index into DTYPES (the key's dtype, whatever the wire encoding)
+    dtype_code: int      # index into ps.frames.DTYPES (the key's dtype, whatever the wire encoding)
     error: Any = None    # None, or [kind, text] in a reply
     row_len: int = 0     # Op.ROWS entries: elements per row
     seq: int = 0         # a push: this worker's 1-based count of pushes to the key (dedupes resends);
@@ -120,53 +113,6 @@ class Entry(NamedTuple):
         """The error reply to this entry: no data, the whole slice answered."""
         return Entry(self.ts, self.op, self.key, 0, 0, self.total, self.dtype_code, [kind, text], self.row_len,
                      self.seq)
-
-
-class Rows(NamedTuple):
-    """The data of an ``Op.ROWS`` request entry: row ids local to the server's slice, and
-    (a push) the values of those rows, ``len(ids) * row_len`` elements."""
-
-    ids: np.ndarray
-    values: np.ndarray | None = None
-
-
-ROW_ID = np.dtype("<u4")
-TABLE_ID = np.dtype("<i8")     # Op.TABLE: any int64 id
-
-
-class Batch:
-    """DATA entries (and their frames) gathered for one peer, and their payload bytes: a
-    worker's requests or a server's replies that leave in one message."""
-
-    __slots__ = ("entries", "frames", "nbytes")
-
-    def __init__(self) -> None:
-        self.entries: list[Entry] = []
-        self.frames: list[Any] = []
-        self.nbytes = 0
-
-    def add(self, entry: Entry, data: np.ndarray | None) -> int:
-        """Append; the payload bytes so far (the caller sends once it passes its limit)."""
-        self.entries.append(entry)
-        if isinstance(data, Rows):
-            self.frames.append(data.ids)
-            self.nbytes += data.ids.nbytes
-            data = data.values
-        if data is not None:
-            self.frames.append(data)
-            self.nbytes += data.nbytes
-        return self.nbytes
-
-
-_new_entry = tuple.__new__   # decode: skips NamedTuple's argument parsing (2x faster)
-
-
-def dtype_code(dtype: np.dtype) -> int:
-    try:
-        return DTYPE_CODE[np.dtype(dtype)]
-    except KeyError:
-        raise TypeError(f"dtype {np.dtype(dtype)} is not supported; use one of "
-                        f"{', '.join(str(d) for d in DTYPES)}") from None
 
 
 def node_name(node_id: int) -> str:
@@ -263,17 +209,6 @@ def namespace_of(body: dict[str, Any]) -> int:
     return ns
 
 
-def payload_bytes(frames: Sequence[Any]) -> int:
-    """The array bytes of a decoded DATA message (a worker's Batch.nbytes for it)."""
-    total = 0
-    for f in frames:
-        if isinstance(f, Rows):
-            total += f.ids.nbytes + (f.values.nbytes if f.values is not None else 0)
-        else:
-            total += f.nbytes
-    return total
-
-
 def entry_has_data(request: bool, op: int, error: Any) -> bool:
     """Whether the entry owns a data item (an array, or Rows for a row-sparse request)."""
     if request:
@@ -292,7 +227,8 @@ def encode(msg: Message) -> list[Any]:
 _COMMANDS = {int(c): c for c in Command}
 
 
-def _buffer(frame: Any) -> memoryview:
+def frame_buffer(frame: Any) -> memoryview:
+    """A received frame's bytes, without a copy (a zmq.Frame, or a stream's memoryview)."""
     buf = getattr(frame, "buffer", None)    # zmq.Frame
     return buf if buf is not None else memoryview(frame)
 
@@ -301,7 +237,7 @@ def decode(frames: Sequence[Any], route: bytes | None = None) -> Message:
     """Parse received frames; raise ProtocolError for anything malformed."""
     if not frames:
         raise ProtocolError("empty message")
-    head = _buffer(frames[0])
+    head = frame_buffer(frames[0])
     if head.nbytes > MAX_META_BYTES:
         raise ProtocolError(f"meta frame of {head.nbytes} bytes exceeds {MAX_META_BYTES}")
     try:
@@ -330,66 +266,16 @@ def decode(frames: Sequence[Any], route: bytes | None = None) -> Message:
     if cmd == Command.DATA:
         msg.frames = _data_arrays(body, frames[1:], bool(request))
     elif cmd in (Command.REPLICA, Command.FETCH):     # checked against their events by ps/server/replica.py
-        msg.frames = [_buffer(f) for f in frames[1:]]
+        msg.frames = [frame_buffer(f) for f in frames[1:]]
     elif len(frames) > 1:
         raise ProtocolError(f"{cmd.name} carries {len(frames) - 1} unexpected data frames")
     return msg
 
 
-def _frame_layout(request: bool, op: int, code: int, n: int) -> tuple[np.dtype, int]:
-    """dtype and byte size of an entry's frame (compressed values differ from the key's)."""
-    if op & _WIRE_BITS:
-        layout = compression.frame_layout(request, op, n)
-        if layout is not None:
-            return layout
-    dtype = DTYPES[code]
-    return dtype, n * dtype.itemsize
-
-
-def _frame(it: Any, key: int, dtype: np.dtype, n: int) -> np.ndarray:
-    """The next frame as ``n`` items of ``dtype``; ProtocolError if missing or of another size."""
-    frame = next(it, None)
-    if frame is None:
-        raise ProtocolError(f"entry for key {key} has no data frame")
-    buf = _buffer(frame)
-    if buf.nbytes != n * dtype.itemsize:
-        raise ProtocolError(f"key {key}: frame has {buf.nbytes} bytes, entry says {n} x {dtype}")
-    return np.frombuffer(buf, dtype=dtype)
-
-
-def _rows(it: Any, key: int, op: int, n: int, row_len: int, code: int) -> Rows:
-    ids = _frame(it, key, TABLE_ID if op & Op.TABLE else ROW_ID, n)
-    if not op & Op.PUSH:
-        return Rows(ids)
-    return Rows(ids, _frame(it, key, DTYPES[code], n * row_len))
-
-
-_INTS = frozenset((int,))     # msgpack's integers (a bool is not one here)
-
-
-def _data_arrays(entries: Any, frames: Sequence[Any], request: bool) -> list[np.ndarray]:
-    if not isinstance(entries, list):
-        raise ProtocolError("DATA body must be a list of entries")
-    arrays: list[np.ndarray] = []
-    it = iter(frames)
-    for i, raw in enumerate(entries):
-        if not (isinstance(raw, list) and 8 <= len(raw) <= 11):
-            raise ProtocolError(f"malformed entry {raw!r:.100}")
-        while len(raw) < 11:
-            raw.append(0)
-        ts, op, key, off, n, total, code, error, row_len, seq, priority = raw
-        if not _INTS.issuperset(map(type, (ts, op, key, off, n, total, code, row_len, seq, priority))) or \
-                not (0 <= off and 0 <= n and off + n <= total) or not 0 <= code < len(DTYPES) or \
-                (op & (Op.ROWS | Op.TABLE) and row_len <= 0):
-            raise ProtocolError(f"malformed entry {raw!r:.100}")
-        entries[i] = _new_entry(Entry, raw)
-        if not entry_has_data(request, op, error):
-            continue
-        if request and op & (Op.ROWS | Op.TABLE):
-            arrays.append(_rows(it, key, op, n, row_len, code))
-            continue
-        dtype, nbytes = _frame_layout(request, op, code, n)
-        arrays.append(_frame(it, key, dtype, nbytes // dtype.itemsize))
-    if next(it, None) is not None:
-        raise ProtocolError("more data frames than entries")
-    return arrays
+def _data_arrays(entries: Any, frames: Sequence[Any], request: bool) -> list[Any]:
+    """The first DATA message: import ps/frames.py (and numpy) and read its arrays there,
+    as every later one does straight away."""
+    global _data_arrays
+    from .frames import data_arrays
+    _data_arrays = data_arrays
+    return data_arrays(entries, frames, request)

@@ -19,7 +19,8 @@ from ._timing import Deadline
 from .barrierwait import BarrierWaits
 from .config import Config
 from .errors import ClosedError, PeerLostError, ProtocolError, PSError, PSTimeoutError
-from .message import SCHEDULER, Command, Flag, Message, Node, Role, id_to_rank, node_name, payload_bytes
+from .frames import payload_bytes
+from .message import SCHEDULER, Command, Flag, Message, Node, Role, id_to_rank, node_name
 from .nodestats import NodeStats, StallClock
 from .peerlinks import PeerLinks, machine_id
 from .rejoin import KEY as REJOIN_KEY, Rejoin

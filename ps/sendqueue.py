@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
+from .frames import Batch
 from .keys import CHUNK_BYTES
-from .message import Batch, Entry
+from .message import Entry
 
 CREDIT_MIN = 64 << 10       # payload bytes above which a message counts in the window and is credited
 

@@ -21,7 +21,8 @@ from .customer import Customer, Handle, Request, StallWatch
 from .drain import DrainClock
 from .errors import PSError, RemoteError
 from .keys import Slice, chunks
-from .message import DTYPES, ROW_ID, Batch, Command, Entry, Flag, Message, Op, Rows, node_name, server_id
+from .frames import DTYPES, ROW_ID, Batch, Rows
+from .message import Command, Entry, Flag, Message, Op, node_name, server_id
 from .nodestats import latency
 from .postoffice import Postoffice
 from .sendqueue import SendQueue

@@ -186,7 +186,8 @@ def processes_with_env(name: str, value: str) -> list[int]:
 def table_push(spec, seq, ids, grads, off=0, total=None, ts=1):
     """An embedding table's push entry and rows, as a worker sends them (ps/worker.py)."""
     import numpy as np
-    from ps.message import Entry, Op, Rows
+    from ps.frames import Rows
+    from ps.message import Entry, Op
     ids = np.asarray(ids, np.int64)
     total = len(ids) if total is None else total
     entry = Entry(ts, Op.PUSH | Op.TABLE, spec.key, off, len(ids), total, 0, None, spec.dim, seq)
@@ -196,6 +197,7 @@ def table_push(spec, seq, ids, grads, off=0, total=None, ts=1):
 def table_pull(spec, ids, seq=0, ts=9):
     """An embedding table's pull entry and ids; ``seq``: the puller's pushes so far."""
     import numpy as np
-    from ps.message import Entry, Op, Rows
+    from ps.frames import Rows
+    from ps.message import Entry, Op
     ids = np.asarray(ids, np.int64)
     return Entry(ts, Op.PULL | Op.TABLE, spec.key, 0, len(ids), len(ids), 0, None, spec.dim, seq), Rows(ids)

@@ -12,7 +12,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..customer import Handle
-from ..message import Op, dtype_code, server_id
+from ..frames import dtype_code
+from ..message import Op, server_id
 from ..worker import KVWorker, TablePart
 from .hashing import server_of
 from .spec import TableSpec

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import optim
 from ..errors import ProtocolError
-from ..message import DTYPES
+from ..frames import DTYPES
 from .events import Event, Joins, Replays
 from .store import Store
 from .tables import Tables

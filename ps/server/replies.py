@@ -16,7 +16,8 @@ import time
 from typing import Protocol
 
 from ..drain import DrainClock
-from ..message import Batch, Command, Flag, Message
+from ..frames import Batch
+from ..message import Command, Flag, Message
 from ..postoffice import Postoffice
 from ..sendqueue import SendQueue
 from .bufguard import BufferGuard

@@ -10,8 +10,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..frames import DTYPES, Rows
 from ..keys import chunks
-from ..message import DTYPES, Entry, Op, Rows
+from ..message import Entry, Op
 
 
 class StoreError(Exception):

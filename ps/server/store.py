@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from .. import compression as comp
+from ..frames import DTYPES, Rows
 from ..keys import CHUNK_BYTES
-from ..message import DTYPES, Entry, Op, Rows, id_to_rank
+from ..message import Entry, Op, id_to_rank
 from .bufguard import BufferGuard
 from .events import Event, Joins, Replays
 from .quorum import Quorum

@@ -37,7 +37,8 @@ from ..embed.table import (
     rows_per_chunk,
     sum_rows,
 )
-from ..message import DTYPES, Entry, Op, Rows, dtype_code, worker_id
+from ..frames import DTYPES, Rows, dtype_code
+from ..message import Entry, Op, worker_id
 from . import tablejournal
 from .events import Event
 from .rounds import Reply

@@ -11,7 +11,8 @@ import numpy as np
 
 from ..embed.spec import TableSpec
 from ..embed.table import RowTable
-from ..message import Entry, Rows
+from ..frames import Rows
+from ..message import Entry
 
 
 @dataclass

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from ..keys import CHUNK_BYTES
-from ..message import Entry, Op, Rows
+from ..frames import Rows
+from ..message import Entry, Op
 from .bufguard import BufferGuard
 from .events import Event
 from .rounds import KeyState, Reply, Round, Waiter, answer, by_worker, sum_dense, sum_frames, sum_rows, uncovered

@@ -25,8 +25,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from ..errors import ProtocolError
 from ..message import MAX_ENTRIES
 
@@ -82,7 +80,7 @@ class Stream:
         self._lo = self._hi = 0             # unparsed bytes are _buf[_lo:_hi]
         self._lengths: list[int] | None = None   # the message being read: its frames' lengths
         self._frames: list[Any] = []        # and the frames read so far
-        self._big: np.ndarray | None = None  # a DIRECT frame being read, and how much of it is in
+        self._big: Any = None   # a DIRECT frame being read (numpy uint8), and how much of it is in
         self._big_in = 0
         self._error: Exception | None = None     # met after whole messages: raised by the next receive
 
@@ -229,6 +227,7 @@ class Stream:
             length = self._lengths[len(self._frames)]
             have = self._hi - self._lo
             if length >= DIRECT and have < length:
+                import numpy as np  # here: a scheduler, which imports this module, never needs it
                 big = np.empty(length, np.uint8)     # not zero-filled: the bytes come next
                 big[:have] = memoryview(buf)[self._lo:self._hi]
                 self._lo = self._hi = 0

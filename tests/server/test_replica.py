@@ -5,7 +5,8 @@ import pytest
 
 from ps import optim
 from ps.errors import ProtocolError
-from ps.message import Entry, Op, Rows, dtype_code
+from ps.frames import Rows, dtype_code
+from ps.message import Entry, Op
 from ps.server.events import Event
 from ps.server.replica import Mirror, decode_events, encode_events, restore, snapshot
 from ps.server.store import Store

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ps.message import Command, Entry, Message, Op, dtype_code, server_id
+from ps.frames import dtype_code
+from ps.message import Command, Entry, Message, Op, server_id
 from ps.server.replica import decode_events
 from ps.server.replication import Replication
 from ps.server.store import Store

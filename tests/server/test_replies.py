@@ -9,8 +9,9 @@ import pytest
 
 from ps.config import Config
 from ps.drain import DrainClock
+from ps.frames import dtype_code
 from ps.keys import CHUNK_BYTES
-from ps.message import Command, Entry, Flag, Message, Op, dtype_code
+from ps.message import Command, Entry, Flag, Message, Op
 from ps.server import KVServer
 from ps.server.bufguard import BufferGuard
 from ps.server.replies import ReplySender

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from ps import optim
-from ps.message import Entry, Op, dtype_code
+from ps.frames import dtype_code
+from ps.message import Entry, Op
 from ps.server.store import Store
 
 W0, W1 = 9, 11

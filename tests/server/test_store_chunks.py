@@ -3,8 +3,9 @@ of the whole key with the summed gradient, one update count per key per round.""
 import numpy as np
 import pytest
 
+from ps.frames import dtype_code
 from ps.keys import chunks
-from ps.message import Entry, Op, dtype_code
+from ps.message import Entry, Op
 from ps.optim import REGISTRY, Updater, from_spec
 from ps.server.store import Store
 from ps.server.values import Values

@@ -5,7 +5,8 @@ first push (``Op.CREATE``), and workers that joined (Horovod's join, ``Store.joi
 import numpy as np
 import pytest
 
-from ps.message import Entry, Op, dtype_code
+from ps.frames import dtype_code
+from ps.message import Entry, Op
 from ps.server.replica import Mirror, decode_events, encode_events, restore, snapshot
 from ps.server.store import Store
 

@@ -1,7 +1,8 @@
 """Store.stalls: which open sync rounds have waited too long, and for whom."""
 import numpy as np
 
-from ps.message import Entry, Op, dtype_code
+from ps.frames import dtype_code
+from ps.message import Entry, Op
 from ps.server.store import Store
 from tests.helpers import Clock
 

@@ -3,8 +3,9 @@ chunk, as each chunk is summed, not when the round closes: every chunk once, eac
 round's value (no sockets)."""
 import numpy as np
 
+from ps.frames import dtype_code
 from ps.keys import chunks
-from ps.message import Entry, Op, dtype_code
+from ps.message import Entry, Op
 from ps.optim import Updater, from_spec
 from ps.server.store import Store
 

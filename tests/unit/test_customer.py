@@ -7,7 +7,8 @@ import pytest
 from ps._timing import Deadline
 from ps.customer import Customer, Handle
 from ps.errors import MismatchError, PeerLostError, PSTimeoutError, RemoteError
-from ps.message import Command, Entry, Message, Op, dtype_code
+from ps.frames import dtype_code
+from ps.message import Command, Entry, Message, Op
 
 S0, S1 = 8, 10
 F32 = dtype_code(np.float32)

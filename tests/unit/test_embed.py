@@ -8,7 +8,8 @@ from ps.embed import Init, LocalTable, TableSpec, initial_rows
 from ps.embed.hashing import name_seed, server_of
 from ps.embed.index import IdIndex
 from ps.embed.table import RowTable, chunk_from_wire, chunk_to_wire, sum_rows
-from ps.message import Command, Entry, Message, Op, Rows, decode, encode, worker_id
+from ps.frames import Rows
+from ps.message import Command, Entry, Message, Op, decode, encode, worker_id
 from ps.optim import rowwise
 from ps.server.tables import Tables
 from tests.helpers import table_pull, table_push

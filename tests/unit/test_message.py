@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from ps.errors import ProtocolError
-from ps.message import VERSION, Batch, Command, Entry, Message, Op, Rows, decode, dtype_code, encode
+from ps.frames import Batch, Rows, dtype_code
+from ps.message import VERSION, Command, Entry, Message, Op, decode, encode
 
 
 def data_msg(request=True):

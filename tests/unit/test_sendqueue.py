@@ -2,8 +2,9 @@
 small messages uncounted."""
 import numpy as np
 
+from ps.frames import dtype_code
 from ps.keys import CHUNK_BYTES
-from ps.message import Entry, Op, dtype_code
+from ps.message import Entry, Op
 from ps.sendqueue import CREDIT_MIN, SendQueue
 
 F32 = dtype_code(np.float32)

@@ -5,7 +5,8 @@ import threading
 import numpy as np
 import pytest
 
-from ps.message import Batch, Command, Entry, Message, Op, dtype_code, encode
+from ps.frames import Batch, dtype_code
+from ps.message import Command, Entry, Message, Op, encode
 from ps.van import create_van
 from tests.helpers import wait_for
 

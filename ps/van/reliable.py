@@ -15,11 +15,10 @@ both sides then start the channel again from 1, ps/schedlink.py).
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from typing import Any, Callable
-
-import numpy as np
 
 from ..message import Command, Message
 from .base import OnMessage, PeerLost, Van
@@ -118,8 +117,11 @@ class ReliableVan(Van):
             self.inner.send(msg)
             return
         # own the payload: a resend must carry the bytes of the first send, not whatever
-        # the caller's (or the store's) array holds by then
-        msg.frames = [np.array(f, copy=True) if isinstance(f, np.ndarray) else f for f in msg.frames]
+        # the caller's (or the store's) array holds by then. A process without numpy has no
+        # arrays to copy: the scheduler (and the launcher it runs in) never imports it
+        np = sys.modules.get("numpy")
+        if np is not None and msg.frames:
+            msg.frames = [np.array(f, copy=True) if isinstance(f, np.ndarray) else f for f in msg.frames]
         peer = _channel(msg, outgoing=True)
         now = self.clock()
         with self._lock:     # seq order = queue order on the channel

@@ -1,4 +1,5 @@
 """What a fresh interpreter imports, as a user's script would start one."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,11 +42,13 @@ def test_a_node_starts_without_modules_it_does_not_use():
                    env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{MXNET_AUTOLOAD}:{root}"})
 
 
-def test_the_launcher_and_its_scheduler_run_a_job_without_numpy():
+@pytest.mark.parametrize("resend", ["0", "1"])
+def test_the_launcher_and_its_scheduler_run_a_job_without_numpy(resend):
     """The scheduler carries no arrays, so neither it nor the launcher it runs in imports numpy
     (~0.1 s of CPU and ~26 MB in every launcher and every scheduler pod); the worker's and the
     server's first DATA message imports it where it is needed. A whole job: formation,
-    a push and a pull, the barrier at close, the end."""
+    a push and a pull, the barrier at close, the end; also with PS_RESEND's van, which copies
+    what it sends."""
     root = Path(__file__).resolve().parents[2]
     worker = ("import numpy as np, ps; kv = ps.KVStore('dist_sync'); kv.init(3, np.ones(4, np.float32)); "
               "kv.push(3, np.full(4, 2, np.float32)); got = kv.pull(3); kv.close(); "
@@ -55,7 +58,7 @@ def test_the_launcher_and_its_scheduler_run_a_job_without_numpy():
                 f"sys.argv = ['ps.launch', '-n', '1', '-s', '1', sys.executable, '-c', {worker!r}]; "
                 "runpy.run_module('ps.launch', run_name='__main__')")
     out = subprocess.run([sys.executable, "-c", launcher], capture_output=True, text=True, timeout=90,
-                         cwd=root, check=False)
+                         cwd=root, check=False, env={**os.environ, "PS_RESEND": resend})
     assert out.returncode == 0, out.stdout + out.stderr
     assert "pulled [2.0, 2.0, 2.0, 2.0]" in out.stdout, out.stdout + out.stderr
     assert "launcher imported numpy: False" in out.stdout, out.stdout + out.stderr

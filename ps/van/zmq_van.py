@@ -23,11 +23,12 @@ from . import in_process
 from .base import TICK_SOONEST, OnMessage, Van
 from .dealers import Dealers
 from .handoff import Handoff
+from .router import Where, listen, tune
 from .sendbuf import SendBuffers
 from .stream import AVAILABLE as UNIX_SOCKETS
 from .streams import Streams
 from .traffic import Traffic
-from .twin import new_ipc_path, stream_path
+from .twin import stream_path
 from .zmq_watch import OnEvent, Watches
 
 logger = logging.getLogger(__name__)
@@ -81,31 +82,17 @@ class ZmqVan(Van):
               port_range: tuple[int, int] | None = None, name: str = "") -> str:
         self._on_message = on_message
         self._ctx = in_process.context() if self._in_process else zmq.Context(io_threads=1)
-        router = self._socket(zmq.ROUTER)
-        if self._curve:
-            router.curve_server = True
-            router.curve_publickey, router.curve_secretkey = self._curve
-        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # a peer that reopened its connection to us (we are a restart at its old address)
-        # takes its identity over instead of being refused while the old one lingers
-        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        router.setsockopt(zmq.MAXMSGSIZE, MAX_MSG_SIZE)
+        where = Where(host, port, port_range, self._ipc, self._twin, self._in_process)
         try:
-            self.address = self._bind(router, host, port, port_range)
-        except zmq.ZMQError as exc:
-            router.close(linger=0)
+            bound = listen(self._ctx, where, self._identity, MAX_MSG_SIZE, self._curve,
+                           self._streams.listen if self._streams is not None else None)
+        except TransportError:
             if not self._in_process:
                 self._ctx.term()
-            where = f"{host}:{port}" if port else (f"{host} ports {port_range[0]}-{port_range[1]}"
-                                                  if port_range else f"{host} (any port)")
-            raise TransportError(f"cannot bind {where}: {exc.strerror} (errno {exc.errno}); "
-                                 "is the port taken or the address not on this host?") from None
-        if not self._ipc and self._twin:
-            self._bind_local_twin(router)
-        if self._in_process:
-            self._bind_in_process(router)
-        self._router = router
-        self._poller.register(router, zmq.POLLIN)
+            raise
+        self._router, self.address = bound.socket, bound.address
+        self.local_address, self._ipc_path = bound.local_address, bound.ipc_path
+        self._poller.register(self._router, zmq.POLLIN)
         self._poller.register(self._handoff.open(), zmq.POLLIN)
         self._thread = threading.Thread(target=self._loop, name=f"ps-van[{name or self.address}]",
                                         daemon=True)
@@ -114,7 +101,7 @@ class ZmqVan(Van):
 
     def _socket(self, kind: int) -> zmq.Socket:
         sock = self._ctx.socket(kind)
-        self._tune(sock)
+        tune(sock, self._curve)
         return sock
 
     def endpoint_used(self, address: str) -> str:
@@ -126,48 +113,8 @@ class ZmqVan(Van):
         if in_process.twin(address) is None:
             return self._socket(zmq.DEALER)
         sock = in_process.context().socket(zmq.DEALER)
-        self._tune(sock)
+        tune(sock, self._curve)
         return sock
-
-    def _tune(self, sock: zmq.Socket) -> None:
-        sock.setsockopt(zmq.SNDHWM, 0)   # never drop or block: flow control is the protocol's job
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.setsockopt(zmq.LINGER, 0)
-        if self._curve and sock.socket_type == zmq.DEALER:
-            sock.curve_serverkey = self._curve[0]
-            sock.curve_publickey, sock.curve_secretkey = self._curve
-
-    def _bind_local_twin(self, router: zmq.Socket) -> None:
-        """Also listen on ipc://: peers on this machine skip the TCP stack (a 64 MB round
-        costs ~30% less CPU), with the same socket, identity routing and CURVE keys."""
-        path = self._new_ipc_path()
-        try:
-            router.bind(f"ipc://{path}")
-        except zmq.ZMQError as exc:
-            logger.debug("no ipc:// twin for %s: %s", self.address, exc.strerror)
-            return
-        self._ipc_path, self.local_address = path, f"ipc://{path}"
-
-    def _new_ipc_path(self) -> str:
-        return new_ipc_path(self._streams.listen if self._streams is not None else None)
-
-    def _bind_in_process(self, router: zmq.Socket) -> None:
-        inproc = f"inproc://{self._identity.decode()}"
-        router.bind(inproc)
-        in_process.register([self.address, self.local_address], inproc)
-
-    def _bind(self, router: zmq.Socket, host: str, port: int,
-              port_range: tuple[int, int] | None) -> str:
-        if self._ipc:
-            self._ipc_path = self._new_ipc_path()
-            router.bind(f"ipc://{self._ipc_path}")
-        elif port:
-            router.bind(f"tcp://{host}:{port}")
-        elif port_range:
-            router.bind_to_random_port(f"tcp://{host}", port_range[0], port_range[1] + 1, max_tries=200)
-        else:
-            router.bind(f"tcp://{host}:*")
-        return router.getsockopt_string(zmq.LAST_ENDPOINT)
 
     def connect(self, node_id: int, address: str) -> None:
         self.call_soon(lambda: self._connect_now(node_id, address))

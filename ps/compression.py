@@ -21,11 +21,6 @@ from .message import Op
 
 TYPES = ("2bit", "fp16")
 
-# the bits of a DATA entry's op that say how its values travel
-TWO_BIT = Op.TWO_BIT        # push values travel 2-bit packed
-FP16 = Op.FP16              # push values travel as float16, the key keeps its dtype
-HALF_PULL = Op.HALF_PULL    # the pulled values travel as float16, the key keeps its dtype
-
 Encode = Callable[[np.ndarray], np.ndarray]
 
 
@@ -101,7 +96,7 @@ class Compressor:
         self.params = params                    # as parse() returns them
         self._residuals: dict[int, np.ndarray] = {}
         self._two_bit = params["type"] == "2bit"
-        self._pull_bits = HALF_PULL if params["pull"] else 0
+        self._pull_bits = Op.HALF_PULL if params["pull"] else 0
 
     def wire(self, key: int, value: np.ndarray | None, pushes: bool,
              pulls: bool) -> tuple[int, np.ndarray | None, Encode | None]:
@@ -111,21 +106,21 @@ class Compressor:
         if value is None or not pushes:
             return bits, value, None
         if not self._two_bit:
-            return bits | FP16, value.astype(np.float16), None
+            return bits | Op.FP16, value.astype(np.float16), None
         residual = self._residuals.get(key)
         if residual is None:
             residual = self._residuals[key] = np.zeros(value.size, np.float32)
-        return bits | TWO_BIT, quantize_2bit(value, residual, self.params["threshold"]), pack_2bit
+        return bits | Op.TWO_BIT, quantize_2bit(value, residual, self.params["threshold"]), pack_2bit
 
 
 def frame_layout(request: bool, op: int, n: int) -> tuple[np.dtype, int] | None:
     """dtype and byte size of the frame of ``n`` elements an entry with ``op`` carries
     (a request, or a reply); None if they travel in the key's own dtype."""
-    if request and op & TWO_BIT:
+    if request and op & Op.TWO_BIT:
         return np.dtype(np.uint8), packed_nbytes(n)
-    if request and op & FP16:
+    if request and op & Op.FP16:
         return np.dtype(np.float16), 2 * n
-    if not request and op & HALF_PULL:
+    if not request and op & Op.HALF_PULL:
         return np.dtype(np.float16), 2 * n
     return None
 
@@ -134,7 +129,7 @@ def decode_push(op: int, data: np.ndarray, n: int, dtype: Any, params: dict[str,
     """A compressed push's ``n`` values as a server merges them (``dtype``: the key's merge
     dtype); ``params``: the servers' compression. A float16 push is merged as it is, after
     a cast. Raises UnsetError for a 2bit push to servers with no 2bit threshold."""
-    if op & FP16:
+    if op & Op.FP16:
         return data
     if not params or params["type"] != "2bit":
         raise UnsetError("a 2bit-compressed push arrived but the servers have no 2bit compression set")

@@ -77,7 +77,6 @@ def dtype_code(dtype: np.dtype) -> int:
                         f"{', '.join(str(d) for d in DTYPES)}") from None
 
 
-
 def payload_bytes(frames: Sequence[Any]) -> int:
     """The array bytes of a decoded DATA message (a worker's Batch.nbytes for it)."""
     total = 0
@@ -87,7 +86,6 @@ def payload_bytes(frames: Sequence[Any]) -> int:
         else:
             total += f.nbytes
     return total
-
 
 
 def _frame_layout(request: bool, op: int, code: int, n: int) -> tuple[np.dtype, int]:

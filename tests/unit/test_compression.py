@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from ps import compression as comp
+from ps.message import Op
 
 
 def test_pack_layout_msb_first():
@@ -28,13 +29,13 @@ def test_bad_params(params):
 
 def test_the_wire_bits_are_the_ones_message_op_names():
     from ps.message import Op
-    assert (Op.TWO_BIT, Op.FP16, Op.HALF_PULL) == (comp.TWO_BIT, comp.FP16, comp.HALF_PULL) == (8, 16, 64)
+    assert (Op.TWO_BIT, Op.FP16, Op.HALF_PULL) == (Op.TWO_BIT, Op.FP16, Op.HALF_PULL) == (8, 16, 64)
 
 
 def test_a_2bit_compressor_quantizes_with_a_residual_per_key_and_packs_each_chunk():
     c = comp.Compressor(comp.parse({"type": "2bit", "threshold": 0.5}))
     bits, codes, encode = c.wire(3, np.array([0.3, -0.6], np.float32), True, True)
-    assert bits == comp.TWO_BIT and encode is comp.pack_2bit       # 2bit halves no pull
+    assert bits == Op.TWO_BIT and encode is comp.pack_2bit       # 2bit halves no pull
     np.testing.assert_array_equal(codes, [0, -1])
     _, codes, _ = c.wire(3, np.array([0.3, 0.0], np.float32), True, False)
     np.testing.assert_array_equal(codes, [1, 0])                  # 0.3 + 0.3 carried over
@@ -45,8 +46,8 @@ def test_a_2bit_compressor_quantizes_with_a_residual_per_key_and_packs_each_chun
 def test_an_fp16_compressor_halves_pushes_and_by_default_pulls():
     c = comp.Compressor(comp.parse({"type": "fp16"}))
     bits, value, encode = c.wire(3, np.array([1.5], np.float32), True, True)
-    assert bits == comp.FP16 | comp.HALF_PULL and value.dtype == np.float16 and encode is None
-    assert c.wire(3, None, False, True) == (comp.HALF_PULL, None, None)
+    assert bits == Op.FP16 | Op.HALF_PULL and value.dtype == np.float16 and encode is None
+    assert c.wire(3, None, False, True) == (Op.HALF_PULL, None, None)
     exact = comp.Compressor(comp.parse({"type": "fp16", "pull": False}))
     assert exact.wire(3, None, False, True) == (0, None, None)
 
@@ -59,23 +60,23 @@ def test_what_is_not_pushed_travels_as_it_is():
 
 def test_frame_layout_is_what_the_compressor_sends():
     codes = comp.quantize_2bit(np.ones(17, np.float32), np.zeros(17, np.float32), 0.5)
-    assert comp.frame_layout(True, comp.TWO_BIT, 17) == (np.dtype(np.uint8), comp.pack_2bit(codes).nbytes) == \
+    assert comp.frame_layout(True, Op.TWO_BIT, 17) == (np.dtype(np.uint8), comp.pack_2bit(codes).nbytes) == \
         (np.uint8, 8)
-    assert comp.frame_layout(True, comp.FP16 | comp.HALF_PULL, 3) == (np.float16, 6)
-    assert comp.frame_layout(False, comp.FP16 | comp.HALF_PULL, 3) == (np.float16, 6)
-    assert comp.frame_layout(False, comp.TWO_BIT | comp.FP16, 3) is None       # replies to those are plain
-    assert comp.frame_layout(True, comp.HALF_PULL, 3) is None
+    assert comp.frame_layout(True, Op.FP16 | Op.HALF_PULL, 3) == (np.float16, 6)
+    assert comp.frame_layout(False, Op.FP16 | Op.HALF_PULL, 3) == (np.float16, 6)
+    assert comp.frame_layout(False, Op.TWO_BIT | Op.FP16, 3) is None       # replies to those are plain
+    assert comp.frame_layout(True, Op.HALF_PULL, 3) is None
 
 
 def test_a_server_decodes_2bit_with_its_threshold_and_merges_fp16_as_it_came():
     packed = comp.pack_2bit(np.array([1, -1, 0], np.int8))
-    out = comp.decode_push(comp.TWO_BIT, packed, 3, np.float64, {"type": "2bit", "threshold": 0.25})
+    out = comp.decode_push(Op.TWO_BIT, packed, 3, np.float64, {"type": "2bit", "threshold": 0.25})
     assert out.dtype == np.float64 and out.tolist() == [0.25, -0.25, 0]
     half = np.ones(3, np.float16)
-    assert comp.decode_push(comp.FP16, half, 3, np.float32, None) is half
+    assert comp.decode_push(Op.FP16, half, 3, np.float32, None) is half
 
 
 @pytest.mark.parametrize("params", [None, {"type": "fp16", "threshold": 0.5, "pull": True}])
 def test_a_2bit_push_to_servers_without_2bit_is_refused(params):
     with pytest.raises(comp.UnsetError, match="a 2bit-compressed push arrived but the servers have no 2bit"):
-        comp.decode_push(comp.TWO_BIT, np.zeros(4, np.uint8), 3, np.float32, params)
+        comp.decode_push(Op.TWO_BIT, np.zeros(4, np.uint8), 3, np.float32, params)

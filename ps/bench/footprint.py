@@ -21,27 +21,32 @@ class ProcessSample(NamedTuple):
 
 
 def watch(procs: list[subprocess.Popen], finished: threading.Event, every: float = 0.25, first: float = 3.0,
-          fast: float = 0.05, conns_every: float = 2.0) -> ProcessSample:
+          fast: float = 0.05, settle: float = 2.0, conns_every: float = 10.0, duty: float = 0.1) -> ProcessSample:
     """The largest of each over samples from launch until ``finished``: every ``fast`` s for
     the ``first`` seconds, then every ``every`` s. A quick job (3 steps of 50 ms) holds its
     connections for a few tenths of a second, from formation to its close, which samples
     0.25 s apart can miss; a long job is sampled often enough at ``every`` without taking
-    CPU from the job it measures. Connections are the dear part: each read of a namespace's
-    TCP table walks the kernel's whole connection hash (read for every process four times a
-    second, it took 14% of this 2-core machine, counted in the run's CPU load). So each host's
-    table is read once per sample, and at every sample only until ``conns_every`` s after the
-    job's first connection (a native job forms many seconds after launch, and its processes
-    connect within a second of each other); then every ``conns_every`` s."""
+    CPU from the job it measures.
+
+    Connections are the dear part: each read of a namespace's TCP table walks the kernel's
+    whole connection hash (262,144 buckets here: 6 ms a table, two tables a host, 0.12 s for
+    9 hosts), and what the sampler takes is counted in the run's CPU load and slows the job's
+    formation. So each host's tables are read once per sample: at every sample until
+    ``settle`` s after the job's first connection (a quick job's last only a few tenths of a
+    second; a native job forms many seconds after launch, and its processes connect within a
+    second of each other), then every ``conns_every`` s, and never for more than ``duty`` of
+    the time: a read that took d seconds waits at least d / duty for the next. Read every 2 s
+    through the timed steps, they took 6% of a core at K = 8."""
     best = ProcessSample(0.0, 0.0, 0.0)
     start = time.monotonic()
-    conns_at, connected_at = float("-inf"), None
+    conns_at, conns_cost, connected_at = float("-inf"), 0.0, None
     while True:
         now = time.monotonic()
-        settling = connected_at is None or now - connected_at < conns_every
-        with_conns = settling or now - conns_at >= conns_every
-        if with_conns:
-            conns_at = now
+        settling = connected_at is None or now - connected_at < settle
+        with_conns = settling or now - conns_at >= max(conns_cost / duty, conns_every)
         got = sample(procs, with_conns)
+        if with_conns:
+            conns_at, conns_cost = now, time.monotonic() - now
         if connected_at is None and got.conns:
             connected_at = now
         best = ProcessSample(*(max(a, b) for a, b in zip(best, got)))
@@ -52,19 +57,21 @@ def watch(procs: list[subprocess.Popen], finished: threading.Event, every: float
 def sample(procs: list[subprocess.Popen], with_conns: bool = True) -> ProcessSample:
     """Each process's RSS, established TCP connections (0 unless ``with_conns``) and threads,
     the largest of each. The host wrapper (``ip netns exec``) execs, so the pid is the Python
-    process's."""
+    process's (until it execs, the pid is ``ip``'s: skipped). Not its children: psutil finds
+    them by reading every process's stat, and for each of 17 processes four times a second
+    that took a quarter of a core, counted in the run's CPU load."""
     rss, conns, threads = [], [], []
     tables: dict[str, set[str]] = {}        # network namespace -> its established sockets' inodes
     for p in procs:
         try:
             proc = psutil.Process(p.pid)
-            for child in [proc, *proc.children(recursive=True)]:
-                if "python" not in child.name():
+            with proc.oneshot():
+                if "python" not in proc.name():
                     continue
-                rss.append(child.memory_info().rss / 2**20)
-                threads.append(child.num_threads())
-                if with_conns:
-                    conns.append(established(child.pid, tables))
+                rss.append(proc.memory_info().rss / 2**20)
+                threads.append(proc.num_threads())
+            if with_conns:
+                conns.append(established(proc.pid, tables))
         except psutil.Error:
             continue
     return ProcessSample(max(rss, default=0.0), max(conns, default=0.0), max(threads, default=0.0))

@@ -439,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     except NamespaceError as exc:
         print(f"ps.bench: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("ps.bench: interrupted; its processes, namespace hosts and route were removed", file=sys.stderr)
+        return 130
     if args.csv:
         write_csv(args.csv, runs)
     report_runs(runs, args, shapes)

@@ -9,8 +9,11 @@ hosts exist, so a stray connection fails here instead of leaving the machine.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import threading
 from collections.abc import Sequence
+from typing import Any
 
 SUBNET = "10.79.0"          # distinct from the tests' 10.77.0.x: both may run at once
 CC_SYSCTL = "net.ipv4.tcp_congestion_control"
@@ -18,6 +21,10 @@ CC_SYSCTL = "net.ipv4.tcp_congestion_control"
 
 class NamespaceError(RuntimeError):
     pass
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _ip(*args: str) -> None:
@@ -78,6 +85,7 @@ class Hosts:
         self._set_tcp = tcp is not None
         self._made: list[str] = []
         self._route = False
+        self._sigterm: list[Any] = []     # the SIGTERM handler before __enter__, while ours is set
 
     def name(self, host: int) -> str:
         return f"{self.prefix}{host}"
@@ -94,15 +102,26 @@ class Hosts:
 
     def __enter__(self) -> "Hosts":
         check_root()
+        if threading.current_thread() is threading.main_thread():
+            # SIGTERM's default ends Python without unwinding, and would leave the namespaces,
+            # the safety route and every process in them behind: raise like ^C instead
+            self._sigterm = [signal.signal(signal.SIGTERM, _interrupt)]
         try:
             self._up()
         except BaseException:
-            self.down()
+            self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.down()
+        if self._sigterm:       # a second SIGTERM must not cut the teardown short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            self.down()
+        finally:
+            if self._sigterm:
+                before = self._sigterm.pop()      # None: set outside Python, taken as the default
+                signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
 
     def _up(self) -> None:
         _ip("route", "replace", "unreachable", f"{SUBNET.rsplit('.', 1)[0]}.0.0/16", "metric", "4000")

@@ -5,10 +5,13 @@ import csv
 import importlib.util
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from launcher.process import start_group, stop_group
@@ -23,10 +26,21 @@ COLUMNS = {"row", "impl", "workers", "servers", "case", "keys", "key_bytes", "ro
 QUICK_CASES = {"1x4K", "1x1M", "20x16K"}
 
 
-def run_bench(tmp_path: Path, *extra: str, timeout: float = 55) -> list[dict[str, str]]:
-    out = tmp_path / "out.csv"
+def bench_env() -> dict[str, str]:
+    """This checkout's ps, and none of the test run's DMLC_/PS_ settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MXNET_KVSTORE"))}
     env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def skip_without_namespaces() -> None:
+    if os.geteuid() != 0 or subprocess.run(["ip", "netns", "list"], capture_output=True).returncode:
+        pytest.skip("network namespaces need root and iproute2")
+
+
+def run_bench(tmp_path: Path, *extra: str, timeout: float = 55) -> list[dict[str, str]]:
+    out = tmp_path / "out.csv"
+    env = bench_env()
     proc = start_group([sys.executable, "-m", "ps.bench", "--quick", "--csv", str(out), *extra], env,
                        cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -96,8 +110,7 @@ def test_sparse_bench_moves_only_the_rows(tmp_path):
     """A tiny `python -m ps.bench.sparse`: both jobs run, and ps's bytes per step stay within
     a few percent of the rows up and down (a dense pull would be 40x more here)."""
     pytest.importorskip("mxnet")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MXNET_KVSTORE"))}
-    env["PYTHONPATH"] = str(ROOT)
+    env = bench_env()
     proc = start_group([sys.executable, "-m", "ps.bench.sparse", "--rows", "20000", "--batch", "256", "--steps", "4",
                         "--warmup", "1", "--reps", "1", "--timeout", "80"], env, cwd=str(ROOT),
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -165,8 +178,7 @@ def test_embedding_bench_runs_on_two_namespace_hosts(tmp_path):
     server) on a shaped namespace host of its own; the CPU load is reported and the hosts are
     gone afterwards. Never a speed."""
     pytest.importorskip("torch")
-    if os.geteuid() != 0 or subprocess.run(["ip", "netns", "list"], capture_output=True).returncode:
-        pytest.skip("network namespaces need root and iproute2")
+    skip_without_namespaces()
     stdout = _torch_bench(tmp_path, ["ps.bench.embedding", "--hosts", "2", "--link", "100mbit", "--rows", "2600",
                                      "--batch", "64", "--steps", "6", "--warmup", "1", "--eval-every", "3",
                                      "--eval-samples", "500", "--modes", "ps-sync,ddp", "--timeout", "100"],
@@ -184,8 +196,7 @@ def test_embedding_bench_runs_on_two_namespace_hosts(tmp_path):
 def test_hosts_take_the_tcp_congestion_control_asked_for_and_leave_the_machines_alone():
     """``Hosts(tcp=)`` (``--tcp``): set in every host's namespace, never in the root one; a
     name the kernel lacks is refused naming it and what there is."""
-    if os.geteuid() != 0 or subprocess.run(["ip", "netns", "list"], capture_output=True).returncode:
-        pytest.skip("network namespaces need root and iproute2")
+    skip_without_namespaces()
     from ps.bench.netns import (CC_SYSCTL, Hosts, NamespaceError, congestion_controls, default_congestion_control,
                                 sysctl_path)
     root = default_congestion_control()
@@ -206,11 +217,9 @@ def test_hosts_take_the_tcp_congestion_control_asked_for_and_leave_the_machines_
 def _multihost_smoke(tmp_path, *args: str) -> tuple[str, list[dict]]:
     """`python -m ps.bench --hosts 2 --link 100mbit --quick ARGS --csv ...`: its output and CSV
     rows (skipped where namespaces cannot be made: root and iproute2 needed)."""
-    if os.geteuid() != 0 or subprocess.run(["ip", "netns", "list"], capture_output=True).returncode:
-        pytest.skip("network namespaces need root and iproute2")
+    skip_without_namespaces()
     out = tmp_path / "mh.csv"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MXNET_KVSTORE"))}
-    env["PYTHONPATH"] = str(ROOT)
+    env = bench_env()
     proc = start_group([sys.executable, "-m", "ps.bench", "--hosts", "2", "--link", "100mbit", "--quick", *args,
                         "--csv", str(out)], env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True)
@@ -284,3 +293,36 @@ def test_capacity_bench_trains_under_the_workers_address_space_limit(tmp_path):
     assert len(rows) == 2 and all(0 < float(r[3]) <= float(r[4]) <= 1200 for r in rows), stdout
     peaks = re.search(r"servers' peak RSS: (\d+), (\d+) MB", stdout)
     assert peaks and all(int(p) > 0 for p in peaks.groups()), stdout
+
+
+@pytest.mark.timeout(120)
+def test_multihost_bench_stopped_by_sigterm_removes_its_processes_hosts_and_route(tmp_path):
+    """A `kill` of `python -m ps.bench --hosts 2` mid-run (as a batch system's time limit
+    does): it ends within seconds, with 130, and leaves no namespace, route or process behind."""
+    skip_without_namespaces()
+    from ps.bench.netns import Hosts
+    env = bench_env()
+    proc = start_group([sys.executable, "-m", "ps.bench", "--hosts", "2", "--link", "100mbit", "--scale", "0.01",
+                        "--compute", "0.05", "--steps", "100000", "--impls", "ps"], env, cwd=str(ROOT),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, job = time.monotonic() + 60, []
+        while len(job) < 3 and time.monotonic() < deadline:    # a worker of its own on each host, and the scheduler
+            job = [int(pid) for h in range(3) for pid in subprocess.run(
+                ["ip", "netns", "pids", f"psbench{h}"], capture_output=True, text=True).stdout.split()]
+            time.sleep(0.2)
+        assert len(job) >= 3 and proc.poll() is None, (job, proc.poll())
+        proc.send_signal(signal.SIGTERM)            # the bench's process alone, not its group
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        stop_group(proc, grace=5)
+        left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        route = "10.79.0.0/16" in subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
+        if "psbench" in left or route:
+            with Hosts(2, None):        # made afresh (what ran in them killed), then removed with the route
+                pass
+    assert proc.returncode == 130, f"{stdout}\n{stderr}"
+    assert "interrupted" in stderr, stderr
+    assert "psbench" not in left and not route, left
+    alive = [pid for pid in job if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, alive

@@ -28,15 +28,15 @@ def watch(procs: list[subprocess.Popen], finished: threading.Event, every: float
     0.25 s apart can miss; a long job is sampled often enough at ``every`` without taking
     CPU from the job it measures.
 
-    Connections are the dear part: each read of a namespace's TCP table walks the kernel's
-    whole connection hash (262,144 buckets here: 6 ms a table, two tables a host, 0.12 s for
-    9 hosts), and what the sampler takes is counted in the run's CPU load and slows the job's
-    formation. So each host's tables are read once per sample: at every sample until
-    ``settle`` s after the job's first connection (a quick job's last only a few tenths of a
-    second; a native job forms many seconds after launch, and its processes connect within a
-    second of each other), then every ``conns_every`` s, and never for more than ``duty`` of
-    the time: a read that took d seconds waits at least d / duty for the next. Read every 2 s
-    through the timed steps, they took 6% of a core at K = 8."""
+    Connections are the dear part: each read of a namespace's TCP tables (IPv4 and IPv6) walks
+    its whole connection hash. The hosts have small ones of their own (``netns.HOST_EHASH``:
+    0.25 ms a host); a namespace that shares the machine's (Linux before 6.1; 262,144 buckets
+    here) takes 11 ms a host, 0.12 s for 9 hosts, counted in the run's CPU load. So each
+    host's tables are read once per sample: at every sample until ``settle`` s after the
+    job's first connection (a quick job's last only a few tenths of a second; a native job
+    forms many seconds after launch, and its processes connect within a second of each
+    other), then every ``conns_every`` s, and never for more than ``duty`` of the time: a
+    read that took d seconds waits at least d / duty for the next."""
     best = ProcessSample(0.0, 0.0, 0.0)
     start = time.monotonic()
     conns_at, conns_cost, connected_at = float("-inf"), 0.0, None

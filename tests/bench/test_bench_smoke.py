@@ -193,6 +193,28 @@ def test_embedding_bench_runs_on_two_namespace_hosts(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_hosts_have_tcp_hashes_of_their_own_and_leave_the_machines_alone():
+    """Each host's TCP hash is its own and small (HOST_EHASH buckets), so reading a host's
+    connections (ps.bench's footprint) does not walk the machine's; the root namespace's
+    setting for the namespaces it makes is untouched."""
+    skip_without_namespaces()
+    from ps.bench.netns import CHILD_EHASH_SYSCTL, HOST_EHASH, Hosts, sysctl_path
+    if not os.path.exists(sysctl_path(CHILD_EHASH_SYSCTL)):
+        pytest.skip("this kernel has no per-namespace TCP hash (Linux 6.1+)")
+    with open(sysctl_path(CHILD_EHASH_SYSCTL)) as f:
+        root = f.read()
+    with Hosts(2, None, prefix="psehash") as hosts:
+        seen = [subprocess.run(hosts.argv(h, ["cat", sysctl_path("net.ipv4.tcp_ehash_entries")]), capture_output=True,
+                               text=True, timeout=30).stdout.strip() for h in range(3)]
+        assert seen == [str(HOST_EHASH)] * 3, seen
+        ip = subprocess.run(hosts.argv(1, ["ip", "-4", "addr", "show", "eth0"]), capture_output=True, text=True,
+                            timeout=30).stdout
+        assert hosts.ip(1) in ip, ip
+    with open(sysctl_path(CHILD_EHASH_SYSCTL)) as f:
+        assert f.read() == root
+    assert "psehash" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
 def test_hosts_take_the_tcp_congestion_control_asked_for_and_leave_the_machines_alone():
     """``Hosts(tcp=)`` (``--tcp``): set in every host's namespace, never in the root one; a
     name the kernel lacks is refused naming it and what there is."""

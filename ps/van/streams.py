@@ -203,7 +203,7 @@ class Streams:
         if stream is None or stream.closed or not stream.reading.acquire(blocking=False):
             return False
         broken: str | None = None
-        kept = read = False
+        kept = False
         try:
             if stream.closed:
                 return False
@@ -211,38 +211,17 @@ class Streams:
                 self._reads.unregister(stream.fd)
             except (OSError, ValueError):   # ValueError: the van closed the set (it stopped)
                 return False
-            read = True
             broken, kept = _read_until(stream, until, seconds, take)
         finally:
-            if read and broken is None and not kept and not stream.closed:
-                # take handed messages to the I/O thread: the stream goes back to its poll
-                # after them, or the I/O thread could read and deliver the next message first
-                self._give_back_later(stream)
-            else:
-                self._give_back(stream, broken is None)
-        if broken is not None:
-            self._call_soon(lambda: self._close(stream, broken))
-        return kept
-
-    def _give_back(self, stream: Stream, poll: bool) -> None:
-        """The end of a read_here: the stream back in the I/O thread's poll (``poll``), and
-        free for the next caller."""
-        try:
             with self.lock:         # _close decides under it whether the socket is ours to close
                 if stream.closed:
                     stream.close()
-                elif poll:
+                elif broken is None:
                     self._reads.register(stream.fd, select.EPOLLIN)
-        except (OSError, ValueError):   # the van closed the set: it stopped
-            pass
-        finally:
-            stream.reading.release()
-
-    def _give_back_later(self, stream: Stream) -> None:
-        try:
-            self._call_soon(lambda: self._give_back(stream, True))
-        except Exception:  # noqa: BLE001 - the van stopped: nothing reads the stream any more
-            stream.reading.release()
+                stream.reading.release()
+        if broken is not None:
+            self._call_soon(lambda: self._close(stream, broken))
+        return kept
 
     def _take(self, stream: Stream, frames: list[Any]) -> None:
         if stream.peer is None:
